@@ -1,0 +1,14 @@
+"""Strict JAX for every test, and 8 simulated CPU devices for the multi-device ones.
+
+XLA_FLAGS must be set before JAX starts, so this runs before any test imports jax.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+
+import jax  # noqa: E402
+
+jax.config.update("jax_numpy_rank_promotion", "raise")

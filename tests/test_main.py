@@ -1,0 +1,31 @@
+"""`python -m transformer_jax`: the set-up check that `make train` runs for now."""
+
+import re
+
+import pytest
+
+from transformer_jax.__main__ import main
+from transformer_jax.model_config import get_model_config
+
+
+def test_prints_parameter_count_and_runs_forward(capsys):
+    """The printed total is the hand count for tiny with V = 50; the forward shape is right."""
+    main(["--preset=tiny", "--vocab_size=50", "--batch=3", "--length=5"])
+    out = capsys.readouterr().out
+    c = get_model_config("tiny", vocab_size=50)
+    d, f, v, layers = c.d_model, c.d_ff, c.vocab_size, c.num_layers
+    attention = 4 * (d * d + d)
+    ffn = 2 * d * f + f + d
+    expected = v * d + layers * (attention + ffn + 2 * 2 * d) + layers * (
+        2 * attention + ffn + 3 * 2 * d)
+    total = int(re.search(r"total:\s+([\d,]+)", out).group(1).replace(",", ""))
+    assert total == expected
+    assert "logits (3, 5, 50) float32" in out
+
+
+def test_bad_override_is_a_clear_usage_error(capsys):
+    """vocab_size < 2 exits with status 2 and names the field, without a traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--preset=tiny", "--vocab_size=1"])
+    assert exit_info.value.code == 2
+    assert "ModelConfig.vocab_size must be at least 2" in capsys.readouterr().err

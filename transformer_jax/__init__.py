@@ -1,0 +1,39 @@
+"""transformer_jax: the Transformer of "Attention Is All You Need" in JAX and Flax.
+
+Dimension key, used in tensor names (`q_BTNH`) and einsums across the package:
+  B batch · T target/query length · S source/key length · D d_model · F d_ff
+  N heads · H head dim (d_k = d_v) · V vocabulary · K beam · L layers
+"""
+
+# Pure functions (jax.numpy only): one per equation of the paper.
+from transformer_jax.positional import sinusoidal_encoding
+from transformer_jax.masks import causal_mask, combine_masks, padding_mask, segment_mask
+from transformer_jax.attention import (
+    attention_implementations,
+    attention_weights,
+    available_implementations,
+    dot_product_attention,
+    register_attention,
+    resolve_implementation,
+)
+
+# The architecture: a frozen config with presets ("base", "big", "tiny").
+from transformer_jax.model_config import ModelConfig, PRESETS, get_model_config
+
+# Flax Linen modules that hold parameters and compose the functions above.
+from transformer_jax.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    FeedForward,
+    MultiHeadAttention,
+    residual,
+)
+from transformer_jax.model import (
+    AddPositions,
+    Decoder,
+    Embedder,
+    Encoder,
+    Transformer,
+    count_parameters,
+    shift_right,
+)

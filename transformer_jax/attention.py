@@ -1,0 +1,198 @@
+"""Scaled dot-product attention (§3.2.1) and its registry of implementations.
+
+Pure JAX, no Flax. Every implementation has one signature,
+
+    fn(query_BTNH, key_BSNH, value_BSNH, mask, *, dropout_rate, dropout_rng) -> out_BTNH
+
+and is chosen by name in one place, `ModelConfig.attention_implementation`:
+
+    "reference"  einsums written here; the only one with attention dropout and
+                 the only one that can return the weights.
+    "xla"        jax.nn.dot_product_attention(implementation="xla").
+    "cudnn"      jax.nn.dot_product_attention(implementation="cudnn"): cuDNN's
+                 fused kernel, NVIDIA GPU with bfloat16 or float16 only.
+    "auto"       the fastest valid one for the backend, dtype and dropout.
+"""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+AttentionFn = Callable[..., jax.Array]
+
+_IMPLEMENTATIONS: dict[str, AttentionFn] = {}
+_HALF_DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+def register_attention(name: str):
+    """Decorator adding an implementation with the signature above."""
+
+    def add(fn: AttentionFn) -> AttentionFn:
+        _IMPLEMENTATIONS[name] = fn
+        return fn
+
+    return add
+
+
+def attention_implementations() -> tuple[str, ...]:
+    """Every registered name, plus "auto"."""
+    return (*_IMPLEMENTATIONS, "auto")
+
+
+def attention_weights(query_BTNH, key_BSNH, mask=None):
+    """softmax(Q Kᵀ / √d_k), per head: the weights of §3.2.1, float32 `(B, N, T, S)`.
+
+    Logits and softmax are float32 even for bfloat16 inputs. Masked logits get
+    float32's most negative finite value (the paper's −∞ without the NaN): a
+    fully masked row becomes uniform instead of NaN.
+    """
+    head_dim = query_BTNH.shape[-1]
+    logits_BNTS = jnp.einsum(
+        "BTNH,BSNH->BNTS", query_BTNH, key_BSNH, preferred_element_type=jnp.float32
+    )
+    logits_BNTS = logits_BNTS * jnp.float32(head_dim**-0.5)
+    if mask is not None:
+        logits_BNTS = jnp.where(mask, logits_BNTS, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(logits_BNTS, axis=-1)
+
+
+@register_attention("reference")
+def reference_attention(query, key, value, mask=None, *, dropout_rate=0.0, dropout_rng=None):
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V (eq. 1), written as two einsums."""
+    return _reference_with_weights(query, key, value, mask, dropout_rate, dropout_rng)[0]
+
+
+def _reference_with_weights(query, key, value, mask, dropout_rate, dropout_rng):
+    weights_BNTS = attention_weights(query, key, mask)
+    probs_BNTS = weights_BNTS
+    if dropout_rate > 0.0:
+        # Not in the paper: attention dropout comes from tensor2tensor.
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BNTS.shape)
+        probs_BNTS = jnp.where(keep, probs_BNTS / (1.0 - dropout_rate), 0.0)
+    out_BTNH = jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS.astype(value.dtype), value)
+    return out_BTNH, weights_BNTS
+
+
+@register_attention("xla")
+def xla_attention(query, key, value, mask=None, *, dropout_rate=0.0, dropout_rng=None):
+    """jax.nn.dot_product_attention with XLA's own lowering."""
+    _refuse_dropout("xla", dropout_rate)
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="xla")
+
+
+@register_attention("cudnn")
+def cudnn_attention(query, key, value, mask=None, *, dropout_rate=0.0, dropout_rng=None):
+    """cuDNN's fused attention through jax.nn.dot_product_attention."""
+    _refuse_dropout("cudnn", dropout_rate)
+    reason = _cudnn_unavailable(query.dtype)
+    if reason:
+        raise ValueError(f"attention implementation 'cudnn' {reason}; use 'auto' or 'xla'")
+    if mask is not None:  # cuDNN takes the mask as a bias with full T and S axes
+        b, t, s = query.shape[0], query.shape[1], key.shape[1]
+        mask = jnp.broadcast_to(mask, (b, mask.shape[1], t, s))
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="cudnn")
+
+
+def _refuse_dropout(name: str, dropout_rate: float) -> None:
+    if dropout_rate > 0.0:
+        raise ValueError(
+            f"attention implementation {name!r} has no attention dropout "
+            f"(got dropout_rate={dropout_rate}); use 'reference' or 'auto'"
+        )
+
+
+def _cudnn_unavailable(dtype) -> str:
+    """Why cuDNN attention cannot run here, or "" when it can."""
+    backend = jax.default_backend()
+    if backend not in ("gpu", "cuda"):
+        return f"needs an NVIDIA GPU, but the JAX backend is {backend!r}"
+    if jnp.dtype(dtype) not in _HALF_DTYPES:
+        return f"needs bfloat16 or float16 inputs, got {jnp.dtype(dtype).name}"
+    return ""
+
+
+def resolve_implementation(name: str, dtype=jnp.float32, dropout_rate: float = 0.0) -> str:
+    """The registered implementation that `name` stands for ("auto" resolved)."""
+    if name == "auto":
+        if dropout_rate > 0.0:
+            return "reference"
+        return "xla" if _cudnn_unavailable(dtype) else "cudnn"
+    if name not in _IMPLEMENTATIONS:
+        raise ValueError(
+            f"unknown attention implementation {name!r}; "
+            f"choose one of {', '.join(attention_implementations())}"
+        )
+    return name
+
+
+def available_implementations(dtype=jnp.float32) -> tuple[str, ...]:
+    """Registered implementations that can run on this backend with `dtype`."""
+    return tuple(n for n in _IMPLEMENTATIONS if n != "cudnn" or not _cudnn_unavailable(dtype))
+
+
+def dot_product_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    *,
+    implementation: str = "reference",
+    dropout_rate: float = 0.0,
+    dropout_rng=None,
+    return_weights: bool = False,
+):
+    """Scaled dot-product attention (§3.2.1, eq. 1) on per-head inputs.
+
+        Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V
+
+    Args:
+      query: `(B, T, N, H)`.
+      key, value: `(B, S, N, H)`.
+      mask: bool, broadcastable to `(B, 1, T, S)`, True where attention is allowed
+        (see `transformer_jax.masks`).
+      implementation: a name from `attention_implementations()`.
+      dropout_rate: dropout on the attention weights (not in the paper).
+      dropout_rng: PRNG key, needed when dropout_rate > 0.
+      return_weights: also return the weights `(B, N, T, S)` (for notebooks);
+        only the "reference" implementation can.
+
+    Returns:
+      `(B, T, N, H)` in value's dtype, or `(output, weights)`.
+    """
+    _check_inputs(query, key, value, mask)
+    if dropout_rate > 0.0 and dropout_rng is None:
+        raise ValueError("dropout_rate > 0 needs a dropout_rng")
+    if return_weights:
+        if implementation not in ("reference", "auto"):
+            raise ValueError(f"only 'reference' returns weights, not {implementation!r}")
+        return _reference_with_weights(query, key, value, mask, dropout_rate, dropout_rng)
+    name = resolve_implementation(implementation, query.dtype, dropout_rate)
+    fn = _IMPLEMENTATIONS[name]
+    return fn(query, key, value, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+
+
+def _check_inputs(query, key, value, mask) -> None:
+    """Clear errors for the shape mistakes that otherwise surface deep in XLA."""
+    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+        raise ValueError(
+            "query, key and value must be (B, T, N, H), (B, S, N, H), (B, S, N, H); "
+            f"got shapes {query.shape}, {key.shape}, {value.shape}"
+        )
+    if key.shape != value.shape:
+        raise ValueError(f"key {key.shape} and value {value.shape} must have one shape")
+    b, _, n, h = query.shape
+    if (key.shape[0], key.shape[2], key.shape[3]) != (b, n, h):
+        raise ValueError(f"query {query.shape} and key {key.shape} differ in B, N or H")
+    if mask is None:
+        return
+    full_shape = (b, n, query.shape[1], key.shape[1])
+    if mask.dtype != jnp.bool_ or mask.ndim != 4 or not _broadcasts(mask.shape, full_shape):
+        raise ValueError(
+            f"mask must be bool, broadcastable to (B, N, T, S) = {full_shape}; "
+            f"got {mask.dtype} {mask.shape}"
+        )
+
+
+def _broadcasts(shape, target) -> bool:
+    return all(m in (1, t) for m, t in zip(shape, target))

@@ -1,0 +1,84 @@
+"""Attention masks. Pure jax.numpy, no Flax.
+
+Every mask is bool, True where a query may attend to a key, and broadcastable
+to `(B, 1, T, S)`: batch, heads, query length, key length. Masked logits are
+set to the most negative value before the softmax (§3.2.1, §3.2.3).
+"""
+
+import jax.numpy as jnp
+
+
+def padding_mask(key_tokens_BS, *, pad_id: int = 0):
+    """Hides padding keys from every query. Returns `(B, 1, 1, S)`.
+
+    For keys `[[7, 3, 0, 0]]` (0 is padding), every query row sees:
+
+        [[[[1, 1, 0, 0]]]]
+
+    Only keys are masked: a padding query still attends to the real keys, and
+    its output is ignored by the loss. This never leaves a row fully masked.
+    """
+    key_tokens_BS = jnp.asarray(key_tokens_BS)
+    return (key_tokens_BS != pad_id)[:, None, None, :]
+
+
+def causal_mask(length: int):
+    """Lets query t see keys 0..t only (§3.2.3). Returns `(1, 1, T, T)`.
+
+    For length 4:
+
+        [[1, 0, 0, 0],
+         [1, 1, 0, 0],
+         [1, 1, 1, 0],
+         [1, 1, 1, 1]]
+    """
+    return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
+
+
+def segment_mask(query_segments_BT, key_segments_BS=None):
+    """Keeps packed examples apart: query and key must share a segment id.
+
+    Returns `(B, 1, T, S)`. Segment ids number the examples packed into one row
+    (1, 2, ...) and 0 marks padding. For segments `[[1, 1, 2, 2, 0]]`:
+
+        [[1, 1, 0, 0, 0],
+         [1, 1, 0, 0, 0],
+         [0, 0, 1, 1, 0],
+         [0, 0, 1, 1, 0],
+         [0, 0, 0, 0, 1]]
+
+    Args:
+      query_segments_BT: segment ids of the queries.
+      key_segments_BS: segment ids of the keys; defaults to the queries'
+        (self-attention). For encoder-decoder attention, pass the source's.
+    """
+    query_segments_BT = jnp.asarray(query_segments_BT)
+    if key_segments_BS is None:
+        key_segments_BS = query_segments_BT
+    key_segments_BS = jnp.asarray(key_segments_BS)
+    return query_segments_BT[:, None, :, None] == key_segments_BS[:, None, None, :]
+
+
+def combine_masks(*masks):
+    """Logical AND of the masks that are not None; None if all are None.
+
+    Shapes broadcast, so `combine_masks(causal_mask(4), padding_mask(t_B4))`
+    gives `(B, 1, 4, 4)`: for keys `[[7, 3, 0, 0]]`,
+
+        [[1, 0, 0, 0],
+         [1, 1, 0, 0],
+         [1, 1, 0, 0],
+         [1, 1, 0, 0]]
+    """
+    present = [jnp.asarray(m) for m in masks if m is not None]
+    if not present:
+        return None
+    for m in present:
+        if m.dtype != jnp.bool_ or m.ndim != 4:
+            raise ValueError(
+                f"masks must be bool arrays of rank 4 (B, 1, T, S); got {m.dtype} {m.shape}"
+            )
+    combined = present[0]
+    for m in present[1:]:
+        combined = jnp.logical_and(combined, m)
+    return combined

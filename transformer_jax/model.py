@@ -1,0 +1,187 @@
+"""The encoder-decoder Transformer (§3, Figure 1) as Flax Linen modules.
+
+Token id 0 is padding. `Transformer(config).apply(variables, inputs_BS, targets_BT)`
+returns float32 logits `(B, T, V)` for every target position, with the decoder
+reading the targets shifted right by one.
+"""
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from transformer_jax.layers import DecoderLayer, EncoderLayer
+from transformer_jax.masks import causal_mask, combine_masks, padding_mask, segment_mask
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.positional import sinusoidal_encoding
+
+
+def shift_right(targets_BT, segments_BT=None):
+    """The decoder input: targets moved one step right, 0 at the start of each sequence.
+
+    With packed rows the shift restarts in every segment, so no example sees the
+    previous example's last token:
+
+        targets  [[5, 6, 7, 8, 9, 0]]      segments [[1, 1, 1, 2, 2, 0]]
+        shifted  [[0, 5, 6, 0, 8, 0]]
+    """
+    targets_BT = jnp.asarray(targets_BT)
+    shifted_BT = jnp.pad(targets_BT, ((0, 0), (1, 0)))[:, :-1]
+    if segments_BT is not None:
+        segments_BT = jnp.asarray(segments_BT)
+        same_segment_BT = segments_BT == jnp.pad(segments_BT, ((0, 0), (1, 0)))[:, :-1]
+        shifted_BT = jnp.where(same_segment_BT, shifted_BT, 0)
+    return shifted_BT
+
+
+class Embedder(nn.Module):
+    """The one embedding matrix shared by source, target and output (§3.4)."""
+
+    config: ModelConfig
+
+    def setup(self):
+        c = self.config
+        self.table = nn.Embed(
+            c.vocab_size, c.d_model, dtype=c.compute_dtype, param_dtype=jnp.float32,
+            # With the ×√D below, embeddings start with unit variance (as in tensor2tensor).
+            embedding_init=nn.initializers.normal(stddev=c.d_model**-0.5),
+        )
+
+    def encode(self, tokens_BT):
+        """Token embeddings multiplied by √d_model (§3.4)."""
+        return self.table(tokens_BT) * jnp.sqrt(self.config.d_model).astype(self.config.dtype)
+
+    def decode(self, y_BTD):
+        """The tied pre-softmax linear transform (§3.4): float32 logits `(B, T, V)`."""
+        return self.table.attend(y_BTD).astype(jnp.float32)
+
+
+class AddPositions(nn.Module):
+    """Adds position information to embeddings (§3.5), then dropout (§5.4)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BTD, positions_BT=None, *, deterministic: bool = True):
+        c = self.config
+        if positions_BT is None:
+            positions_BT = jnp.arange(x_BTD.shape[1])[None]
+        if c.positional_encoding == "sinusoidal":
+            x_BTD = x_BTD + sinusoidal_encoding(positions_BT, c.d_model).astype(x_BTD.dtype)
+        elif c.positional_encoding == "learned":  # the alternative of Table 3, row (E)
+            table_PD = self.param("table", nn.initializers.normal(stddev=0.02),
+                                  (c.max_length, c.d_model), jnp.float32)
+            x_BTD = x_BTD + jnp.take(table_PD, positions_BT, axis=0).astype(x_BTD.dtype)
+        return nn.Dropout(c.dropout_rate)(x_BTD, deterministic=deterministic)
+
+
+class Encoder(nn.Module):
+    """N identical layers of self-attention and feed-forward (§3.1)."""
+
+    config: ModelConfig
+    embedder: Embedder
+
+    @nn.compact
+    def __call__(self, inputs_BS, positions_BS=None, segments_BS=None, *,
+                 deterministic: bool = True):
+        c = self.config
+        x_BSD = AddPositions(c, name="positions")(
+            self.embedder.encode(inputs_BS), positions_BS, deterministic=deterministic)
+        mask_B1SS = combine_masks(
+            padding_mask(inputs_BS),
+            None if segments_BS is None else segment_mask(segments_BS),
+        )
+        for i in range(c.num_layers):
+            x_BSD = EncoderLayer(c, name=f"layer_{i}")(x_BSD, mask_B1SS,
+                                                       deterministic=deterministic)
+        if c.pre_layer_norm:  # pre-LN leaves the residual stream unnormalised
+            x_BSD = _final_norm(c)(x_BSD)
+        return x_BSD
+
+
+class Decoder(nn.Module):
+    """N layers of masked self-attention, encoder-decoder attention, feed-forward (§3.1)."""
+
+    config: ModelConfig
+    embedder: Embedder
+
+    @nn.compact
+    def __call__(self, memory_BSD, inputs_BS, targets_BT, positions_BT=None, *,
+                 inputs_segments_BS=None, targets_segments_BT=None, deterministic: bool = True):
+        c = self.config
+        decoder_inputs_BT = shift_right(targets_BT, targets_segments_BT)
+        y_BTD = AddPositions(c, name="positions")(
+            self.embedder.encode(decoder_inputs_BT), positions_BT, deterministic=deterministic)
+        packed = targets_segments_BT is not None
+        # Key j of the shifted input is valid when target j is: mask by the targets.
+        self_mask_B1TT = combine_masks(
+            causal_mask(targets_BT.shape[1]),
+            padding_mask(targets_BT),
+            segment_mask(targets_segments_BT) if packed else None,
+        )
+        cross_mask_B1TS = combine_masks(
+            padding_mask(inputs_BS),
+            segment_mask(targets_segments_BT, inputs_segments_BS) if packed else None,
+        )
+        for i in range(c.num_layers):
+            y_BTD = DecoderLayer(c, name=f"layer_{i}")(
+                y_BTD, memory_BSD, self_mask_B1TT, cross_mask_B1TS, deterministic=deterministic)
+        if c.pre_layer_norm:
+            y_BTD = _final_norm(c)(y_BTD)
+        return self.embedder.decode(y_BTD)
+
+
+def _final_norm(c: ModelConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.compute_dtype,
+                        param_dtype=jnp.float32, name="final_norm")
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder Transformer of Figure 1.
+
+    Packed rows pass `*_positions` (restarting at 0 per example) and
+    `*_segmentation` (1, 2, ... per example, 0 for padding).
+    """
+
+    config: ModelConfig
+
+    def setup(self):
+        self.embedder = Embedder(self.config)
+        self.encoder = Encoder(self.config, self.embedder)
+        self.decoder = Decoder(self.config, self.embedder)
+
+    def encode(self, inputs_BS, *, inputs_positions=None, inputs_segmentation=None,
+               deterministic: bool = True):
+        """The encoder's output, `memory_BSD`."""
+        return self.encoder(inputs_BS, inputs_positions, inputs_segmentation,
+                            deterministic=deterministic)
+
+    def decode(self, memory_BSD, inputs_BS, targets_BT, *, targets_positions=None,
+               inputs_segmentation=None, targets_segmentation=None,
+               deterministic: bool = True):
+        """Logits `(B, T, V)` for each target position, given the encoder's memory."""
+        return self.decoder(memory_BSD, inputs_BS, targets_BT, targets_positions,
+                            inputs_segments_BS=inputs_segmentation,
+                            targets_segments_BT=targets_segmentation,
+                            deterministic=deterministic)
+
+    def __call__(self, inputs_BS, targets_BT, *, inputs_positions=None, targets_positions=None,
+                 inputs_segmentation=None, targets_segmentation=None,
+                 deterministic: bool = True):
+        memory_BSD = self.encode(inputs_BS, inputs_positions=inputs_positions,
+                                 inputs_segmentation=inputs_segmentation,
+                                 deterministic=deterministic)
+        return self.decode(memory_BSD, inputs_BS, targets_BT,
+                           targets_positions=targets_positions,
+                           inputs_segmentation=inputs_segmentation,
+                           targets_segmentation=targets_segmentation,
+                           deterministic=deterministic)
+
+
+def count_parameters(config: ModelConfig) -> dict[str, int]:
+    """Parameter counts per top-level part and in total, without allocating them."""
+    tokens = jnp.ones((1, 1), jnp.int32)
+    shapes = jax.eval_shape(Transformer(config).init, jax.random.key(0), tokens, tokens)
+    counts = {name: sum(x.size for x in jax.tree.leaves(tree))
+              for name, tree in shapes["params"].items()}
+    counts["total"] = sum(counts.values())
+    return counts

@@ -1,0 +1,93 @@
+"""The architecture as a frozen dataclass, with the paper's presets (Table 3)."""
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from transformer_jax.attention import attention_implementations
+
+POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and switches of the encoder-decoder Transformer (§3, Table 3)."""
+
+    vocab_size: int = 37_000  # V: one vocabulary shared by source and target (§3.4, §5.1)
+    d_model: int = 512  # D: width of every sublayer output and embedding
+    d_ff: int = 2048  # F: inner width of the feed-forward network (§3.3)
+    num_heads: int = 8  # N: attention heads (h); head dim H = D / N (§3.2.2)
+    num_layers: int = 6  # L: identical layers in the encoder and in the decoder
+    dropout_rate: float = 0.1  # P_drop on sublayer outputs and embedding sums (§5.4)
+    attention_dropout_rate: float = 0.0  # not in the paper (tensor2tensor has it)
+    positional_encoding: str = "sinusoidal"  # "sinusoidal" (§3.5), "learned" (Table 3 E), "none"
+    max_length: int = 512  # rows of the "learned" position table
+    pre_layer_norm: bool = False  # deviation: norm before each sublayer, one more at the end
+    attention_implementation: str = "auto"  # see transformer_jax.attention
+    dtype: str = "float32"  # compute dtype; parameters are always float32
+    layer_norm_epsilon: float = 1e-6
+
+    def __post_init__(self):
+        for name in ("d_model", "d_ff", "num_heads", "num_layers", "max_length"):
+            _require(getattr(self, name) > 0, name, "must be positive", getattr(self, name))
+        _require(self.vocab_size >= 2, "vocab_size", "must be at least 2", self.vocab_size)
+        _require(
+            self.d_model % self.num_heads == 0,
+            "d_model",
+            f"must be divisible by num_heads={self.num_heads}",
+            self.d_model,
+        )
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            value = getattr(self, name)
+            _require(0.0 <= value < 1.0, name, "must be in [0, 1)", value)
+        _require(self.layer_norm_epsilon > 0, "layer_norm_epsilon", "must be positive",
+                 self.layer_norm_epsilon)
+        _require_choice(self.positional_encoding, "positional_encoding", POSITIONAL_ENCODINGS)
+        _require_choice(self.attention_implementation, "attention_implementation",
+                        attention_implementations())
+        _require_choice(self.dtype, "dtype", DTYPES)
+
+    @property
+    def head_dim(self) -> int:
+        """H = d_k = d_v = d_model / h (§3.2.2)."""
+        return self.d_model // self.num_heads
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+
+def _require(ok: bool, field: str, rule: str, value) -> None:
+    if not ok:
+        raise ValueError(f"ModelConfig.{field} {rule}, got {value!r}")
+
+
+def _require_choice(value, field: str, choices) -> None:
+    _require(value in choices, field, f"must be one of {', '.join(map(repr, choices))}", value)
+
+
+PRESETS = {
+    # Table 3, "base": 65M parameters in the paper.
+    "base": ModelConfig(),
+    # Table 3, "big": 213M parameters; P_drop 0.3 for EN-DE.
+    "big": ModelConfig(d_model=1024, d_ff=4096, num_heads=16, dropout_rate=0.3),
+    # Not in the paper: milliseconds per step on a CPU, for tests and demos.
+    "tiny": ModelConfig(vocab_size=128, d_model=32, d_ff=64, num_heads=4, num_layers=2,
+                        max_length=128),
+}
+
+
+def get_model_config(name: str, **overrides) -> ModelConfig:
+    """A preset ("base", "big", "tiny") with some fields replaced.
+
+    >>> get_model_config("base", vocab_size=32_000).d_model
+    512
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"ModelConfig has no field {', '.join(unknown)}; fields: {sorted(fields)}")
+    return dataclasses.replace(PRESETS[name], **overrides)
