@@ -12,3 +12,5 @@ os.environ["XLA_FLAGS"] = (
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# Full float32 matmuls on GPUs too (TF32 would break the 1e-5 tolerances).
+jax.config.update("jax_default_matmul_precision", "highest")

@@ -160,14 +160,18 @@ def dot_product_attention(
     Returns:
       `(B, T, N, H)` in value's dtype, or `(output, weights)`.
     """
+    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+    mask = None if mask is None else jnp.asarray(mask)
     _check_inputs(query, key, value, mask)
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
+    name = resolve_implementation(implementation, query.dtype, dropout_rate)
     if return_weights:
         if implementation not in ("reference", "auto"):
             raise ValueError(f"only 'reference' returns weights, not {implementation!r}")
         return _reference_with_weights(query, key, value, mask, dropout_rate, dropout_rng)
-    name = resolve_implementation(implementation, query.dtype, dropout_rate)
     fn = _IMPLEMENTATIONS[name]
     return fn(query, key, value, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
 

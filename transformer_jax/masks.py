@@ -16,7 +16,8 @@ def padding_mask(key_tokens_BS, *, pad_id: int = 0):
         [[[[1, 1, 0, 0]]]]
 
     Only keys are masked: a padding query still attends to the real keys, and
-    its output is ignored by the loss. This never leaves a row fully masked.
+    its output is ignored by the loss. A row is fully masked only when all its
+    keys are padding (attention then averages the values uniformly, no NaN).
     """
     key_tokens_BS = jnp.asarray(key_tokens_BS)
     return (key_tokens_BS != pad_id)[:, None, None, :]

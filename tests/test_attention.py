@@ -1,0 +1,414 @@
+"""Scaled dot-product attention (§3.2.1) against hand numbers and a NumPy float64 reference."""
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+import transformer_jax.attention as attention_module
+from transformer_jax.attention import (
+    attention_implementations,
+    attention_weights,
+    available_implementations,
+    dot_product_attention,
+    register_attention,
+    resolve_implementation,
+)
+
+# Distinct primes so that no transposed axis can pass by accident.
+B, T, S, N, H = 2, 3, 5, 7, 11
+IMPLS = (*available_implementations(jnp.float32), "auto")
+ON_CPU = jax.default_backend() == "cpu"
+
+
+def random_qkv(seed=0, dtype=np.float32, h=H):
+    rng = np.random.default_rng(seed)
+    q_BTNH = rng.standard_normal((B, T, N, h)).astype(dtype)
+    k_BSNH = rng.standard_normal((B, S, N, h)).astype(dtype)
+    v_BSNH = rng.standard_normal((B, S, N, h)).astype(dtype)
+    return q_BTNH, k_BSNH, v_BSNH
+
+
+def causal_padding_mask_B1TS():
+    """Query t sees keys s <= t + 2 (causal-like), and batch 1 has only 3 real keys."""
+    t_T1 = np.arange(T)[:, None]
+    s_1S = np.arange(S)[None, :]
+    band_TS = s_1S <= t_T1 + 2
+    lengths_B = np.array([S, 3])
+    real_BS = np.arange(S)[None, :] < lengths_B[:, None]
+    return band_TS[None, None, :, :] & real_BS[:, None, None, :]
+
+
+def padding_mask_B11S():
+    return np.array([[1, 1, 1, 1, 1], [1, 1, 0, 1, 0]], dtype=bool)[:, None, None, :]
+
+
+MASKS = {
+    "none": lambda: None,
+    "causal_padding_B1TS": causal_padding_mask_B1TS,
+    "padding_B11S": padding_mask_B11S,
+}
+
+
+def np_weights(q_BTNH, k_BSNH, mask=None):
+    """softmax(Q Kᵀ / √H) in float64; masked logits are -inf; fully masked rows uniform."""
+    q, k = np.asarray(q_BTNH, np.float64), np.asarray(k_BSNH, np.float64)
+    logits_BNTS = np.einsum("btnh,bsnh->bnts", q, k) / math.sqrt(q.shape[-1])
+    if mask is None:
+        mask = np.ones((1, 1, 1, 1), dtype=bool)
+    mask_BNTS = np.broadcast_to(np.asarray(mask), logits_BNTS.shape)
+    logits_BNTS = np.where(mask_BNTS, logits_BNTS, -np.inf)
+    row_max = logits_BNTS.max(axis=-1, keepdims=True)
+    fully_masked = np.isneginf(row_max)
+    exp_BNTS = np.exp(logits_BNTS - np.where(fully_masked, 0.0, row_max))
+    weights_BNTS = exp_BNTS / np.maximum(exp_BNTS.sum(axis=-1, keepdims=True), 1e-300)
+    # Documented behaviour: a fully masked row attends uniformly to all keys.
+    return np.where(fully_masked, 1.0 / logits_BNTS.shape[-1], weights_BNTS)
+
+
+def np_attention(q_BTNH, k_BSNH, v_BSNH, mask=None):
+    """softmax(Q Kᵀ / √H) V in float64."""
+    weights_BNTS = np_weights(q_BTNH, k_BSNH, mask)
+    return np.einsum("bnts,bsnh->btnh", weights_BNTS, np.asarray(v_BSNH, np.float64))
+
+
+def np_attention_grads(q_BTNH, k_BSNH, v_BSNH, mask, dout_BTNH):
+    """Analytic gradients of sum(out * dout) w.r.t. q, k, v in float64."""
+    q, k, v, dout = (np.asarray(x, np.float64) for x in (q_BTNH, k_BSNH, v_BSNH, dout_BTNH))
+    p_BNTS = np_weights(q, k, mask)
+    dv = np.einsum("bnts,btnh->bsnh", p_BNTS, dout)
+    dp_BNTS = np.einsum("btnh,bsnh->bnts", dout, v)
+    dlogits_BNTS = p_BNTS * (dp_BNTS - (dp_BNTS * p_BNTS).sum(axis=-1, keepdims=True))
+    if mask is not None:
+        # Masked logits are replaced by a constant: no gradient flows to them.
+        dlogits_BNTS = np.where(np.broadcast_to(mask, dlogits_BNTS.shape), dlogits_BNTS, 0.0)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    dq = np.einsum("bnts,bsnh->btnh", dlogits_BNTS, k) * scale
+    dk = np.einsum("bnts,btnh->bsnh", dlogits_BNTS, q) * scale
+    return dq, dk, dv
+
+
+def jax_grads(impl, q_BTNH, k_BSNH, v_BSNH, mask, dout_BTNH):
+    def loss(q, k, v):
+        out = dot_product_attention(q, k, v, mask, implementation=impl)
+        return jnp.sum(out * dout_BTNH)
+
+    return jax.grad(loss, argnums=(0, 1, 2))(q_BTNH, k_BSNH, v_BSNH)
+
+
+# --- values -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_hand_computed_example(impl):
+    """q=[[1,0],[0,2]], k=I, v=[[1,2],[3,4]]: weights softmax([1/√2,0]), softmax([0,√2])."""
+    q_BTNH = jnp.array([[1.0, 0.0], [0.0, 2.0]]).reshape(1, 2, 1, 2)
+    k_BSNH = jnp.array([[1.0, 0.0], [0.0, 1.0]]).reshape(1, 2, 1, 2)
+    v_BSNH = jnp.array([[1.0, 2.0], [3.0, 4.0]]).reshape(1, 2, 1, 2)
+    a = math.exp(1 / math.sqrt(2))
+    b = math.exp(math.sqrt(2))
+    w = [[a / (a + 1), 1 / (a + 1)], [1 / (1 + b), b / (1 + b)]]
+    expected_out = [[w[0][0] * 1 + w[0][1] * 3, w[0][0] * 2 + w[0][1] * 4],
+                    [w[1][0] * 1 + w[1][1] * 3, w[1][0] * 2 + w[1][1] * 4]]
+    out = dot_product_attention(q_BTNH, k_BSNH, v_BSNH, implementation=impl)
+    assert out.shape == (1, 2, 1, 2)
+    assert_allclose(np.asarray(out).reshape(2, 2), expected_out, rtol=1e-6)
+    weights_BNTS = attention_weights(q_BTNH, k_BSNH)
+    assert_allclose(np.asarray(weights_BNTS).reshape(2, 2), w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_hand_computed_masked_key(impl):
+    """Masking key 1 for query 0 makes its output exactly v[0]; query 1 is unaffected."""
+    q_BTNH = jnp.array([[1.0, 0.0], [0.0, 2.0]]).reshape(1, 2, 1, 2)
+    k_BSNH = jnp.array([[1.0, 0.0], [0.0, 1.0]]).reshape(1, 2, 1, 2)
+    v_BSNH = jnp.array([[1.0, 2.0], [3.0, 4.0]]).reshape(1, 2, 1, 2)
+    mask_B1TS = jnp.array([[True, False], [True, True]]).reshape(1, 1, 2, 2)
+    out = np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask_B1TS, implementation=impl))
+    b = math.exp(math.sqrt(2))
+    assert_allclose(out[0, 0, 0], [1.0, 2.0], rtol=1e-6)
+    assert_allclose(out[0, 1, 0], [(1 + 3 * b) / (1 + b), (2 + 4 * b) / (1 + b)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("mask_name", list(MASKS))
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_numpy_reference(impl, mask_name):
+    """Random inputs match float64 softmax(QKᵀ/√H)V, with and without masks."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=1)
+    mask = MASKS[mask_name]()
+    out_BTNH = dot_product_attention(
+        q_BTNH, k_BSNH, v_BSNH, None if mask is None else jnp.asarray(mask), implementation=impl
+    )
+    assert out_BTNH.shape == (B, T, N, H)
+    assert out_BTNH.dtype == jnp.float32
+    expected = np_attention(q_BTNH, k_BSNH, v_BSNH, mask)
+    assert_allclose(np.asarray(out_BTNH), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gradients_match_reference_and_numpy(impl):
+    """Grads w.r.t. q, k, v agree with "reference" and with analytic float64 grads."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=2)
+    mask_B1TS = causal_padding_mask_B1TS()
+    dout_BTNH = np.random.default_rng(3).standard_normal((B, T, N, H)).astype(np.float32)
+    got = jax_grads(impl, q_BTNH, k_BSNH, v_BSNH, jnp.asarray(mask_B1TS), dout_BTNH)
+    ref = jax_grads("reference", q_BTNH, k_BSNH, v_BSNH, jnp.asarray(mask_B1TS), dout_BTNH)
+    expected = np_attention_grads(q_BTNH, k_BSNH, v_BSNH, mask_B1TS, dout_BTNH)
+    for g, r, e in zip(got, ref, expected):
+        assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-5)
+        assert_allclose(np.asarray(g), e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fully_masked_rows_are_uniform_and_finite(impl):
+    """A fully masked query row gives the mean of all values (no NaN), with finite gradients."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=4)
+    mask_B1TS = causal_padding_mask_B1TS()
+    mask_B1TS[0, 0, 1, :] = False
+    mask_B1TS[1, 0, 2, :] = False
+    out = np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.asarray(mask_B1TS),
+                                           implementation=impl))
+    assert not np.isnan(out).any()
+    assert_allclose(out[0, 1], v_BSNH[0].mean(axis=0), rtol=1e-5, atol=1e-6)
+    assert_allclose(out[1, 2], v_BSNH[1].mean(axis=0), rtol=1e-5, atol=1e-6)
+    assert_allclose(out, np_attention(q_BTNH, k_BSNH, v_BSNH, mask_B1TS), rtol=1e-5, atol=1e-5)
+    dout_BTNH = np.ones((B, T, N, H), np.float32)
+    grads = jax_grads(impl, q_BTNH, k_BSNH, v_BSNH, jnp.asarray(mask_B1TS), dout_BTNH)
+    expected = np_attention_grads(q_BTNH, k_BSNH, v_BSNH, mask_B1TS, dout_BTNH)
+    for g, e in zip(grads, expected):
+        assert np.isfinite(np.asarray(g)).all()
+        assert_allclose(np.asarray(g), e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", (*available_implementations(jnp.bfloat16), "auto"))
+def test_bfloat16_inputs(impl):
+    """bfloat16 inputs give bfloat16 output close to the float64 reference of those inputs."""
+    # H=8: cuDNN (on GPU) needs a head dim that is a multiple of 8.
+    q_BTNH, k_BSNH, v_BSNH = (jnp.asarray(x, jnp.bfloat16) for x in random_qkv(seed=5, h=8))
+    mask_B1TS = causal_padding_mask_B1TS()
+    out = dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.asarray(mask_B1TS), implementation=impl)
+    assert out.dtype == jnp.bfloat16
+    rounded = [np.asarray(x.astype(jnp.float32)) for x in (q_BTNH, k_BSNH, v_BSNH)]
+    expected = np_attention(*rounded, mask_B1TS)
+    assert_allclose(np.asarray(out.astype(jnp.float32)), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_attention_weights_bfloat16_are_float32():
+    """attention_weights computes float32 weights from bfloat16 inputs; rows sum to 1."""
+    q_BTNH, k_BSNH, _ = (jnp.asarray(x, jnp.bfloat16) for x in random_qkv(seed=6))
+    mask_B1TS = causal_padding_mask_B1TS()
+    weights_BNTS = attention_weights(q_BTNH, k_BSNH, jnp.asarray(mask_B1TS))
+    assert weights_BNTS.dtype == jnp.float32
+    assert weights_BNTS.shape == (B, N, T, S)
+    assert_allclose(np.asarray(weights_BNTS).sum(axis=-1), np.ones((B, N, T)), rtol=1e-6)
+    rounded = [np.asarray(x.astype(jnp.float32)) for x in (q_BTNH, k_BSNH)]
+    assert_allclose(np.asarray(weights_BNTS), np_weights(*rounded, mask_B1TS), rtol=1e-5, atol=1e-6)
+
+
+# --- return_weights ---------------------------------------------------------
+
+
+def test_return_weights():
+    """Weights (B,N,T,S): rows sum to 1, masked entries exactly 0, out = weights·v."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=7)
+    mask_B1TS = causal_padding_mask_B1TS()
+    out_BTNH, weights_BNTS = dot_product_attention(
+        q_BTNH, k_BSNH, v_BSNH, jnp.asarray(mask_B1TS), return_weights=True
+    )
+    w = np.asarray(weights_BNTS)
+    assert w.shape == (B, N, T, S)
+    assert_allclose(w.sum(axis=-1), np.ones((B, N, T)), rtol=1e-6)
+    assert (w[np.broadcast_to(~mask_B1TS, w.shape)] == 0.0).all()
+    assert_allclose(w, np_weights(q_BTNH, k_BSNH, mask_B1TS), rtol=1e-5, atol=1e-6)
+    assert_allclose(
+        np.asarray(out_BTNH), np.einsum("bnts,bsnh->btnh", w, v_BSNH), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_return_weights_with_xla_raises():
+    """Only the reference implementation can return weights."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv()
+    with pytest.raises(ValueError):
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, implementation="xla", return_weights=True)
+
+
+# --- dropout ----------------------------------------------------------------
+
+
+def test_dropout_changes_output_and_is_deterministic():
+    """Dropout 0.5 changes the output, is reproducible for one rng and differs between rngs."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=8)
+    drop = partial(dot_product_attention, q_BTNH, k_BSNH, v_BSNH, dropout_rate=0.5)
+    clean = np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH))
+    a = np.asarray(drop(dropout_rng=jax.random.PRNGKey(0)))
+    a_again = np.asarray(drop(dropout_rng=jax.random.PRNGKey(0)))
+    b = np.asarray(drop(dropout_rng=jax.random.PRNGKey(1)))
+    assert np.abs(a - clean).max() > 1e-2
+    np.testing.assert_array_equal(a, a_again)
+    assert np.abs(a - b).max() > 1e-2
+
+
+def test_dropout_zeroes_or_rescales_each_weight():
+    """With one-hot values the output is the dropped weights: each is 0 or weight / (1 - rate)."""
+    rate, s = 0.5, 5
+    rng = np.random.default_rng(9)
+    q_BTNH = rng.standard_normal((B, T, N, s)).astype(np.float32)
+    k_BSNH = rng.standard_normal((B, s, N, s)).astype(np.float32)
+    v_BSNH = np.broadcast_to(np.eye(s, dtype=np.float32)[None, :, None, :], (B, s, N, s))
+    out_BTNS = np.asarray(dot_product_attention(
+        q_BTNH, k_BSNH, jnp.asarray(v_BSNH), dropout_rate=rate, dropout_rng=jax.random.PRNGKey(3)
+    ))
+    w_BTNS = np_weights(q_BTNH, k_BSNH).transpose(0, 2, 1, 3)
+    kept = np.isclose(out_BTNS, w_BTNS / (1 - rate), rtol=1e-5, atol=0)
+    dropped = out_BTNS == 0.0
+    assert (kept | dropped).all()
+    assert kept.any() and dropped.any()
+
+
+def test_dropout_is_unbiased():
+    """Averaged over 2000 rngs, the dropout output is close to the no-dropout output."""
+    rng = np.random.default_rng(10)
+    q_BTNH = rng.standard_normal((1, 2, 1, 3)).astype(np.float32)
+    k_BSNH = rng.standard_normal((1, 5, 1, 3)).astype(np.float32)
+    v_BSNH = rng.standard_normal((1, 5, 1, 3)).astype(np.float32)
+
+    def dropped(rng_key):
+        return dot_product_attention(q_BTNH, k_BSNH, v_BSNH, dropout_rate=0.5, dropout_rng=rng_key)
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 2000)
+    mean_out = np.asarray(jax.vmap(dropped)(keys)).mean(axis=0)
+    assert_allclose(mean_out, np_attention(q_BTNH, k_BSNH, v_BSNH), atol=0.05)
+
+
+def test_dropout_without_rng_raises():
+    """dropout_rate > 0 without a dropout_rng raises ValueError."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv()
+    with pytest.raises(ValueError, match="dropout_rng"):
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, dropout_rate=0.1)
+
+
+def test_xla_refuses_dropout():
+    """The "xla" implementation has no dropout and says so."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv()
+    with pytest.raises(ValueError, match="dropout"):
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, implementation="xla",
+                              dropout_rate=0.1, dropout_rng=jax.random.PRNGKey(0))
+
+
+def test_auto_with_dropout_uses_reference():
+    """"auto" with dropout resolves to "reference" and gives the same dropped output."""
+    assert resolve_implementation("auto", jnp.float32, 0.1) == "reference"
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=11)
+    drop = partial(dot_product_attention, q_BTNH, k_BSNH, v_BSNH,
+                   dropout_rate=0.3, dropout_rng=jax.random.PRNGKey(5))
+    np.testing.assert_array_equal(np.asarray(drop(implementation="auto")),
+                                  np.asarray(drop(implementation="reference")))
+
+
+# --- registry ---------------------------------------------------------------
+
+
+def test_registry_names():
+    """All built-in names plus "auto" are listed."""
+    assert {"reference", "xla", "cudnn", "auto"} <= set(attention_implementations())
+
+
+def test_available_implementations_by_backend():
+    """cuDNN is available only on GPU with half precision; reference and xla always."""
+    assert {"reference", "xla"} <= set(available_implementations(jnp.float32))
+    assert "cudnn" not in available_implementations(jnp.float32)
+    assert ("cudnn" in available_implementations(jnp.bfloat16)) == (not ON_CPU)
+
+
+def test_cudnn_error_message_by_backend():
+    """Explicit "cudnn" on float32 raises: "GPU" on CPU, "bfloat16" on a GPU."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv()
+    expected = "GPU" if ON_CPU else "bfloat16"
+    with pytest.raises(ValueError, match=expected):
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, implementation="cudnn")
+
+
+def test_resolve_auto():
+    """"auto" is "xla" for float32, and for bfloat16 "xla" on CPU / "cudnn" on GPU."""
+    assert resolve_implementation("auto", jnp.float32) == "xla"
+    assert resolve_implementation("auto", jnp.bfloat16) == ("xla" if ON_CPU else "cudnn")
+    assert resolve_implementation("reference", jnp.float32) == "reference"
+
+
+def test_resolve_unknown_lists_names():
+    """An unknown name raises ValueError listing the valid ones."""
+    with pytest.raises(ValueError) as info:
+        resolve_implementation("nonsense")
+    for name in ("reference", "xla", "cudnn", "auto"):
+        assert name in str(info.value)
+
+
+def test_register_custom_implementation():
+    """A registered implementation is listed, available and actually dispatched to."""
+    name = "test_reference_plus_one"
+
+    @register_attention(name)
+    def plus_one(query, key, value, mask=None, *, dropout_rate=0.0, dropout_rng=None):
+        return attention_module.reference_attention(query, key, value, mask) + 1.0
+
+    try:
+        assert name in attention_implementations()
+        assert name in available_implementations(jnp.float32)
+        q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=12)
+        out = dot_product_attention(q_BTNH, k_BSNH, v_BSNH, implementation=name)
+        assert_allclose(np.asarray(out), np_attention(q_BTNH, k_BSNH, v_BSNH) + 1.0,
+                        rtol=1e-5, atol=1e-5)
+    finally:
+        del attention_module._IMPLEMENTATIONS[name]
+    assert name not in attention_implementations()
+
+
+# --- input checks and jit ---------------------------------------------------
+
+
+def test_shape_errors():
+    """Rank-3 query, key/value mismatch, head-dim mismatch and a float mask raise ValueError."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv()
+    with pytest.raises(ValueError):
+        dot_product_attention(q_BTNH[0], k_BSNH, v_BSNH)
+    with pytest.raises(ValueError):
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH[:, :-1])
+    with pytest.raises(ValueError):
+        dot_product_attention(q_BTNH[..., :-1], k_BSNH, v_BSNH)
+    with pytest.raises(ValueError):
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.ones((B, 1, T, S), jnp.float32))
+    with pytest.raises(ValueError, match="broadcastable"):
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.ones((B, 1, T, S + 1), bool))
+
+
+def test_mask_as_nested_list():
+    """A mask given as a Python list works like the same bool array."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=14)
+    mask_B11S = padding_mask_B11S()
+    out = dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask_B11S.tolist())
+    assert_allclose(np.asarray(out), np_attention(q_BTNH, k_BSNH, v_BSNH, mask_B11S),
+                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.0, 1.5])
+def test_dropout_rate_out_of_range_raises(rate):
+    """Attention dropout must be in [0, 1): rate 1 would give NaN gradients."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv()
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, dropout_rate=rate,
+                              dropout_rng=jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_jit_matches_eager(impl):
+    """jax.jit of the attention gives the eager result."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=13)
+    mask_B1TS = jnp.asarray(causal_padding_mask_B1TS())
+    fn = partial(dot_product_attention, implementation=impl)
+    eager = fn(q_BTNH, k_BSNH, v_BSNH, mask_B1TS)
+    jitted = jax.jit(fn)(q_BTNH, k_BSNH, v_BSNH, mask_B1TS)
+    assert_allclose(np.asarray(jitted), np.asarray(eager), rtol=1e-6, atol=1e-6)
