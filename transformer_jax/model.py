@@ -68,6 +68,9 @@ class AddPositions(nn.Module):
         if c.positional_encoding == "sinusoidal":
             x_BTD = x_BTD + sinusoidal_encoding(positions_BT, c.d_model).astype(x_BTD.dtype)
         elif c.positional_encoding == "learned":  # the alternative of Table 3, row (E)
+            if x_BTD.shape[1] > c.max_length:
+                raise ValueError(f"sequence length {x_BTD.shape[1]} exceeds the learned "
+                                 f"position table (ModelConfig.max_length={c.max_length})")
             table_PD = self.param("table", nn.initializers.normal(stddev=0.02),
                                   (c.max_length, c.d_model), jnp.float32)
             x_BTD = x_BTD + jnp.take(table_PD, positions_BT, axis=0).astype(x_BTD.dtype)
@@ -112,6 +115,8 @@ class Decoder(nn.Module):
         y_BTD = AddPositions(c, name="positions")(
             self.embedder.encode(decoder_inputs_BT), positions_BT, deterministic=deterministic)
         packed = targets_segments_BT is not None
+        if packed != (inputs_segments_BS is not None):
+            raise ValueError("packed rows need both inputs_segmentation and targets_segmentation")
         # Key j of the shifted input is valid when target j is: mask by the targets.
         self_mask_B1TT = combine_masks(
             causal_mask(targets_BT.shape[1]),

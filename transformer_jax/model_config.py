@@ -29,6 +29,10 @@ class ModelConfig:
     layer_norm_epsilon: float = 1e-6
 
     def __post_init__(self):
+        for name in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_length"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool), name,
+                     "must be an integer", value)
         for name in ("d_model", "d_ff", "num_heads", "num_layers", "max_length"):
             _require(getattr(self, name) > 0, name, "must be positive", getattr(self, name))
         _require(self.vocab_size >= 2, "vocab_size", "must be at least 2", self.vocab_size)

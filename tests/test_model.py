@@ -1,0 +1,297 @@
+"""The encoder-decoder Transformer (§3, Figure 1): masks, packing, tying, counts, dtypes."""
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax.model import Transformer, count_parameters, shift_right
+from transformer_jax.model_config import get_model_config
+from transformer_jax.positional import sinusoidal_encoding
+
+TINY = get_model_config("tiny")
+
+
+# Most tests use these shapes, so the jitted apply compiles once for them.
+INPUTS_SHAPE, TARGETS_SHAPE = (2, 6), (2, 7)
+
+
+@pytest.fixture(scope="module")
+def variables():
+    """Initialised tiny variables (sinusoidal, post-LN); "none" and bfloat16 share the tree."""
+    return jax.jit(Transformer(TINY).init)(
+        jax.random.key(0), jnp.ones(INPUTS_SHAPE, jnp.int32), jnp.ones(TARGETS_SHAPE, jnp.int32))
+
+
+@pytest.fixture(scope="module")
+def apply():
+    """One jitted apply for the tiny config (compiles once per shape)."""
+    return jax.jit(Transformer(TINY).apply, static_argnames=("deterministic",))
+
+
+def _tokens(shape, seed=0):
+    """Random non-padding token ids in [1, V)."""
+    return jnp.asarray(np.random.default_rng(seed).integers(1, TINY.vocab_size, size=shape),
+                       jnp.int32)
+
+
+def _batch(seed):
+    """Random (inputs_BS, targets_BT) of the common shapes, no padding."""
+    return _tokens(INPUTS_SHAPE, seed), _tokens(TARGETS_SHAPE, seed + 1000)
+
+
+# --- shift_right --------------------------------------------------------------------------
+
+
+def test_shift_right_literal():
+    """Targets move one step right with 0 in front; the last token drops off."""
+    np.testing.assert_array_equal(shift_right(jnp.array([[5, 6, 7], [8, 9, 0]])),
+                                  [[0, 5, 6], [0, 8, 9]])
+
+
+def test_shift_right_restarts_in_each_segment():
+    """With segments the shift restarts per example: none sees the previous one's last token."""
+    targets_BT = jnp.array([[5, 6, 7, 8, 9, 0]])
+    segments_BT = jnp.array([[1, 1, 1, 2, 2, 0]])
+    np.testing.assert_array_equal(shift_right(targets_BT, segments_BT), [[0, 5, 6, 0, 8, 0]])
+
+
+# --- masks: causality, padding, packing ---------------------------------------------------
+
+
+def test_decoder_is_causal(variables, apply):
+    """Logits at position t depend on targets[:t] only: changing targets[t:] keeps logits[:t+1]."""
+    inputs_BS, targets_BT = _batch(1)
+    T = targets_BT.shape[1]
+    logits_BTV = np.asarray(apply(variables, inputs_BS, targets_BT))
+    assert logits_BTV.shape == (2, T, TINY.vocab_size) and logits_BTV.dtype == np.float32
+    for t in range(1, T):
+        changed_BT = targets_BT.at[:, t:].set(targets_BT[:, t:] % (TINY.vocab_size - 1) + 1)
+        assert not np.array_equal(changed_BT, targets_BT)
+        changed_BTV = np.asarray(apply(variables, inputs_BS, changed_BT))
+        np.testing.assert_allclose(changed_BTV[:, : t + 1], logits_BTV[:, : t + 1], atol=1e-6)
+        # The first changed target is read at position t + 1: the test can see a leak.
+        if t + 1 < T:
+            assert np.abs(changed_BTV[:, t + 1] - logits_BTV[:, t + 1]).max() > 1e-3
+
+
+def test_padding_and_batching_do_not_change_real_positions(variables, apply):
+    """An example's logits are the same alone, padded, or batched with a longer example."""
+    inputs_S, targets_T = [3, 4, 5], [6, 7, 8, 9]
+    alone_BTV = apply(variables, jnp.array([inputs_S]), jnp.array([targets_T]))
+    padded_BTV = apply(variables, jnp.array([inputs_S + [0] * 3]), jnp.array([targets_T + [0] * 3]))
+    batch_inputs_BS = jnp.array([inputs_S + [0] * 3, [11, 12, 13, 14, 15, 16]])
+    batch_targets_BT = jnp.array([targets_T + [0] * 3, [21, 22, 23, 24, 25, 26, 27]])
+    batched_BTV = apply(variables, batch_inputs_BS, batch_targets_BT)
+    np.testing.assert_allclose(padded_BTV[:, :4], alone_BTV, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(batched_BTV[:1, :4], alone_BTV, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_row_equals_examples_run_alone(variables, apply):
+    """Two examples packed in one row (segments, restarting positions) give unpacked logits."""
+    src1, tgt1, src2, tgt2 = [3, 4, 5], [6, 7], [8, 9], [10, 11, 12]
+    packed_BTV = apply(
+        variables,
+        jnp.array([src1 + src2 + [0]]), jnp.array([tgt1 + tgt2 + [0, 0]]),
+        inputs_segmentation=jnp.array([[1, 1, 1, 2, 2, 0]]),
+        targets_segmentation=jnp.array([[1, 1, 2, 2, 2, 0, 0]]),
+        inputs_positions=jnp.array([[0, 1, 2, 0, 1, 0]]),
+        targets_positions=jnp.array([[0, 1, 0, 1, 2, 0, 0]]),
+    )
+    # Each example unpacked, padded with 0 to the common shapes (padding is tested above).
+    unpacked_BTV = apply(variables, jnp.array([src1 + [0] * 3, src2 + [0] * 4]),
+                         jnp.array([tgt1 + [0] * 5, tgt2 + [0] * 4]))
+    np.testing.assert_allclose(packed_BTV[0, 0:2], unpacked_BTV[0, :2], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(packed_BTV[0, 2:5], unpacked_BTV[1, :3], atol=1e-5, rtol=1e-5)
+
+
+# --- positions ----------------------------------------------------------------------------
+
+
+def test_encoder_is_permutation_equivariant_only_without_positions(variables):
+    """"none": permuting the tokens permutes the encoder rows; "sinusoidal": it does not."""
+    inputs_BS = _tokens(INPUTS_SHAPE, 3)
+    perm_S = np.array([3, 0, 5, 1, 4, 2])
+    for encoding, equivariant in (("none", True), ("sinusoidal", False)):
+        model = Transformer(get_model_config("tiny", positional_encoding=encoding))
+        memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
+        permuted_BSD = model.apply(variables, inputs_BS[:, perm_S], method=Transformer.encode)
+        diff = np.abs(np.asarray(permuted_BSD) - np.asarray(memory_BSD)[:, perm_S]).max()
+        assert (diff < 1e-5) if equivariant else (diff > 1e-2), (encoding, diff)
+
+
+def test_learned_positions(variables, apply):
+    """"learned" adds a (max_length, D) table to encoder and decoder; filled with sinusoids it
+    reproduces the sinusoidal model, and its random init gives different logits."""
+    cfg = get_model_config("tiny", positional_encoding="learned")
+    model = Transformer(cfg)
+    inputs_BS, targets_BT = _batch(4)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), inputs_BS, targets_BT)["params"]
+    for part in ("encoder", "decoder"):
+        assert shapes[part]["positions"]["table"].shape == (cfg.max_length, cfg.d_model)
+
+    def with_table(table_PD):
+        params = flax.core.unfreeze(variables["params"])
+        for part in ("encoder", "decoder"):
+            params[part]["positions"] = {"table": table_PD}
+        return {"params": params}
+
+    sinusoidal_BTV = apply(variables, inputs_BS, targets_BT)
+    sines_PD = sinusoidal_encoding(jnp.arange(cfg.max_length), cfg.d_model)
+    np.testing.assert_allclose(model.apply(with_table(sines_PD), inputs_BS, targets_BT),
+                               sinusoidal_BTV, atol=1e-5, rtol=1e-5)
+    random_PD = jax.random.normal(jax.random.key(1), (cfg.max_length, cfg.d_model)) * 0.02
+    learned_BTV = model.apply(with_table(random_PD), inputs_BS, targets_BT)
+    assert np.abs(np.asarray(learned_BTV) - np.asarray(sinusoidal_BTV)).max() > 1e-2
+
+
+# --- embeddings ---------------------------------------------------------------------------
+
+
+def test_one_embedding_matrix_tied_to_the_output(variables):
+    """Exactly one (V, D) matrix; logits are the last decoder layer's output times its transpose."""
+    params = variables["params"]
+    V, D = TINY.vocab_size, TINY.d_model
+    leaves = jax.tree.leaves(params)
+    assert sum(p.shape == (V, D) for p in leaves) == 1
+    assert sum(V in p.shape for p in leaves) == 1  # no separate output projection
+    table_VD = params["embedder"]["table"]["embedding"]
+
+    inputs_BS, targets_BT = _batch(6)
+    logits_BTV, state = Transformer(TINY).apply(
+        variables, inputs_BS, targets_BT, capture_intermediates=True, mutable=["intermediates"])
+    (hidden_BTD,) = state["intermediates"]["decoder"][f"layer_{TINY.num_layers - 1}"]["__call__"]
+    expected_BTV = np.einsum("btd,vd->btv", np.float64(hidden_BTD), np.float64(table_VD))
+    np.testing.assert_allclose(logits_BTV, expected_BTV, atol=1e-4, rtol=1e-4)
+
+
+def test_zero_embedding_row_gives_zero_logit(variables, apply):
+    """Tied, bias-free output: zeroing embedding row v makes logit v exactly 0 everywhere."""
+    v = 17
+    params = flax.core.unfreeze(variables["params"])
+    params["embedder"]["table"]["embedding"] = params["embedder"]["table"]["embedding"].at[v].set(0)
+    inputs_BS, targets_BT = _batch(8)
+    logits_BTV = np.asarray(apply({"params": params}, inputs_BS, targets_BT))
+    assert np.all(logits_BTV[..., v] == 0.0)
+    assert np.all(logits_BTV[..., v + 1] != 0.0)
+
+
+def test_embeddings_are_scaled_by_sqrt_d_model(variables):
+    """Embedder.encode(token) is its table row times √d_model (§3.4)."""
+    tokens_BT = jnp.array([[1, 5, 0], [127, 2, 2]])
+    embedded_BTD = Transformer(TINY).apply(variables, tokens_BT,
+                                           method=lambda m, t: m.embedder.encode(t))
+    table_VD = np.asarray(variables["params"]["embedder"]["table"]["embedding"])
+    np.testing.assert_allclose(embedded_BTD, table_VD[np.asarray(tokens_BT)] * np.sqrt(32.0),
+                               rtol=1e-6)
+
+
+# --- dropout, jit, dtypes, variants -------------------------------------------------------
+
+
+def test_jit_and_eager_apply_agree(variables, apply):
+    """jax.jit(apply) gives the eager logits."""
+    inputs_BS, targets_BT = _batch(10)
+    eager_BTV = Transformer(TINY).apply(variables, inputs_BS, targets_BT)
+    np.testing.assert_allclose(apply(variables, inputs_BS, targets_BT), eager_BTV,
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_dropout_needs_deterministic_false_and_an_rng(variables, apply):
+    """deterministic=False with a "dropout" rng changes the logits; without the rng it raises."""
+    inputs_BS, targets_BT = _batch(12)
+    clean_BTV = apply(variables, inputs_BS, targets_BT)
+    np.testing.assert_array_equal(apply(variables, inputs_BS, targets_BT), clean_BTV)
+    dropped_BTV = apply(variables, inputs_BS, targets_BT, deterministic=False,
+                        rngs={"dropout": jax.random.key(1)})
+    assert np.abs(np.asarray(dropped_BTV) - np.asarray(clean_BTV)).max() > 1e-3
+    with pytest.raises(flax.errors.InvalidRngError):
+        apply(variables, inputs_BS, targets_BT, deterministic=False)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits(variables, apply):
+    """dtype="bfloat16": float32 params and logits, close to the float32 model's logits."""
+    model = Transformer(get_model_config("tiny", dtype="bfloat16"))
+    inputs_BS, targets_BT = _batch(14)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), inputs_BS, targets_BT)
+    assert {p.dtype for p in jax.tree.leaves(shapes)} == {jnp.dtype(jnp.float32)}
+    half_BTV = jax.jit(model.apply)(variables, inputs_BS, targets_BT)
+    full_BTV = apply(variables, inputs_BS, targets_BT)
+    assert half_BTV.dtype == jnp.float32
+    err = np.abs(np.asarray(half_BTV) - np.asarray(full_BTV)).max()
+    assert 0 < err < 0.1 * np.abs(np.asarray(full_BTV)).max()
+
+
+def test_pre_layer_norm_adds_final_norms_and_runs(variables):
+    """pre_layer_norm=True adds a final LayerNorm to encoder and decoder; logits are finite."""
+    model = Transformer(get_model_config("tiny", pre_layer_norm=True))
+    inputs_BS, targets_BT = _batch(16)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), inputs_BS, targets_BT)["params"]
+    params = flax.core.unfreeze(variables["params"])  # the post-LN tree plus the two final norms
+    for part in ("encoder", "decoder"):
+        params[part]["final_norm"] = {"scale": jnp.ones(TINY.d_model),
+                                      "bias": jnp.zeros(TINY.d_model)}
+    same = lambda a, b: a.shape == b.shape  # noqa: E731
+    assert jax.tree.all(jax.tree.map(same, params, shapes))  # raises if the trees differ
+    logits_BTV = jax.jit(model.apply)({"params": params}, inputs_BS, targets_BT)
+    assert logits_BTV.shape == (*TARGETS_SHAPE, TINY.vocab_size)
+    assert np.isfinite(logits_BTV).all()
+
+
+# --- parameter counts ---------------------------------------------------------------------
+
+
+def _formula(c):
+    """Sinusoidal post-LN count: shared embedding, L encoder and L decoder layers."""
+    V, D, F, L = c.vocab_size, c.d_model, c.d_ff, c.num_layers
+    attention = 4 * (D * D + D)  # query, key, value, out: kernel + bias
+    ffn = 2 * D * F + F + D
+    norm = 2 * D
+    return V * D + L * (attention + ffn + 2 * norm) + L * (2 * attention + ffn + 3 * norm)
+
+
+@pytest.mark.parametrize("name, paper", [("base", 65e6), ("big", 213e6)])
+def test_parameter_count_matches_paper_and_formula(name, paper):
+    """count_parameters equals the hand formula and is within 5% of Table 3 (V = 37000)."""
+    cfg = get_model_config(name, vocab_size=37_000)
+    counts = count_parameters(cfg)
+    assert counts["total"] == _formula(cfg)
+    assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
+    assert abs(counts["total"] - paper) / paper < 0.05
+
+
+def test_parameter_count_deltas_of_variants():
+    """Pre-LN adds two final norms (4D); learned positions add 2 * max_length * D."""
+    D, P = TINY.d_model, TINY.max_length
+    base = count_parameters(TINY)["total"]
+    assert base == _formula(TINY)
+    assert count_parameters(get_model_config("tiny", pre_layer_norm=True))["total"] == base + 4 * D
+    learned = count_parameters(get_model_config("tiny", positional_encoding="learned"))["total"]
+    assert learned == base + 2 * P * D
+
+
+@pytest.mark.parametrize("name", ["base", "big"])
+def test_big_presets_have_float32_params(name):
+    """Every parameter of "base" and "big" is float32 (shapes only, nothing allocated)."""
+    tokens_BT = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    shapes = jax.eval_shape(Transformer(get_model_config(name)).init, jax.random.key(0),
+                            tokens_BT, tokens_BT)
+    assert {p.dtype for p in jax.tree.leaves(shapes)} == {jnp.dtype(jnp.float32)}
+
+
+def test_sequence_longer_than_learned_table_raises():
+    """Learned positions: a sequence longer than max_length is an error, not NaN logits."""
+    config = get_model_config("tiny", positional_encoding="learned", max_length=4)
+    tokens_BT = jnp.ones((1, 6), jnp.int32)
+    with pytest.raises(ValueError, match="max_length=4"):
+        Transformer(config).init(jax.random.key(0), tokens_BT, tokens_BT)
+
+
+def test_packing_needs_both_segmentations(variables):
+    """Giving only the source's segment ids would leak across examples: it raises."""
+    inputs_BS, targets_BT = _batch(2)
+    segments_BS = jnp.ones(INPUTS_SHAPE, jnp.int32)
+    with pytest.raises(ValueError, match="both"):
+        Transformer(TINY).apply(variables, inputs_BS, targets_BT,
+                                inputs_segmentation=segments_BS)

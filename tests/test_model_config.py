@@ -1,0 +1,80 @@
+"""ModelConfig: the paper's presets (Table 3), overrides and validation."""
+
+import dataclasses
+
+import pytest
+
+from transformer_jax.model_config import ModelConfig, get_model_config
+
+
+def test_base_preset_matches_table3():
+    """"base" has the sizes of Table 3: D 512, F 2048, h 8, N 6, P_drop 0.1, d_k 64."""
+    c = get_model_config("base")
+    assert (c.d_model, c.d_ff, c.num_heads, c.num_layers) == (512, 2048, 8, 6)
+    assert c.dropout_rate == pytest.approx(0.1)
+    assert c.head_dim == 64
+    assert c.positional_encoding == "sinusoidal" and c.pre_layer_norm is False
+
+
+def test_big_preset_matches_table3():
+    """"big" has the sizes of Table 3: D 1024, F 4096, h 16, N 6, P_drop 0.3, d_k 64."""
+    c = get_model_config("big")
+    assert (c.d_model, c.d_ff, c.num_heads, c.num_layers) == (1024, 4096, 16, 6)
+    assert c.dropout_rate == pytest.approx(0.3)
+    assert c.head_dim == 64
+
+
+def test_overrides_replace_only_the_named_fields():
+    """get_model_config(name, **overrides) changes the given fields and keeps the others."""
+    c = get_model_config("base", vocab_size=32_000, dropout_rate=0.2)
+    assert (c.vocab_size, c.dropout_rate) == (32_000, 0.2)
+    assert (c.d_model, c.d_ff, c.num_heads) == (512, 2048, 8)
+    assert get_model_config("base").vocab_size == 37_000  # the preset itself is untouched
+
+
+def test_config_is_frozen():
+    """Assigning a field of a ModelConfig raises FrozenInstanceError."""
+    c = get_model_config("tiny")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.d_model = 64
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("d_model", 30),  # tiny has num_heads=4: 30 % 4 != 0
+        ("d_model", 0),
+        ("d_model", -8),
+        ("d_ff", 0),
+        ("num_heads", 0),
+        ("num_layers", 0),
+        ("max_length", 0),
+        ("dropout_rate", -0.1),
+        ("dropout_rate", 1.0),
+        ("attention_dropout_rate", 1.0),
+        ("attention_implementation", "flash"),
+        ("positional_encoding", "rotary"),
+        ("dtype", "float64"),
+        ("vocab_size", 1),
+        ("d_ff", 2048.0),
+        ("num_layers", "6"),
+    ],
+)
+def test_bad_value_raises_value_error_naming_the_field(field, value):
+    """Each invalid field value raises ValueError whose message names that field."""
+    with pytest.raises(ValueError, match=field):
+        get_model_config("tiny", **{field: value})
+    with pytest.raises(ValueError, match=field):  # the constructor validates too
+        ModelConfig(**{field: value})
+
+
+def test_unknown_preset_raises():
+    """An unknown preset name raises ValueError naming it."""
+    with pytest.raises(ValueError, match="huge"):
+        get_model_config("huge")
+
+
+def test_unknown_override_field_raises():
+    """An override that is not a field raises ValueError naming it."""
+    with pytest.raises(ValueError, match="d_modle"):
+        get_model_config("tiny", d_modle=64)
