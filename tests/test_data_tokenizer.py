@@ -1,0 +1,251 @@
+"""SentencePiece tokenizer: lossless round trips, fixed special ids, training and reuse."""
+
+import pickle
+import random
+import warnings
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from num2words import num2words
+
+from transformer_jax.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    load_or_train_tokenizer,
+    train_tokenizer,
+)
+
+VOCAB_SIZE = 400
+
+# Outside the training corpus: mixed scripts, emoji (a ZWJ family, a flag, a
+# skin tone), odd whitespace, NFC and NFD forms of the same letter.
+ROUND_TRIP = [
+    "",
+    " ",
+    "  two  spaces ",
+    " leading and trailing\t",
+    "\ttabs\tand\nnew\nlines\r\n",
+    "Grüße, ß und Ü; façade, naïve, Ångström, Łódź",
+    "Ελληνικά: καλημέρα κόσμε",
+    "Кириллица: привет, мир",
+    "中文和日本語のテキスト，한국어",
+    "العربية: مرحبا بالعالم",
+    "emoji 👩‍👩‍👧 🇩🇪 👍🏽 😀",
+    "café vs cafe\u0301",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ⅷ ∮ 🜁 \u200b zero width",
+    "1234567890 3.14159 -42",
+]
+
+
+def make_corpus(n: int = 3000, seed: int = 0) -> list[str]:
+    """English and German sentences with spelled-out numbers, plus some empties."""
+    rng = random.Random(seed)
+    nouns = [("cats", "Katzen"), ("houses", "Häuser"), ("trees", "Bäume"),
+             ("streets", "Straßen"), ("birds", "Vögel"), ("books", "Bücher")]
+    corpus = []
+    for i in range(n):
+        number = rng.randrange(1_000_000)
+        en, de = rng.choice(nouns)
+        corpus.append(f"There are {num2words(number, lang='en')} {en} in the town ({number}).")
+        corpus.append(f"In der Stadt gibt es {num2words(number, lang='de')} {de}.")
+        if i % 100 == 0:
+            corpus.append("")
+    return corpus
+
+
+CORPUS = make_corpus()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(CORPUS, VOCAB_SIZE)
+
+
+def test_vocab_size_is_the_requested_size(tokenizer):
+    assert tokenizer.vocab_size == VOCAB_SIZE
+
+
+@pytest.mark.parametrize("text", ROUND_TRIP)
+def test_round_trip_is_exact(tokenizer, text):
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == text
+    assert UNK_ID not in ids  # unseen characters fall back to bytes
+
+
+def test_unseen_characters_become_byte_pieces(tokenizer):
+    pieces = [tokenizer.id_to_piece(i) for i in tokenizer.encode("中")]
+    assert pieces[-3:] == ["<0xE4>", "<0xB8>", "<0xAD>"]  # UTF-8 of 中
+
+
+def test_special_pieces(tokenizer):
+    assert [tokenizer.id_to_piece(i) for i in (PAD_ID, EOS_ID, BOS_ID, UNK_ID)] == [
+        "<pad>", "</s>", "<s>", "<unk>"]
+    assert (PAD_ID, EOS_ID, BOS_ID, UNK_ID) == (0, 1, 2, 3)
+
+
+def test_encode_emits_no_special_ids(tokenizer):
+    for text in ROUND_TRIP + CORPUS[:200]:
+        assert not {PAD_ID, EOS_ID, BOS_ID} & set(tokenizer.encode(text)), text
+
+
+def test_add_eos_appends_one_eos(tokenizer):
+    for text in ["", "Die Katzen.", "  x  "]:
+        ids = tokenizer.encode(text, add_eos=True)
+        assert ids == tokenizer.encode(text) + [EOS_ID]
+        assert ids.count(EOS_ID) == 1
+
+
+def test_decode_stops_at_eos_and_drops_padding(tokenizer):
+    text = "Grüße 👩‍👩‍👧  aus Berlin"
+    ids = tokenizer.encode(text) + [EOS_ID] + tokenizer.encode("junk") + [PAD_ID] * 3
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.decode(np.array(ids, dtype=np.int32)) == text
+    assert tokenizer.decode(jnp.array(ids)) == text
+    assert tokenizer.decode([PAD_ID] + tokenizer.encode(text) + [PAD_ID]) == text
+    assert tokenizer.decode([EOS_ID] + tokenizer.encode(text)) == ""
+
+
+def test_decode_rejects_2d(tokenizer):
+    with pytest.raises(ValueError, match="1-D"):
+        tokenizer.decode(np.zeros((2, 3), np.int32))
+
+
+def test_decode_batch_of_padded_rows(tokenizer):
+    texts = ["one", "", "  zwei  und drei ", "Кириллица"]
+    rows = tokenizer.encode_batch(texts, add_eos=True)
+    batch = np.full((len(rows), max(map(len, rows)) + 2), PAD_ID, np.int32)
+    for row, ids in zip(batch, rows):
+        row[: len(ids)] = ids
+    batch[0, -1] = 99  # after EOS: ignored
+    assert tokenizer.decode_batch(batch) == texts
+    assert tokenizer.decode_batch(jnp.asarray(batch)) == texts
+    assert tokenizer.decode_batch(rows) == texts
+    assert tokenizer.decode_batch([[PAD_ID, EOS_ID]]) == [""]
+    assert tokenizer.decode_batch(np.zeros((0, 5), np.int32)) == []
+    assert tokenizer.encode_batch([]) == []
+
+
+def test_encode_batch_equals_encode(tokenizer):
+    texts = ROUND_TRIP + CORPUS[:50]
+    assert tokenizer.encode_batch(texts) == [tokenizer.encode(t) for t in texts]
+    assert tokenizer.encode_batch(iter(texts), add_eos=True) == [
+        tokenizer.encode(t, add_eos=True) for t in texts]
+
+
+def test_training_is_deterministic(tokenizer):
+    assert train_tokenizer(CORPUS, VOCAB_SIZE).model_proto == tokenizer.model_proto
+    assert train_tokenizer(iter(CORPUS), VOCAB_SIZE).model_proto == tokenizer.model_proto
+
+
+def test_max_sentences_samples_deterministically(tokenizer):
+    sampled = train_tokenizer(CORPUS, VOCAB_SIZE, max_sentences=2000, seed=1)
+    again = train_tokenizer(CORPUS, VOCAB_SIZE, max_sentences=2000, seed=1)
+    assert sampled.model_proto == again.model_proto
+    # A sample bigger than the corpus is the whole corpus.
+    everything = train_tokenizer(CORPUS, VOCAB_SIZE, max_sentences=10 * len(CORPUS))
+    assert everything.model_proto == tokenizer.model_proto
+
+
+def test_too_large_vocab_warns_and_caps():
+    with pytest.warns(UserWarning, match=r"Requested vocab_size 100000.*supports only \d+"):
+        capped = train_tokenizer(CORPUS, 100_000)
+    assert VOCAB_SIZE < capped.vocab_size < 100_000
+    assert capped.decode(capped.encode(ROUND_TRIP[5])) == ROUND_TRIP[5]
+
+
+@pytest.mark.parametrize("vocab_size", [100, 270])
+def test_too_small_vocab_raises(vocab_size):
+    # 270 passes the fixed floor (261) but not this corpus's characters.
+    with pytest.raises(ValueError, match="too small.*at least"):
+        train_tokenizer(CORPUS, vocab_size)
+
+
+def test_unigram(tokenizer):
+    unigram = train_tokenizer(CORPUS, VOCAB_SIZE, model_type="unigram")
+    assert unigram.vocab_size == VOCAB_SIZE
+    assert unigram.model_proto != tokenizer.model_proto
+    for text in ROUND_TRIP:
+        assert unigram.decode(unigram.encode(text)) == text
+
+
+def test_unknown_model_type_raises():
+    with pytest.raises(ValueError, match="bpe.*unigram.*'wordpiece'"):
+        train_tokenizer(CORPUS, VOCAB_SIZE, model_type="wordpiece")
+
+
+def test_empty_corpus_raises():
+    with pytest.raises(ValueError, match="no non-empty sentences"):
+        train_tokenizer(["", ""], VOCAB_SIZE)
+
+
+def test_save_load_round_trip(tokenizer, tmp_path):
+    path = tmp_path / "a" / "tok.model"
+    tokenizer.save(path)
+    loaded = Tokenizer.load(path)
+    assert loaded.model_proto == tokenizer.model_proto
+    assert loaded.encode_batch(ROUND_TRIP) == tokenizer.encode_batch(ROUND_TRIP)
+    assert [p.name for p in path.parent.iterdir()] == ["tok.model"]  # no temp file left
+
+
+def test_load_missing_file_names_the_path(tmp_path):
+    path = tmp_path / "nowhere.model"
+    with pytest.raises(FileNotFoundError, match="nowhere.model.*load_or_train_tokenizer"):
+        Tokenizer.load(path)
+
+
+def test_pickles_as_model_bytes(tokenizer):
+    copy = pickle.loads(pickle.dumps(tokenizer))
+    assert copy.encode(ROUND_TRIP[10]) == tokenizer.encode(ROUND_TRIP[10])
+
+
+def test_load_or_train_trains_once_then_loads(tokenizer, tmp_path):
+    path = tmp_path / "run" / "tokenizer.model"
+    calls = []
+
+    def sentences():
+        calls.append(1)
+        return iter(CORPUS)
+
+    first = load_or_train_tokenizer(path, sentences, VOCAB_SIZE)
+    assert calls == [1] and path.exists()
+    assert first.model_proto == tokenizer.model_proto
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "tokenizer.model", "tokenizer.model.json"]
+
+    def must_not_train():
+        raise AssertionError("sentences_fn called although the tokenizer exists")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = load_or_train_tokenizer(str(path), must_not_train, VOCAB_SIZE)
+    assert again.model_proto == first.model_proto
+
+
+def test_load_or_train_rejects_other_settings(tmp_path):
+    path = tmp_path / "tokenizer.model"
+    with pytest.warns(UserWarning, match="supports only"):
+        load_or_train_tokenizer(path, lambda: CORPUS, 100_000)  # capped size
+
+    def must_not_train():
+        raise AssertionError("sentences_fn called although the tokenizer exists")
+
+    # The requested size is what is compared, so a capped vocabulary is reused.
+    load_or_train_tokenizer(path, must_not_train, 100_000)
+    with pytest.raises(ValueError, match="vocab_size=100000.*vocab_size=400"):
+        load_or_train_tokenizer(path, must_not_train, VOCAB_SIZE)
+    with pytest.raises(ValueError, match="model_type='bpe'.*model_type='unigram'"):
+        load_or_train_tokenizer(path, must_not_train, 100_000, model_type="unigram")
+
+
+def test_load_or_train_without_settings_file_checks_size(tokenizer, tmp_path):
+    path = tmp_path / "tokenizer.model"
+    tokenizer.save(path)  # a model copied without its .json
+    with pytest.raises(ValueError, match="400 pieces.*vocab_size=500"):
+        load_or_train_tokenizer(path, lambda: CORPUS, 500)
+    with pytest.warns(UserWarning, match="model_type .* not checked"):
+        loaded = load_or_train_tokenizer(path, lambda: CORPUS, VOCAB_SIZE)
+    assert loaded.model_proto == tokenizer.model_proto

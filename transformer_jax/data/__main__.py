@@ -1,0 +1,57 @@
+"""Shows what the model sees: a split's examples as text, ids and pieces, then statistics.
+
+    python -m transformer_jax.data --config=configs/default.py --split=validation --show=5
+"""
+
+import os
+import sys
+import tempfile
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from transformer_jax.data import report
+from transformer_jax.data.sources import DataError, open_split
+from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a config file, e.g. configs/default.py",
+                                          lock_config=True)
+_SPLIT = flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], "the split")
+_SHOW = flags.DEFINE_integer("show", 5, "how many examples to print")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "a run's directory: its tokenizer is used, or trained and saved there; "
+    "without one a tokenizer is trained in a temporary directory")
+_MAX_PAIRS = flags.DEFINE_integer("max_pairs", 100_000, "scan at most this many pairs")
+
+
+def main(argv) -> None:
+    del argv
+    config = _CONFIG.value
+    if config is None:
+        raise app.UsageError("--config is required, e.g. --config=configs/default.py")
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            workdir = _WORKDIR.value or scratch
+            tokenizer = get_tokenizer(config.data, workdir)
+            pairs = open_split(config.data, _SPLIT.value)
+            d = config.data
+            print(f"{d.dataset} ({d.source_lang} -> {d.target_lang}), split {_SPLIT.value}: "
+                  f"{len(pairs):,} records")
+            where = tokenizer_path(workdir) if _WORKDIR.value else "(temporary)"
+            print(report.format_tokenizer(tokenizer, where), end="\n\n")
+            shown = 0
+            for pair in pairs:
+                if shown == _SHOW.value:
+                    break
+                shown += 1
+                print(report.format_example(shown, pair, tokenizer), end="\n\n")
+            stats = report.split_statistics(pairs, len(pairs), tokenizer, config.data,
+                                            _MAX_PAIRS.value)
+            print(report.format_statistics(stats))
+    except DataError as error:
+        sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    app.run(main)

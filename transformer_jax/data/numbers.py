@@ -1,0 +1,165 @@
+"""The built-in offline dataset "numbers": numbers 0..999,999 in German and English words.
+
+A translation task that needs no download and trains in minutes, yet is not a
+word-for-word lookup: German puts units before tens and writes a number as one
+word, so the model must reorder and split,
+
+    342    "dreihundertzweiundvierzig"  ->  "three hundred and forty-two"
+    21005  "einundzwanzigtausendfünf"   ->  "twenty-one thousand and five"
+
+The words come from the num2words library (no hand-written grammar here).
+
+Splits (disjoint, deterministic, independent of machine and process count):
+  "full"  (default): train 200,000 / validation 2,000 / test 2,000
+  "small" (tests, quick demos): train 4,000 / validation 200 / test 200
+Train always holds every number below 1,000; all other numbers are drawn without
+replacement from 1,000..999,999 with a fixed seed. Each split of "small" is a
+subset of the same split of "full".
+
+    builder = prepare_numbers(data_dir, config="small")  # builds once, array_record
+    source = builder.as_data_source(split="train")       # source[i] == {"de": b"...", "en": b"..."}
+
+Records are stored in TFDS's key-hash order, not in numeric order.
+"""
+
+import concurrent.futures
+import multiprocessing
+import os
+from collections.abc import Mapping
+
+import numpy as np
+import tensorflow_datasets as tfds
+from num2words import num2words
+
+SPLITS = ("train", "validation", "test")
+FULL_SIZES = {"train": 200_000, "validation": 2_000, "test": 2_000}
+SMALL_SIZES = {"train": 4_000, "validation": 200, "test": 200}
+CONFIG_SIZES = {"full": FULL_SIZES, "small": SMALL_SIZES}
+
+MAX_NUMBER = 999_999
+ALWAYS_IN_TRAIN = 1_000  # 0..999: the building blocks of every larger number
+SEED = 20_240_342
+
+# Splits larger than this are spelled by a pool of processes; smaller ones in-process,
+# where starting processes (about a second each) would cost more than it saves.
+POOL_MIN_NUMBERS = 20_000
+POOL_CHUNK = 5_000
+
+
+def number_words(n: int) -> dict[str, str]:
+    """One example: the number `n` in German and English words, e.g. 21 ->
+    {"de": "einundzwanzig", "en": "twenty-one"}."""
+    n = int(n)  # num2words rejects numpy integers' types in some languages
+    return {"de": num2words(n, lang="de"), "en": num2words(n, lang="en")}
+
+
+def split_numbers(split: str, sizes: Mapping[str, int] = FULL_SIZES) -> np.ndarray:
+    """The numbers of one split, sorted (int64). Pure: nothing is built or read.
+
+    One fixed permutation of 1,000..999,999 is dealt round-robin into three streams,
+    one per split; a split takes the first numbers of its stream. So the splits are
+    disjoint for any sizes, and a smaller configuration's splits are subsets of a
+    larger one's: the small test set is never in the full training set.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    if set(sizes) != set(SPLITS):
+        raise ValueError(f"sizes must give {', '.join(SPLITS)}, got {sorted(sizes)}")
+    if sizes["train"] < ALWAYS_IN_TRAIN:
+        raise ValueError(f"train must hold at least the {ALWAYS_IN_TRAIN} numbers below "
+                         f"{ALWAYS_IN_TRAIN}, got {sizes['train']}")
+    drawn_sizes = dict(sizes, train=sizes["train"] - ALWAYS_IN_TRAIN)
+    rng = np.random.default_rng(SEED)
+    pool = rng.permutation(np.arange(ALWAYS_IN_TRAIN, MAX_NUMBER + 1, dtype=np.int64))
+    stream = pool[SPLITS.index(split)::len(SPLITS)]
+    if not 0 <= drawn_sizes[split] <= len(stream):
+        raise ValueError(f"{split} size {sizes[split]} is out of range")
+    drawn = stream[:drawn_sizes[split]]
+    if split == "train":
+        drawn = np.concatenate([np.arange(ALWAYS_IN_TRAIN, dtype=np.int64), drawn])
+    return np.sort(drawn)
+
+
+def _number_words_chunk(numbers: list[int]) -> list[dict[str, str]]:
+    """A pool worker's task: a list, so that one pickle carries thousands of examples."""
+    return [number_words(n) for n in numbers]
+
+
+def _spelled(numbers: np.ndarray):
+    """Yields number_words(n) for each n, in order; large inputs on every core."""
+    numbers = [int(n) for n in numbers]
+    if len(numbers) <= POOL_MIN_NUMBERS:
+        yield from map(number_words, numbers)
+        return
+    chunks = [numbers[i:i + POOL_CHUNK] for i in range(0, len(numbers), POOL_CHUNK)]
+    try:
+        workers = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        workers = os.cpu_count() or 1
+    # Spawn, not fork: JAX may be imported here, and forking a multithreaded process
+    # can deadlock. (So a script that builds "full" needs `if __name__ == "__main__":`.)
+    # The map is ordered: the result does not depend on `workers`.
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        for words in pool.map(_number_words_chunk, chunks):
+            yield from words
+    finally:  # on an error, drop the queued chunks instead of spelling them all first
+        pool.shutdown(cancel_futures=True)
+
+
+class Numbers(tfds.core.GeneratorBasedBuilder):
+    """TFDS builder of the "numbers" dataset; build it with `prepare_numbers`.
+
+    Without TensorFlow only the array_record file format can be written.
+    """
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release (num2words 0.5.14)."}
+    BUILDER_CONFIGS = [  # the first is the default
+        tfds.core.BuilderConfig(
+            name="full", description="train 200,000 / validation 2,000 / test 2,000"),
+        tfds.core.BuilderConfig(
+            name="small", description="train 4,000 / validation 200 / test 200"),
+    ]
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        # Built directly: dataset_info_from_configs() expects a dataset folder with
+        # metadata files, and fails for a builder in a plain module.
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=__doc__,
+            features=tfds.features.Translation(languages=("de", "en")),
+            supervised_keys=("de", "en"),
+            homepage="https://github.com/savoirfairelinux/num2words",
+            citation=None,
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # nothing to download
+        sizes = CONFIG_SIZES[self.builder_config.name]
+        return {split: self._generate_examples(split_numbers(split, sizes)) for split in SPLITS}
+
+    def _generate_examples(self, numbers: np.ndarray):
+        """Yields (n, {"de": ..., "en": ...}); the number itself is the unique key."""
+        for n, words in zip(numbers, _spelled(numbers), strict=True):
+            yield int(n), words
+
+
+def prepare_numbers(data_dir: str | None = None, config: str = "full") -> tfds.core.DatasetBuilder:
+    """The "numbers" builder, built first if needed (array_record; a no-op if prepared).
+
+    Args:
+      data_dir: TFDS data directory; None means TFDS's default (~/tensorflow_datasets
+        or $TFDS_DATA_DIR).
+      config: "full" or "small".
+
+    Returns:
+      the prepared builder: `builder.as_data_source(split="train")` reads a split.
+    """
+    if config not in CONFIG_SIZES:
+        raise ValueError(f"unknown numbers config {config!r}; choose one of "
+                         f"{', '.join(CONFIG_SIZES)}")
+    builder = Numbers(data_dir=data_dir, config=config, file_format="array_record")
+    builder.download_and_prepare(file_format="array_record")
+    return builder

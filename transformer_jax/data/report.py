@@ -1,0 +1,76 @@
+"""What the model sees: examples as text and ids, and length statistics of a split."""
+
+import dataclasses
+
+import numpy as np
+import tqdm
+
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+
+PERCENTILES = (50, 90, 99, 100)
+
+
+@dataclasses.dataclass
+class SplitStatistics:
+    pairs: int  # pairs read (after skipping empty ones)
+    skipped_empty: int  # pairs with an empty or blank side
+    source_lengths: np.ndarray  # tokens per source sentence, EOS included
+    target_lengths: np.ndarray
+    max_source_length: int
+    max_target_length: int
+    too_long: str  # what happens to longer pairs: "truncate" or "drop"
+
+    @property
+    def over_limit(self) -> int:
+        """Pairs with a side longer than its row: cut or dropped in training."""
+        return int(np.sum((self.source_lengths > self.max_source_length)
+                          | (self.target_lengths > self.max_target_length)))
+
+
+def split_statistics(pairs, total_records: int, tokenizer: Tokenizer, data_config,
+                     max_pairs: int | None = None) -> SplitStatistics:
+    """Token lengths of (up to `max_pairs` of) a split; `pairs` may hold None for skipped ones."""
+    source, target, skipped = [], [], 0
+    limit = total_records if max_pairs is None else min(max_pairs, total_records)
+    for i in tqdm.trange(limit, desc="scanning", unit="pair", leave=False):
+        pair = pairs[i]
+        if pair is None:
+            skipped += 1
+            continue
+        source.append(len(tokenizer.encode(pair["source"], add_eos=True)))
+        target.append(len(tokenizer.encode(pair["target"], add_eos=True)))
+    return SplitStatistics(len(source), skipped, np.asarray(source), np.asarray(target),
+                           data_config.max_source_length, data_config.max_target_length,
+                           data_config.too_long)
+
+
+def format_example(number: int, pair, tokenizer: Tokenizer) -> str:
+    lines = [f"example {number}"]
+    for side in ("source", "target"):
+        ids = tokenizer.encode(pair[side], add_eos=True)
+        pieces = " ".join(tokenizer.id_to_piece(i) for i in ids)
+        lines += [f"  {side:<7} {pair[side]}", f"  {'ids':<7} {ids}", f"  {'pieces':<7} {pieces}"]
+    return "\n".join(lines)
+
+
+def format_statistics(stats: SplitStatistics) -> str:
+    header = "  tokens   " + " ".join(f"{f'p{p}':>6}" for p in PERCENTILES) + "    mean"
+    lines = [f"{stats.pairs:,} pairs; {stats.skipped_empty:,} skipped (an empty side)", header]
+    for name, lengths in (("source", stats.source_lengths), ("target", stats.target_lengths)):
+        if len(lengths):
+            values = " ".join(f"{int(np.percentile(lengths, p)):>6}" for p in PERCENTILES)
+            lines.append(f"  {name:<8} {values} {lengths.mean():>7.2f}")
+    if stats.pairs:
+        tokens = (stats.source_lengths.sum() + stats.target_lengths.sum()) / stats.pairs
+        share = 100 * stats.over_limit / stats.pairs
+        action = "cut to fit" if stats.too_long == "truncate" else "dropped"
+        lines += [f"  tokens per pair (both sides): {tokens:.2f}",
+                  f"  longer than max_source_length={stats.max_source_length} or "
+                  f"max_target_length={stats.max_target_length}: {stats.over_limit:,} "
+                  f"({share:.2f}%), {action} in training"]
+    return "\n".join(lines)
+
+
+def format_tokenizer(tokenizer: Tokenizer, path: str) -> str:
+    return (f"tokenizer {path}: {tokenizer.vocab_size:,} pieces; ids PAD {PAD_ID}, "
+            f"EOS {EOS_ID}, BOS {BOS_ID}, UNK {UNK_ID}")

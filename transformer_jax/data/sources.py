@@ -1,0 +1,179 @@
+"""Sentence pairs from the three kinds of source, as grain datasets.
+
+`config.data.dataset` picks one:
+
+    "numbers"      the built-in offline dataset (numbers in words, de/en)
+    "tfds:NAME"    any TFDS translation dataset, e.g. "tfds:wmt14_translate/de-en"
+    "folder:PATH"  a user's corpus: PATH/{split}.{lang}, UTF-8, aligned line by line
+
+Every source yields `{"source": str, "target": str}` in the configured direction.
+Problems a user can fix raise `DataError` with a message that says how.
+"""
+
+import dataclasses
+import importlib
+import inspect
+import logging
+import os
+import pkgutil
+
+import grain
+
+SPLITS = ("train", "validation", "test")
+
+
+class DataError(ValueError):
+    """A dataset that cannot be read as configured; the message says what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Select:
+    """Picks the two languages of a TFDS record and decodes them to str."""
+
+    source_lang: str
+    target_lang: str
+
+    def __call__(self, record):
+        return {"source": _text(record[self.source_lang]),
+                "target": _text(record[self.target_lang])}
+
+
+def _text(value) -> str:
+    # Real TFDS records hold bytes; tfds.testing.mock_data yields str.
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def has_text(pair) -> bool:
+    """False for pairs with an empty or whitespace-only side (they are skipped)."""
+    return bool(pair["source"].strip()) and bool(pair["target"].strip())
+
+
+def open_split(data_config, split: str) -> grain.MapDataset:
+    """The pairs of one split as a grain MapDataset.
+
+    Pairs with an empty or blank side are filtered lazily: their indices read as
+    None, iteration passes over them, and `len` still counts them.
+    """
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    kind, _, arg = data_config.dataset.partition(":")
+    if data_config.dataset == "numbers":
+        from transformer_jax.data.numbers import prepare_numbers  # the builder needs tfds
+
+        builder = prepare_numbers(data_config.data_dir, config=data_config.numbers_size)
+        records = builder.as_data_source(split=split)
+    elif kind == "tfds" and arg:
+        records = _tfds_records(arg, split, data_config)
+    elif kind == "folder" and arg:
+        pairs = read_folder_split(arg, split, data_config.source_lang, data_config.target_lang)
+        return grain.MapDataset.source(pairs).filter(has_text)
+    else:
+        raise DataError(f"unknown dataset {data_config.dataset!r}; use \"numbers\", "
+                        "\"tfds:NAME\" (e.g. tfds:wmt14_translate/de-en) or \"folder:PATH\"")
+    _check_languages(records, data_config)
+    select = Select(data_config.source_lang, data_config.target_lang)
+    return grain.MapDataset.source(records).map(select).filter(has_text)
+
+
+def _check_languages(records, data_config) -> None:
+    if len(records) == 0:
+        return
+    found = set(records[0])
+    wanted = {data_config.source_lang, data_config.target_lang}
+    if not wanted <= found:
+        raise DataError(f"{data_config.dataset} has languages {sorted(found)}, but the config "
+                        f"asks for source_lang={data_config.source_lang!r} and "
+                        f"target_lang={data_config.target_lang!r}")
+
+
+def _tfds_records(name: str, split: str, data_config):
+    """A TFDS random-access data source (array_record), prepared if needed."""
+    import tensorflow_datasets as tfds
+
+    _import_translation_builders()
+    try:
+        builder = tfds.builder(name, data_dir=data_config.data_dir, file_format="array_record")
+    except tfds.core.registered.DatasetNotFoundError:
+        raise DataError(f"TFDS has no dataset {name!r}. Translation datasets it knows: "
+                        f"{', '.join(translation_datasets())}") from None
+    if not builder.is_prepared():
+        _prepare(builder, name, data_config)
+    try:
+        return builder.as_data_source(split=split)
+    except (KeyError, ValueError):
+        raise DataError(f"{name} has no split {split!r}; it has "
+                        f"{', '.join(builder.info.splits) or 'none'}") from None
+
+
+def _prepare(builder, name: str, data_config) -> None:
+    where = data_config.data_dir or "~/tensorflow_datasets"
+    help_text = (
+        f"Prepare it on a machine with internet access (python -c \"import tensorflow_datasets "
+        f"as tfds; tfds.builder('{name}', file_format='array_record').download_and_prepare()\"), "
+        f"then copy the data directory here and point config.data.data_dir (or TFDS_DATA_DIR) "
+        f"at it; datasets with manual downloads read them from <data_dir>/downloads/manual.")
+    if not data_config.download:
+        raise DataError(f"{name} is not prepared in {where}, and config.data.download is "
+                        f"False. {help_text}")
+    logging.info("Preparing %s in %s (array_record); this downloads the data.", name, where)
+    try:
+        builder.download_and_prepare(file_format="array_record")
+    except Exception as error:  # network, manual-download and missing-TF errors all land here
+        raise DataError(f"{name} is not prepared in {where} and could not be prepared here "
+                        f"({type(error).__name__}: {str(error)[:300]}). {help_text}") from error
+
+
+def _import_translation_builders() -> None:
+    """Registers TFDS's translation builders (without TensorFlow, tfds imports them lazily)."""
+    import tensorflow_datasets.translate as translate
+
+    for module in pkgutil.iter_modules(translate.__path__):
+        if not module.name.endswith("_test"):
+            importlib.import_module(f"{translate.__name__}.{module.name}")
+
+
+def translation_datasets() -> list[str]:
+    """Names of the TFDS translation datasets (the builders in tensorflow_datasets.translate)."""
+    import tensorflow_datasets as tfds
+
+    _import_translation_builders()
+    names, classes = set(), [tfds.core.DatasetBuilder]
+    while classes:
+        for cls in classes.pop().__subclasses__():
+            classes.append(cls)
+            if cls.__module__.startswith("tensorflow_datasets.translate"):
+                if not inspect.isabstract(cls):
+                    names.add(cls.name)
+    return sorted(names)
+
+
+def read_folder_split(folder: str, split: str, source_lang: str, target_lang: str) -> list[dict]:
+    """The pairs of `folder/{split}.{source_lang}` and `folder/{split}.{target_lang}`."""
+    if not os.path.isdir(folder):
+        raise DataError(f"dataset folder {folder!r} does not exist")
+    paths = [os.path.join(folder, f"{split}.{lang}") for lang in (source_lang, target_lang)]
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise DataError(f"missing {', '.join(missing)}; {folder} holds: "
+                        f"{', '.join(sorted(os.listdir(folder))) or 'nothing'}")
+    sources, targets = (_read_lines(p) for p in paths)
+    if len(sources) != len(targets):
+        raise DataError(f"{paths[0]} has {len(sources)} lines but {paths[1]} has "
+                        f"{len(targets)}: the files of a split must be aligned line by line")
+    return [{"source": s, "target": t} for s, t in zip(sources, targets)]
+
+
+def _read_lines(path: str) -> list[str]:
+    """Lines of a UTF-8 file, split on "\\n" only (so other separators keep files aligned)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise DataError(f"{path}, line {line}: not valid UTF-8 ({error.reason} at byte "
+                        f"{error.start})") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it does not start a new one
+    return [line.removesuffix("\r") for line in lines]

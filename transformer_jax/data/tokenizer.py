@@ -1,0 +1,302 @@
+"""SentencePiece subwords, one vocabulary shared by source and target (§5.1).
+
+The paper encodes WMT 2014 English-German with byte-pair encoding and a shared
+vocabulary of about 37000 tokens. This module trains such a vocabulary in
+process on the training sentences (both languages) and wraps the
+`sentencepiece` model in a small `Tokenizer`.
+
+Every model has the same special ids, so batches and the model agree on them:
+
+    PAD_ID = 0  padding; the model and its masks treat 0 as padding
+    EOS_ID = 1  end of sentence, appended with `encode(..., add_eos=True)`
+    BOS_ID = 2  beginning of sentence; reserved (the decoder starts from 0)
+    UNK_ID = 3  unknown; never emitted for text, thanks to byte fallback
+
+Training settings make encoding lossless, `decode(encode(s)) == s` for every
+string: identity normalization (no NFKC), whitespace kept as is, and byte
+fallback, so a character never seen in training becomes its UTF-8 bytes
+(256 byte pieces) instead of UNK. Digits are split, one piece each.
+"""
+
+import io
+import itertools
+import json
+import os
+import random
+import re
+import uuid
+import warnings
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import sentencepiece as spm
+
+PAD_ID = 0
+EOS_ID = 1
+BOS_ID = 2
+UNK_ID = 3
+
+MODEL_TYPES = ("bpe", "unigram")
+# 4 specials + 256 byte pieces, plus one piece per distinct character of the corpus.
+_MIN_VOCAB_SIZE = 4 + 256 + 1
+# Fixed rather than os.cpu_count(): unigram scores depend on the thread count
+# (float sums split across threads), and a model should not depend on the machine.
+_NUM_THREADS = 4
+_SETTINGS_VERSION = 1
+
+
+class Tokenizer:
+    """A trained SentencePiece model with the fixed special ids above.
+
+    Built from the serialized model proto (the bytes `save` writes), so it
+    pickles as those bytes, e.g. into grain worker processes.
+    """
+
+    def __init__(self, model_proto: bytes):
+        self._model_proto = bytes(model_proto)
+        self._sp = spm.SentencePieceProcessor(model_proto=self._model_proto)
+        found = (self._sp.pad_id(), self._sp.eos_id(), self._sp.bos_id(), self._sp.unk_id())
+        if found != (PAD_ID, EOS_ID, BOS_ID, UNK_ID):
+            raise ValueError(
+                f"SentencePiece model has special ids pad/eos/bos/unk = {found}, expected "
+                f"{(PAD_ID, EOS_ID, BOS_ID, UNK_ID)}; train it with train_tokenizer")
+
+    def __reduce__(self):
+        return (Tokenizer, (self._model_proto,))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of pieces, specials and byte pieces included: the model's V."""
+        return self._sp.get_piece_size()
+
+    @property
+    def model_proto(self) -> bytes:
+        """The serialized model, as written by `save`."""
+        return self._model_proto
+
+    def id_to_piece(self, i: int) -> str:
+        """The piece of id `i`, e.g. "▁the", "<0xF0>" or "</s>"; for inspection."""
+        return self._sp.id_to_piece(int(i))
+
+    def encode(self, text: str, *, add_eos: bool = False) -> list[int]:
+        """Ids of `text`; never PAD, EOS or BOS unless `add_eos` appends one EOS."""
+        # Keyword arguments only: the second positional of sentencepiece's encode is add_bos.
+        return self._sp.encode(text, out_type=int, add_eos=add_eos)
+
+    def encode_batch(self, texts: Iterable[str], *, add_eos: bool = False) -> list[list[int]]:
+        """`encode` of each text, in one sentencepiece call (faster than a loop)."""
+        return self._sp.encode(list(texts), out_type=int, add_eos=add_eos)
+
+    def decode(self, ids) -> str:
+        """Text of a list or 1-D int array, up to the first EOS, PAD ids dropped.
+
+        So a model output row `[ids..., EOS, anything..., PAD, PAD]` decodes to
+        the text before its EOS.
+        """
+        return self._sp.decode(_strip(ids))
+
+    def decode_batch(self, rows) -> list[str]:
+        """`decode` of each row of a 2-D array (or a list of id lists)."""
+        if not isinstance(rows, (list, tuple)):
+            rows = np.asarray(rows)
+            if rows.ndim != 2:
+                raise ValueError(f"decode_batch expects a 2-D array, got shape {rows.shape}")
+        if len(rows) == 0:
+            return []  # sentencepiece would read [] as one empty row and return ""
+        return self._sp.decode([_strip(row) for row in rows])
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the model proto to `path` atomically, creating parent dirs."""
+        _write_atomically(path, self._model_proto)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Tokenizer":
+        """The tokenizer saved at `path`."""
+        try:
+            with open(path, "rb") as f:
+                return cls(f.read())
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"No tokenizer model at {os.fspath(path)!r}. One is written by "
+                "load_or_train_tokenizer (trained on the first run) or Tokenizer.save."
+            ) from None
+
+
+def _strip(ids) -> list[int]:
+    """Ids up to the first EOS, without PAD, as Python ints for sentencepiece."""
+    ids = np.asarray(ids)
+    if ids.ndim != 1:
+        raise ValueError(f"decode expects a 1-D sequence of ids, got shape {ids.shape}")
+    ends = np.flatnonzero(ids == EOS_ID)
+    if ends.size:
+        ids = ids[: ends[0]]
+    return ids[ids != PAD_ID].astype(np.int64).tolist()
+
+
+def train_tokenizer(
+    sentences: Iterable[str],
+    vocab_size: int,
+    *,
+    model_type: str = "bpe",
+    max_sentences: int | None = None,
+    seed: int = 0,
+) -> Tokenizer:
+    """Trains a shared vocabulary of `vocab_size` pieces on `sentences`.
+
+    Args:
+      sentences: training text, source and target sides together. Empty
+        strings are skipped.
+      vocab_size: pieces in the vocabulary, 4 specials and 256 byte pieces
+        included. If the corpus cannot fill it, the vocabulary is smaller and
+        a warning says so; if it is below 260 plus the number of distinct
+        characters in the corpus, ValueError.
+      model_type: "bpe" (the paper's byte-pair encoding) or "unigram".
+      max_sentences: train on at most this many sentences, a uniform sample
+        of the whole stream drawn with `seed` (the stream is read to its end).
+        None trains on all, which can take a lot of memory on WMT.
+      seed: seed of that sample.
+
+    The same sentences and arguments give a byte-identical model.
+    """
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+    if vocab_size < _MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size {vocab_size} is too small: byte fallback needs 4 special and 256 "
+            f"byte pieces plus one per distinct character, at least {_MIN_VOCAB_SIZE}")
+    if max_sentences is not None and max_sentences < 1:
+        raise ValueError(f"max_sentences must be positive or None, got {max_sentences}")
+
+    nonempty = (s for s in sentences if s)
+    corpus = nonempty if max_sentences is None else _reservoir(nonempty, max_sentences, seed)
+    # Peek so an empty corpus is a clear error rather than sentencepiece's bare check.
+    corpus = iter(corpus)
+    first = next(corpus, None)
+    if first is None:
+        raise ValueError("train_tokenizer got no non-empty sentences")
+
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=itertools.chain([first], corpus),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            pad_id=PAD_ID,
+            eos_id=EOS_ID,
+            bos_id=BOS_ID,
+            unk_id=UNK_ID,  # must be set: its default, 0, would clash with pad_id
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            byte_fallback=True,
+            character_coverage=1.0,
+            split_digits=True,
+            hard_vocab_limit=False,  # cap at what the corpus supports; warned below
+            input_sentence_size=0,  # sampling, if any, is done above
+            num_threads=_NUM_THREADS,
+            minloglevel=2,  # errors only; training logs every step otherwise
+        )
+    except RuntimeError as e:
+        found = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(e))
+        if found is None:
+            raise
+        raise ValueError(
+            f"vocab_size {vocab_size} is too small for this corpus: byte fallback with full "
+            f"character coverage needs at least {found.group(2)} pieces (4 special, 256 byte "
+            "pieces and one per distinct character)") from e
+
+    tokenizer = Tokenizer(model.getvalue())
+    if tokenizer.vocab_size < vocab_size:
+        warnings.warn(
+            f"Requested vocab_size {vocab_size}, but the corpus supports only "
+            f"{tokenizer.vocab_size} {model_type} pieces; using {tokenizer.vocab_size}.",
+            stacklevel=2)
+    return tokenizer
+
+
+def load_or_train_tokenizer(
+    path: str | os.PathLike,
+    sentences_fn: Callable[[], Iterable[str]],
+    vocab_size: int,
+    *,
+    model_type: str = "bpe",
+    max_sentences: int | None = None,
+) -> Tokenizer:
+    """The tokenizer at `path`, or a new one trained on `sentences_fn()` and saved there.
+
+    Training, resuming, translating and evaluating share one vocabulary this
+    way: only the first call trains (`sentences_fn` is not called otherwise).
+    The settings are saved next to the model in `path + ".json"`; a saved
+    tokenizer trained with another `vocab_size` or `model_type` is an error,
+    not silently reused. (The model alone cannot tell: a capped vocabulary
+    records its actual size, not the requested one.)
+
+    Writes are atomic, so concurrent callers (e.g. one per host) at worst
+    train the same deterministic model twice.
+    """
+    settings = {"vocab_size": vocab_size, "model_type": model_type}
+    settings_path = os.fspath(path) + ".json"
+    if os.path.exists(path):
+        tokenizer = Tokenizer.load(path)
+        _check_settings(path, settings_path, settings, tokenizer)
+        return tokenizer
+
+    tokenizer = train_tokenizer(
+        sentences_fn(), vocab_size, model_type=model_type, max_sentences=max_sentences)
+    record = dict(settings, actual_vocab_size=tokenizer.vocab_size,
+                  max_sentences=max_sentences, version=_SETTINGS_VERSION)
+    # Settings first: a crash in between leaves no model, so the next call retrains.
+    _write_atomically(settings_path, (json.dumps(record, indent=2) + "\n").encode())
+    tokenizer.save(path)
+    return tokenizer
+
+
+def _check_settings(path, settings_path: str, wanted: dict, tokenizer: Tokenizer) -> None:
+    """Raises ValueError if the saved tokenizer was trained with other settings."""
+    if os.path.exists(settings_path):
+        with open(settings_path) as f:
+            saved = json.load(f)
+        for key, value in wanted.items():
+            if saved.get(key) != value:
+                raise ValueError(
+                    f"Tokenizer {os.fspath(path)!r} was trained with {key}={saved.get(key)!r}, "
+                    f"but {key}={value!r} was requested. Use the same setting, another path, "
+                    "or delete the file (and its .json) to train a new one.")
+        return
+    # A model without settings (copied alone, say): only its size can be checked.
+    if tokenizer.vocab_size != wanted["vocab_size"]:
+        raise ValueError(
+            f"Tokenizer {os.fspath(path)!r} has {tokenizer.vocab_size} pieces, but "
+            f"vocab_size={wanted['vocab_size']} was requested (and {settings_path!r}, "
+            "which records the requested size, is missing).")
+    warnings.warn(f"{settings_path!r} is missing; model_type of {os.fspath(path)!r} "
+                  "was not checked.", stacklevel=3)
+
+
+def _reservoir(items: Iterable[str], k: int, seed: int) -> list[str]:
+    """A uniform sample of k items from a stream of unknown length (Algorithm R)."""
+    rng = random.Random(seed)
+    sample = []
+    for n, item in enumerate(items):
+        if n < k:
+            sample.append(item)
+        else:
+            j = rng.randrange(n + 1)
+            if j < k:
+                sample[j] = item
+    return sample
+
+
+def _write_atomically(path: str | os.PathLike, data: bytes) -> None:
+    """Writes to a temporary file in the same directory, then renames it over `path`."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"  # same directory, so os.replace is atomic
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
