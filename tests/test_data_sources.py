@@ -1,18 +1,18 @@
 """Sources: a user's folder (and every bad input), TFDS through mock data, clear errors."""
 
 import ml_collections
+import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from transformer_jax.data.sources import DataError, open_split, translation_datasets
+from transformer_jax.data.pipeline import eval_batches, train_dataset
+from transformer_jax.data.sources import DataError, load_split, translation_datasets
+from transformer_jax.data.tokenizer import EOS_ID, train_tokenizer
+from transformer_jax.run_config import data_fields
 
 
 def data_config(**overrides) -> ml_collections.ConfigDict:
-    config = ml_collections.ConfigDict(dict(
-        dataset="numbers", numbers_size="small", source_lang="de", target_lang="en",
-        data_dir=None, download=True, num_threads=1))
-    config.update(overrides)
-    return config
+    return data_fields(**{"numbers_size": "small", "num_threads": 1, **overrides})
 
 
 def write_split(folder, split, de_lines, en_lines, *, end="\n"):
@@ -26,34 +26,44 @@ def write_split(folder, split, de_lines, en_lines, *, end="\n"):
 def test_folder_pairs_in_order_in_either_direction(tmp_path):
     """Lines pair up by number; source_lang/target_lang choose the direction."""
     write_split(tmp_path, "train", ["eins", "zwei", "drei"], ["one", "two", "three"])
-    de_en = list(open_split(data_config(dataset=f"folder:{tmp_path}"), "train"))
+    de_en = load_split(data_config(dataset=f"folder:{tmp_path}"), "train").pairs
     assert de_en == [{"source": "eins", "target": "one"}, {"source": "zwei", "target": "two"},
                      {"source": "drei", "target": "three"}]
-    en_de = list(open_split(data_config(dataset=f"folder:{tmp_path}", source_lang="en",
-                                        target_lang="de"), "train"))
+    en_de = load_split(data_config(dataset=f"folder:{tmp_path}", source_lang="en",
+                                   target_lang="de"), "train").pairs
     assert en_de[1] == {"source": "two", "target": "zwei"}
 
 
 def test_folder_keeps_spaces_and_only_splits_on_newline(tmp_path):
     """CRLF endings are removed; inner spaces and U+2028 stay inside their line."""
     write_split(tmp_path, "test", ["a  b", "x\u2028y"], [" c", "z"], end="\r\n")
-    pairs = list(open_split(data_config(dataset=f"folder:{tmp_path}"), "test"))
+    pairs = load_split(data_config(dataset=f"folder:{tmp_path}"), "test").pairs
     assert pairs == [{"source": "a  b", "target": " c"}, {"source": "x\u2028y", "target": "z"}]
 
 
 def test_folder_skips_pairs_with_an_empty_side(tmp_path):
-    """Empty or blank lines on either side drop the pair; the index still counts it."""
+    """Empty or blank lines on either side drop the pair, and the drops are counted."""
     write_split(tmp_path, "train", ["eins", "", "drei", "vier"], ["one", "two", " \t", "four"])
-    pairs = open_split(data_config(dataset=f"folder:{tmp_path}"), "train")
-    assert len(pairs) == 4
-    assert [pairs[i] is None for i in range(4)] == [False, True, True, False]
-    assert [p["source"] for p in pairs] == ["eins", "vier"]
+    split = load_split(data_config(dataset=f"folder:{tmp_path}"), "train")
+    assert [p["source"] for p in split.pairs] == ["eins", "vier"]
+    assert split.skipped_empty == 2
+
+
+def test_shards_split_the_lines_between_processes(tmp_path):
+    """Process k of n reads pairs k, k+n, ...; empty pairs are skipped in each share."""
+    de = [f"de{i}" if i != 4 else "" for i in range(7)]
+    write_split(tmp_path, "train", de, [f"en{i}" for i in range(7)])
+    shards = [load_split(data_config(dataset=f"folder:{tmp_path}"), "train",
+                         shard_index=k, shard_count=2) for k in (0, 1)]
+    assert [p["target"] for p in shards[0].pairs] == ["en0", "en2", "en6"]
+    assert [p["target"] for p in shards[1].pairs] == ["en1", "en3", "en5"]
+    assert (shards[0].skipped_empty, shards[1].skipped_empty) == (1, 0)
 
 
 def test_folder_line_count_mismatch_names_both_files(tmp_path):
     write_split(tmp_path, "train", ["eins", "zwei", "drei"], ["one", "two"])
     with pytest.raises(DataError) as error:
-        open_split(data_config(dataset=f"folder:{tmp_path}"), "train")
+        load_split(data_config(dataset=f"folder:{tmp_path}"), "train")
     message = str(error.value)
     assert "train.de has 3 lines" in message and "train.en has 2" in message
 
@@ -62,44 +72,78 @@ def test_folder_invalid_utf8_names_file_and_line(tmp_path):
     write_split(tmp_path, "validation", ["eins", "zwei", "drei"], ["one", "two", "three"])
     (tmp_path / "validation.en").write_bytes(b"one\ntwo\nth\xffree\n")
     with pytest.raises(DataError, match=r"validation\.en, line 3: not valid UTF-8"):
-        open_split(data_config(dataset=f"folder:{tmp_path}"), "validation")
+        load_split(data_config(dataset=f"folder:{tmp_path}"), "validation")
 
 
 def test_folder_missing_split_lists_what_exists(tmp_path):
     write_split(tmp_path, "train", ["eins"], ["one"])
     with pytest.raises(DataError) as error:
-        open_split(data_config(dataset=f"folder:{tmp_path}"), "test")
+        load_split(data_config(dataset=f"folder:{tmp_path}"), "test")
     assert "test.de" in str(error.value) and "train.de, train.en" in str(error.value)
 
 
 def test_missing_folder_and_unknown_names(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
-        open_split(data_config(dataset=f"folder:{tmp_path / 'nope'}"), "train")
+        load_split(data_config(dataset=f"folder:{tmp_path / 'nope'}"), "train")
     with pytest.raises(DataError, match="numbers.*tfds:NAME.*folder:PATH"):
-        open_split(data_config(dataset="mnist"), "train")
+        load_split(data_config(dataset="mnist"), "train")
     with pytest.raises(DataError, match="train, validation, test"):
-        open_split(data_config(dataset=f"folder:{tmp_path}"), "dev")
+        load_split(data_config(dataset=f"folder:{tmp_path}"), "dev")
 
 
 # --- tfds:NAME ----------------------------------------------------------------------------
 
 
+# Records as TFDS stores WMT pairs: one bytes field per language.
+WMT_RECORDS = [{"de": f"Satz {i}".encode(), "en": f"sentence {i}".encode()} for i in range(6)]
+
+
 def test_tfds_mock_data_direction_and_types():
-    """Mocked WMT14 records come out as str pairs, source from source_lang."""
+    """Mocked WMT14 records become str pairs, the source taken from source_lang."""
     config = data_config(dataset="tfds:wmt14_translate/de-en", source_lang="en",
                          target_lang="de")
-    with tfds.testing.mock_data(num_examples=6):
-        pairs = open_split(config, "train")
-        records = tfds.data_source("wmt14_translate/de-en", split="train")
-        assert len(pairs) == 6
-        for i in range(6):
-            assert isinstance(pairs[i]["source"], str)
-            assert pairs[i] == {"source": str(records[i]["en"]), "target": str(records[i]["de"])}
+    with tfds.testing.mock_data(as_data_source_fn=lambda builder, split, **_: WMT_RECORDS):
+        pairs = load_split(config, "train").pairs
+        odd = load_split(config, "train", shard_index=1, shard_count=2).pairs
+    assert pairs == [{"source": f"sentence {i}", "target": f"Satz {i}"} for i in range(6)]
+    assert odd == pairs[1::2]
+
+
+@pytest.mark.filterwarnings("ignore:Requested vocab_size")
+def test_tfds_mock_data_batches_shapes_and_dtypes():
+    """Mocked WMT14 pairs become int32 batches of the configured shapes, EOS-terminated."""
+    config = data_config(dataset="tfds:wmt14_translate/de-en", source_lang="en",
+                         target_lang="de", max_source_length=8, max_target_length=6)
+    with tfds.testing.mock_data(as_data_source_fn=lambda builder, split, **_: WMT_RECORDS):
+        pairs = load_split(config, "train").pairs
+    tokenizer = train_tokenizer([p["source"] for p in pairs] + [p["target"] for p in pairs], 300)
+    train = next(iter(train_dataset(pairs, tokenizer, batch_size=3, max_source_length=8,
+                                    max_target_length=6, num_threads=1)))
+    assert {k: (v.shape, v.dtype) for k, v in train.items()} == {
+        f"{side}{suffix}": ((3, length), np.int32)
+        for side, length in (("inputs", 8), ("targets", 6))
+        for suffix in ("", "_segmentation", "_positions")}
+    batch = next(eval_batches(pairs, tokenizer, batch_size=4, max_source_length=8,
+                              max_target_length=6))
+    assert batch["inputs"].shape == (4, 8) and batch["targets"].dtype == np.int32
+    first = batch["inputs"][0][batch["inputs"][0] > 0].tolist()
+    assert first == tokenizer.encode("sentence 0") + [EOS_ID]  # English is the source
+
+
+def test_numbers_reads_the_built_array_records(tmp_path):
+    """load_split on the built-in data reads every record of the split, de -> en."""
+    from transformer_jax.data.numbers import SMALL_SIZES, number_words, split_numbers
+
+    split = load_split(data_config(data_dir=str(tmp_path)), "validation")
+    expected = {(number_words(n)["de"], number_words(n)["en"])
+                for n in split_numbers("validation", SMALL_SIZES)}
+    assert len(split) == SMALL_SIZES["validation"] and split.skipped_empty == 0
+    assert {(p["source"], p["target"]) for p in split.pairs} == expected
 
 
 def test_tfds_unknown_name_lists_translation_datasets():
     with pytest.raises(DataError) as error:
-        open_split(data_config(dataset="tfds:wmt14_translat/de-en"), "train")
+        load_split(data_config(dataset="tfds:wmt14_translat/de-en"), "train")
     assert "wmt14_translate" in str(error.value) and "wmt19_translate" in str(error.value)
     assert "wmt14_translate" in translation_datasets()
 
@@ -108,7 +152,7 @@ def test_tfds_not_prepared_without_download_says_how(tmp_path):
     config = data_config(dataset="tfds:wmt14_translate/de-en", data_dir=str(tmp_path),
                          download=False)
     with pytest.raises(DataError) as error:
-        open_split(config, "train")
+        load_split(config, "train")
     assert "not prepared" in str(error.value) and "TFDS_DATA_DIR" in str(error.value)
 
 
@@ -121,11 +165,11 @@ def test_tfds_failed_download_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", offline)
     config = data_config(dataset="tfds:wmt14_translate/de-en", data_dir=str(tmp_path))
     with pytest.raises(DataError, match="could not be prepared here.*ConnectionError"):
-        open_split(config, "train")
+        load_split(config, "train")
 
 
 def test_tfds_wrong_language_is_named():
     config = data_config(dataset="tfds:wmt14_translate/de-en", source_lang="fr")
     with tfds.testing.mock_data(num_examples=2):
         with pytest.raises(DataError, match="source_lang='fr'"):
-            open_split(config, "train")
+            load_split(config, "train")

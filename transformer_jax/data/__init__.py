@@ -1,13 +1,13 @@
 """Data: sources, tokenizer, batches.
 
-    pairs = open_split(config.data, "train")             # {"source": str, "target": str}
+    train = load_split(config.data, "train")             # .pairs: {"source": str, "target": str}
     tokenizer = get_tokenizer(config.data, workdir)      # SentencePiece, shared vocabulary
-    batches = train_dataset(pairs, tokenizer, batch_size=64, max_source_length=32,
+    batches = train_dataset(train.pairs, tokenizer, batch_size=64, max_source_length=32,
                             max_target_length=32)        # packed rows, grain IterDataset
 """
 
 from transformer_jax.data.pipeline import Tokenize, eval_batches, train_dataset
-from transformer_jax.data.sources import DataError, open_split, translation_datasets
+from transformer_jax.data.sources import DataError, Split, load_split, translation_datasets
 from transformer_jax.data.tokenizer import (
     BOS_ID,
     EOS_ID,

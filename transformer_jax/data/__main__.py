@@ -11,7 +11,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_jax.data import report
-from transformer_jax.data.sources import DataError, open_split
+from transformer_jax.data.sources import DataError, load_split
 from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a config file, e.g. configs/default.py",
@@ -33,20 +33,15 @@ def main(argv) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             workdir = _WORKDIR.value or scratch
             tokenizer = get_tokenizer(config.data, workdir)
-            pairs = open_split(config.data, _SPLIT.value)
+            split = load_split(config.data, _SPLIT.value)
             d = config.data
-            print(f"{d.dataset} ({d.source_lang} -> {d.target_lang}), split {_SPLIT.value}: "
-                  f"{len(pairs):,} records")
+            print(f"{d.dataset} ({d.source_lang} -> {d.target_lang}), split {split.name}: "
+                  f"{len(split):,} pairs")
             where = tokenizer_path(workdir) if _WORKDIR.value else "(temporary)"
             print(report.format_tokenizer(tokenizer, where), end="\n\n")
-            shown = 0
-            for pair in pairs:
-                if shown == _SHOW.value:
-                    break
-                shown += 1
-                print(report.format_example(shown, pair, tokenizer), end="\n\n")
-            stats = report.split_statistics(pairs, len(pairs), tokenizer, config.data,
-                                            _MAX_PAIRS.value)
+            for number, pair in enumerate(split.pairs[: _SHOW.value], start=1):
+                print(report.format_example(number, pair, tokenizer), end="\n\n")
+            stats = report.split_statistics(split, tokenizer, config.data, _MAX_PAIRS.value)
             print(report.format_statistics(stats))
     except DataError as error:
         sys.exit(f"error: {error}")

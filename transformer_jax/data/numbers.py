@@ -50,7 +50,10 @@ def number_words(n: int) -> dict[str, str]:
     """One example: the number `n` in German and English words, e.g. 21 ->
     {"de": "einundzwanzig", "en": "twenty-one"}."""
     n = int(n)  # num2words rejects numpy integers' types in some languages
-    return {"de": num2words(n, lang="de"), "en": num2words(n, lang="en")}
+    # num2words 0.5.14 writes "einhunderteinstausend" for 101,000..101,999 (and x01,000
+    # for every x); "eins" only ends a number, so "einstausend" is always "eintausend".
+    german = num2words(n, lang="de").replace("einstausend", "eintausend")
+    return {"de": german, "en": num2words(n, lang="en")}
 
 
 def split_numbers(split: str, sizes: Mapping[str, int] = FULL_SIZES) -> np.ndarray:
@@ -115,7 +118,7 @@ class Numbers(tfds.core.GeneratorBasedBuilder):
     """
 
     VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release (num2words 0.5.14)."}
+    RELEASE_NOTES = {"1.0.0": "Initial release (num2words 0.5.14, \"einstausend\" corrected)."}
     BUILDER_CONFIGS = [  # the first is the default
         tfds.core.BuilderConfig(
             name="full", description="train 200,000 / validation 2,000 / test 2,000"),

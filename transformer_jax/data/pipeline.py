@@ -20,14 +20,18 @@ import math
 import grain
 import numpy as np
 
+from transformer_jax.data.packing import PackedBatchIterDataset
 from transformer_jax.data.tokenizer import Tokenizer
 
 TOO_LONG = ("truncate", "drop")
 
 
+CHUNK = 256  # pairs tokenized per grain element: grain's cost is per element, not per pair
+
+
 @dataclasses.dataclass(frozen=True)
 class Tokenize:
-    """Token ids of a pair, each side ending in EOS; too-long pairs cut or dropped (None)."""
+    """Token ids of pairs, each side ending in EOS; too-long pairs cut or dropped (None)."""
 
     tokenizer: Tokenizer
     max_source_length: int
@@ -35,8 +39,15 @@ class Tokenize:
     too_long: str = "truncate"
 
     def __call__(self, pair):
-        inputs = self.tokenizer.encode(pair["source"], add_eos=True)
-        targets = self.tokenizer.encode(pair["target"], add_eos=True)
+        return self.many([pair])[0]
+
+    def many(self, pairs) -> list:
+        """One sentencepiece call per side for the whole list."""
+        sources = self.tokenizer.encode_batch([p["source"] for p in pairs], add_eos=True)
+        targets = self.tokenizer.encode_batch([p["target"] for p in pairs], add_eos=True)
+        return [self._fit(inputs, targets) for inputs, targets in zip(sources, targets)]
+
+    def _fit(self, inputs, targets):
         if len(inputs) > self.max_source_length or len(targets) > self.max_target_length:
             if self.too_long == "drop":
                 return None
@@ -45,35 +56,24 @@ class Tokenize:
         return {"inputs": np.asarray(inputs, np.int32), "targets": np.asarray(targets, np.int32)}
 
 
-def _model_keys(row):
-    """grain's packing names ("*_segment_ids") to the model's ("*_segmentation")."""
-    return {key.replace("_segment_ids", "_segmentation"): value for key, value in row.items()}
-
-
-def train_dataset(pairs: grain.MapDataset, tokenizer: Tokenizer, *, batch_size: int,
-                  max_source_length: int, max_target_length: int, too_long: str = "truncate",
-                  seed: int = 0, shard_index: int = 0, shard_count: int = 1,
+def train_dataset(pairs, tokenizer: Tokenizer, *, batch_size: int, max_source_length: int,
+                  max_target_length: int, too_long: str = "truncate", seed: int = 0,
                   num_threads: int = 2) -> grain.IterDataset:
-    """Endless packed training batches for one process.
+    """Endless packed training batches from this process's `pairs` (a sequence).
 
-    The order is fixed by `seed`; each of the `shard_count` processes reads its
-    own `shard_index`-th share. `iter(...)` gives an iterator whose
-    `get_state()` / `set_state()` resume exactly (save it with the checkpoint).
+    Each epoch is shuffled anew; the order is fixed by `seed`. `iter(...)` gives
+    an iterator whose `get_state()` / `set_state()` resume exactly (the state is
+    a small JSON-able dict: save it with the checkpoint).
     """
     if too_long not in TOO_LONG:
         raise ValueError(f"too_long must be one of {TOO_LONG}, got {too_long!r}")
     tokenize = Tokenize(tokenizer, max_source_length, max_target_length, too_long)
-    examples = (pairs[shard_index::shard_count].seed(seed).shuffle().repeat()
-                .map(tokenize))
-    examples = examples.to_iter_dataset(
-        grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4 * batch_size))
-    rows = grain.experimental.FirstFitPackIterDataset(
-        examples,
-        length_struct={"inputs": max_source_length, "targets": max_target_length},
-        num_packing_bins=batch_size,
-        seed=seed,
-    )
-    return rows.map(_model_keys).batch(batch_size, drop_remainder=True)
+    chunks = (grain.MapDataset.source(pairs).seed(seed).shuffle().repeat()
+              .batch(CHUNK, batch_fn=list).map(tokenize.many)
+              .to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4)))
+    return PackedBatchIterDataset(
+        chunks, batch_size=batch_size,
+        lengths={"inputs": max_source_length, "targets": max_target_length})
 
 
 def eval_batches(pairs, tokenizer: Tokenizer, *, batch_size: int, max_source_length: int,
@@ -85,7 +85,7 @@ def eval_batches(pairs, tokenizer: Tokenizer, *, batch_size: int, max_source_len
     dropped. Each batch has `inputs`, `targets`, `example_mask` (False on padding
     rows) and `index` (the example's position in `pairs`, -1 on padding rows).
     """
-    examples = [pair for pair in pairs if pair is not None]
+    examples = list(pairs)
     tokenize = Tokenize(tokenizer, max_source_length, max_target_length, "truncate")
     mine = list(range(len(examples)))[shard_index::shard_count]
     num_batches = math.ceil(math.ceil(len(examples) / shard_count) / batch_size)

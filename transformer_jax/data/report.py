@@ -12,7 +12,7 @@ PERCENTILES = (50, 90, 99, 100)
 
 @dataclasses.dataclass
 class SplitStatistics:
-    pairs: int  # pairs read (after skipping empty ones)
+    pairs: int  # pairs scanned (empty ones already skipped)
     skipped_empty: int  # pairs with an empty or blank side
     source_lengths: np.ndarray  # tokens per source sentence, EOS included
     target_lengths: np.ndarray
@@ -27,21 +27,17 @@ class SplitStatistics:
                           | (self.target_lengths > self.max_target_length)))
 
 
-def split_statistics(pairs, total_records: int, tokenizer: Tokenizer, data_config,
+def split_statistics(split, tokenizer: Tokenizer, data_config,
                      max_pairs: int | None = None) -> SplitStatistics:
-    """Token lengths of (up to `max_pairs` of) a split; `pairs` may hold None for skipped ones."""
-    source, target, skipped = [], [], 0
-    limit = total_records if max_pairs is None else min(max_pairs, total_records)
-    for i in tqdm.trange(limit, desc="scanning", unit="pair", leave=False):
-        pair = pairs[i]
-        if pair is None:
-            skipped += 1
-            continue
+    """Token lengths of (up to `max_pairs` of) a loaded split."""
+    pairs = split.pairs[:max_pairs]
+    source, target = [], []
+    for pair in tqdm.tqdm(pairs, desc="scanning", unit="pair", leave=False):
         source.append(len(tokenizer.encode(pair["source"], add_eos=True)))
         target.append(len(tokenizer.encode(pair["target"], add_eos=True)))
-    return SplitStatistics(len(source), skipped, np.asarray(source), np.asarray(target),
-                           data_config.max_source_length, data_config.max_target_length,
-                           data_config.too_long)
+    return SplitStatistics(len(pairs), split.skipped_empty, np.asarray(source),
+                           np.asarray(target), data_config.max_source_length,
+                           data_config.max_target_length, data_config.too_long)
 
 
 def format_example(number: int, pair, tokenizer: Tokenizer) -> str:

@@ -1,4 +1,4 @@
-"""Sentence pairs from the three kinds of source, as grain datasets.
+"""Sentence pairs from the three kinds of source, read into memory.
 
 `config.data.dataset` picks one:
 
@@ -6,7 +6,7 @@
     "tfds:NAME"    any TFDS translation dataset, e.g. "tfds:wmt14_translate/de-en"
     "folder:PATH"  a user's corpus: PATH/{split}.{lang}, UTF-8, aligned line by line
 
-Every source yields `{"source": str, "target": str}` in the configured direction.
+Every source gives pairs `{"source": str, "target": str}` in the configured direction.
 Problems a user can fix raise `DataError` with a message that says how.
 """
 
@@ -17,7 +17,7 @@ import logging
 import os
 import pkgutil
 
-import grain
+import tqdm
 
 SPLITS = ("train", "validation", "test")
 
@@ -27,20 +27,15 @@ class DataError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Select:
-    """Picks the two languages of a TFDS record and decodes them to str."""
+class Split:
+    """One split of a corpus, read into memory (this process's share of it)."""
 
-    source_lang: str
-    target_lang: str
+    name: str
+    pairs: list  # {"source": str, "target": str}, in the source's order
+    skipped_empty: int  # pairs dropped for an empty or blank side
 
-    def __call__(self, record):
-        return {"source": _text(record[self.source_lang]),
-                "target": _text(record[self.target_lang])}
-
-
-def _text(value) -> str:
-    # Real TFDS records hold bytes; tfds.testing.mock_data yields str.
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    def __len__(self) -> int:
+        return len(self.pairs)
 
 
 def has_text(pair) -> bool:
@@ -48,11 +43,12 @@ def has_text(pair) -> bool:
     return bool(pair["source"].strip()) and bool(pair["target"].strip())
 
 
-def open_split(data_config, split: str) -> grain.MapDataset:
-    """The pairs of one split as a grain MapDataset.
+def load_split(data_config, split: str, *, shard_index: int = 0, shard_count: int = 1) -> Split:
+    """Reads the pairs `shard_index::shard_count` of a split into memory.
 
-    Pairs with an empty or blank side are filtered lazily: their indices read as
-    None, iteration passes over them, and `len` still counts them.
+    In memory because array_record reads one record in about 0.3 ms but
+    thousands at once in about 20 us each: the whole of "numbers" loads in
+    seconds, and then shuffling and packing never wait on the disk.
     """
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
@@ -66,13 +62,37 @@ def open_split(data_config, split: str) -> grain.MapDataset:
         records = _tfds_records(arg, split, data_config)
     elif kind == "folder" and arg:
         pairs = read_folder_split(arg, split, data_config.source_lang, data_config.target_lang)
-        return grain.MapDataset.source(pairs).filter(has_text)
+        return _keep_text(split, pairs[shard_index::shard_count])
     else:
         raise DataError(f"unknown dataset {data_config.dataset!r}; use \"numbers\", "
                         "\"tfds:NAME\" (e.g. tfds:wmt14_translate/de-en) or \"folder:PATH\"")
     _check_languages(records, data_config)
-    select = Select(data_config.source_lang, data_config.target_lang)
-    return grain.MapDataset.source(records).map(select).filter(has_text)
+    indices = range(shard_index, len(records), shard_count)
+    return _keep_text(split, _read_pairs(records, indices, data_config, f"{kind} {split}"))
+
+
+def _read_pairs(records, indices, data_config, what: str, chunk: int = 4096) -> list:
+    """Reads TFDS records in chunks (one `__getitems__` call each) as str pairs."""
+    src, tgt = data_config.source_lang, data_config.target_lang
+    read_many = getattr(records, "__getitems__", lambda ids: [records[i] for i in ids])
+    pairs = []
+    with tqdm.tqdm(total=len(indices), desc=f"reading {what}", unit="pair", leave=False,
+                   disable=len(indices) < 50_000) as progress:
+        for start in range(0, len(indices), chunk):
+            for record in read_many(list(indices[start:start + chunk])):
+                pairs.append({"source": _text(record[src]), "target": _text(record[tgt])})
+            progress.update(min(chunk, len(indices) - start))
+    return pairs
+
+
+def _text(value) -> str:
+    # Real TFDS records hold bytes; tfds.testing.mock_data yields str.
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _keep_text(split: str, pairs: list) -> Split:
+    kept = [pair for pair in pairs if has_text(pair)]
+    return Split(split, kept, len(pairs) - len(kept))
 
 
 def _check_languages(records, data_config) -> None:

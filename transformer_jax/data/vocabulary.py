@@ -3,9 +3,7 @@
 import itertools
 import os
 
-import grain
-
-from transformer_jax.data.sources import open_split
+from transformer_jax.data.sources import DataError, load_split
 from transformer_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -15,21 +13,25 @@ def tokenizer_path(workdir: str) -> str:
     return os.path.join(workdir, TOKENIZER_FILE)
 
 
-def training_sentences(data_config, max_sentences: int):
-    """Up to `max_sentences` sentences, both sides, from an evenly spread share of train."""
-    pairs = open_split(data_config, "train")
+def training_sentences(pairs, max_sentences: int):
+    """Up to `max_sentences` sentences, both sides, from pairs spread evenly over `pairs`."""
     step = max(1, (2 * len(pairs)) // max(max_sentences, 1))
-    sample = pairs[::step].to_iter_dataset(
-        grain.ReadOptions(num_threads=data_config.num_threads, prefetch_buffer_size=512))
-    sides = ((pair["source"], pair["target"]) for pair in sample)
+    sides = ((pair["source"], pair["target"]) for pair in pairs[::step])
     return itertools.islice(itertools.chain.from_iterable(sides), max_sentences)
 
 
 def get_tokenizer(data_config, workdir: str) -> Tokenizer:
     """The tokenizer saved in `workdir`, or a new one trained on the training split."""
-    return load_or_train_tokenizer(
-        tokenizer_path(workdir),
-        lambda: training_sentences(data_config, data_config.tokenizer_sentences),
-        data_config.vocab_size,
-        model_type=data_config.tokenizer_type,
-    )
+    try:
+        return load_or_train_tokenizer(
+            tokenizer_path(workdir),
+            lambda: training_sentences(load_split(data_config, "train").pairs,
+                                       data_config.tokenizer_sentences),
+            data_config.vocab_size,
+            model_type=data_config.tokenizer_type,
+        )
+    except ValueError as error:  # settings the user chose: say which ones
+        if isinstance(error, DataError):
+            raise
+        raise DataError(f"tokenizer (config.data.vocab_size={data_config.vocab_size}, "
+                        f"tokenizer_type={data_config.tokenizer_type!r}): {error}") from None

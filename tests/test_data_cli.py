@@ -1,0 +1,56 @@
+"""`python -m transformer_jax.data`: what the model sees, and errors without tracebacks."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+GERMAN = ["eins", "zwei", "", "einundzwanzig", "dreihundertzweiundvierzig", "tausend"]
+ENGLISH = ["one", "two", "three", "twenty-one", "three hundred and forty-two", "one thousand"]
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "transformer_jax.data", "--config=configs/default.py", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def write_corpus(folder, de_lines, en_lines):
+    for split in ("train", "validation"):
+        (folder / f"{split}.de").write_text("".join(line + "\n" for line in de_lines))
+        (folder / f"{split}.en").write_text("".join(line + "\n" for line in en_lines))
+
+
+def test_shows_examples_ids_and_statistics(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_corpus(corpus, GERMAN * 30, ENGLISH * 30)
+    result = run_cli(f"--config.data.dataset=folder:{corpus}", "--config.data.vocab_size=300",
+                     "--config.data.max_source_length=6", "--split=validation", "--show=2",
+                     f"--workdir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    tokenizer = Tokenizer.load(tmp_path / "run" / "tokenizer.model")  # trained and saved there
+    assert f"ids     {tokenizer.encode('eins') + [EOS_ID]}" in out
+    assert f"ids     {tokenizer.encode('two') + [EOS_ID]}" in out
+    assert "example 3" not in out
+    # 180 lines, 30 with an empty German side; sources over 6 tokens are counted.
+    assert "150 pairs; 30 skipped (an empty side)" in out
+    long_sources = sum(len(tokenizer.encode(s, add_eos=True)) > 6 for s in GERMAN if s) * 30
+    assert re.search(rf"max_target_length=32: {long_sources} \(", out)
+
+
+def test_bad_corpus_is_one_clear_line(tmp_path):
+    write_corpus(tmp_path, GERMAN, ENGLISH[:-1])
+    result = run_cli(f"--config.data.dataset=folder:{tmp_path}", "--split=train")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "train.de has 6 lines but" in result.stderr and "train.en has 5" in result.stderr
+
+
+def test_unknown_config_key_is_rejected():
+    result = run_cli("--config.data.vocab=300")
+    assert result.returncode != 0 and "vocab" in result.stderr

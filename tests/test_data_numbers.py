@@ -1,0 +1,165 @@
+"""The "numbers" dataset: known spellings, the split rules, and the built "small" config."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from transformer_jax.data import numbers
+from transformer_jax.data.numbers import (
+    FULL_SIZES,
+    SMALL_SIZES,
+    SPLITS,
+    Numbers,
+    number_words,
+    prepare_numbers,
+    split_numbers,
+)
+
+# --- number_words --------------------------------------------------------------------------
+
+# Written by hand: German writes units before tens and the whole number as one word.
+KNOWN = [
+    (0, "zero", "null"),
+    (1, "one", "eins"),
+    (11, "eleven", "elf"),
+    (17, "seventeen", "siebzehn"),
+    (21, "twenty-one", "einundzwanzig"),
+    (30, "thirty", "dreißig"),
+    (101, "one hundred and one", "einhunderteins"),
+    (342, "three hundred and forty-two", "dreihundertzweiundvierzig"),
+    (1000, "one thousand", "eintausend"),
+    (1234, "one thousand, two hundred and thirty-four", "eintausendzweihundertvierunddreißig"),
+    (21005, "twenty-one thousand and five", "einundzwanzigtausendfünf"),
+    (700007, "seven hundred thousand and seven", "siebenhunderttausendsieben"),
+    (999999, "nine hundred and ninety-nine thousand, nine hundred and ninety-nine",
+     "neunhundertneunundneunzigtausendneunhundertneunundneunzig"),
+]
+
+
+@pytest.mark.parametrize("n, en, de", KNOWN)
+def test_number_words_known_pairs(n, en, de):
+    assert number_words(n) == {"de": de, "en": en}
+
+
+def test_number_words_accepts_numpy_integers():
+    assert number_words(np.int64(21)) == number_words(21)
+
+
+def test_number_words_german_hundred_and_one_thousand():
+    """num2words writes "einhunderteinstausend"; the dataset corrects it."""
+    assert number_words(101_000)["de"] == "einhunderteintausend"
+    assert number_words(901_101)["de"] == "neunhunderteintausendeinhunderteins"
+    assert number_words(1_001)["de"] == "eintausendeins"
+    assert number_words(1)["de"] == "eins"
+
+
+# --- split_numbers -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sizes", [FULL_SIZES, SMALL_SIZES], ids=["full", "small"])
+def test_split_numbers_sizes_disjoint_in_range(sizes):
+    splits = {split: split_numbers(split, sizes) for split in SPLITS}
+    for split, nums in splits.items():
+        assert len(nums) == sizes[split]
+        assert len(np.unique(nums)) == len(nums)
+        assert nums.min() >= 0 and nums.max() <= 999_999
+        assert np.all(np.diff(nums) > 0)  # sorted
+    for a, b in itertools.combinations(SPLITS, 2):
+        assert len(np.intersect1d(splits[a], splits[b])) == 0, (a, b)
+    np.testing.assert_array_equal(splits["train"][:1000], np.arange(1000))
+    assert splits["validation"].min() >= 1000 and splits["test"].min() >= 1000
+
+
+@pytest.mark.parametrize("sizes", [FULL_SIZES, SMALL_SIZES], ids=["full", "small"])
+def test_split_numbers_deterministic(sizes):
+    for split in SPLITS:
+        np.testing.assert_array_equal(split_numbers(split, sizes), split_numbers(split, sizes))
+
+
+def test_small_splits_are_subsets_of_full_splits():
+    """So a model trained on "full" has never seen the "small" test numbers."""
+    for split in SPLITS:
+        small, full = split_numbers(split, SMALL_SIZES), split_numbers(split, FULL_SIZES)
+        assert np.all(np.isin(small, full)), split
+
+
+def test_split_numbers_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="train, validation, test"):
+        split_numbers("dev")
+    with pytest.raises(ValueError, match="at least"):
+        split_numbers("train", dict(SMALL_SIZES, train=999))
+    with pytest.raises(ValueError, match="out of range"):
+        split_numbers("test", dict(SMALL_SIZES, test=500_000))
+
+
+def test_pool_spelling_equals_serial(monkeypatch):
+    """The process pool (spawned workers) gives the same examples in the same order."""
+    monkeypatch.setattr(numbers, "POOL_MIN_NUMBERS", 10)
+    monkeypatch.setattr(numbers, "POOL_CHUNK", 7)
+    nums = split_numbers("validation", SMALL_SIZES)[:40]
+    assert list(numbers._spelled(nums)) == [number_words(n) for n in nums]
+
+
+# --- the built "small" dataset -------------------------------------------------------------
+
+
+def read_pairs(builder, split) -> list[tuple[str, str]]:
+    source = builder.as_data_source(split=split)
+    return [(r["de"].decode(), r["en"].decode()) for r in source.__getitems__(range(len(source)))]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("numbers")
+    return data_dir, prepare_numbers(str(data_dir), config="small")
+
+
+def test_default_config_is_full():
+    assert Numbers.BUILDER_CONFIGS[0].name == "full"
+    assert Numbers.name == "numbers"
+
+
+def test_small_split_lengths(small):
+    _, builder = small
+    for split in SPLITS:
+        assert len(builder.as_data_source(split=split)) == SMALL_SIZES[split]
+
+
+def test_small_records_spell_their_split_numbers(small):
+    """Exactly the expected (de, en) pairs, each once; so the splits are disjoint too."""
+    _, builder = small
+    seen = set()
+    for split in SPLITS:
+        pairs = read_pairs(builder, split)
+        words = map(number_words, split_numbers(split, SMALL_SIZES))
+        expected = {(w["de"], w["en"]) for w in words}
+        assert len(pairs) == len(set(pairs)) == len(expected)
+        assert set(pairs) == expected
+        assert seen.isdisjoint(pairs)
+        seen.update(pairs)
+
+
+def test_small_build_is_reproducible(small, tmp_path):
+    """A second build elsewhere writes the same records in the same order."""
+    _, builder = small
+    again = prepare_numbers(str(tmp_path), config="small")
+    for split in SPLITS:
+        assert read_pairs(again, split) == read_pairs(builder, split)
+
+
+def test_prepare_again_is_a_no_op(small):
+    data_dir, _ = small
+
+    def snapshot():
+        return {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
+
+    before = snapshot()
+    builder = prepare_numbers(str(data_dir), config="small")
+    assert snapshot() == before
+    assert len(builder.as_data_source(split="test")) == SMALL_SIZES["test"]
+
+
+def test_prepare_rejects_unknown_config(tmp_path):
+    with pytest.raises(ValueError, match="full, small"):
+        prepare_numbers(str(tmp_path), config="tiny")
