@@ -45,3 +45,37 @@ def data_fields(**overrides) -> ml_collections.ConfigDict:
     data.num_threads = 2  # grain threads that read and tokenize
     data.lock().update(overrides)  # locked: a misspelt key is an error, not a new field
     return data.unlock()
+
+
+def optim_fields(**overrides) -> ml_collections.ConfigDict:
+    """The optimizer group: the paper's Adam and learning-rate schedule (§5.3, §5.4)."""
+    optim = ml_collections.ConfigDict()
+    optim.warmup_steps = 4000  # linear warmup, then decay with the inverse square root of the step
+    optim.learning_rate_scale = 1.0  # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    optim.b1 = 0.9  # Adam β1
+    optim.b2 = 0.98  # Adam β2
+    optim.eps = 1e-9  # Adam ε
+    optim.label_smoothing = 0.1  # ε_ls
+    optim.grad_clip_norm = 0.0  # clip the global gradient norm; 0: off (the paper does not clip)
+    optim.lock().update(overrides)
+    return optim.unlock()
+
+
+def base_config(*, model: ml_collections.ConfigDict, data: ml_collections.ConfigDict,
+                optim: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+    """A whole run: the training loop's fields around the model, data and optim groups."""
+    config = ml_collections.ConfigDict()
+    config.seed = 0  # fixes initialisation, data order and dropout
+    config.num_train_steps = 100_000  # optimizer updates
+    config.per_device_batch_size = 64  # packed rows per device per update
+    config.accumulation_steps = 1  # micro-batches per update (split the rows, sum the gradients)
+    config.parallelism = "pmap"  # "pmap" or "sharded" (jit on a device mesh)
+    config.log_every_steps = 100  # metrics to metrics.jsonl, TensorBoard and the progress bar
+    config.eval_every_steps = 1000  # loss and accuracy on the validation split
+    config.num_eval_batches = -1  # validation batches per evaluation; -1: the whole split
+    config.checkpoint_every_steps = 1000
+    config.checkpoints_to_keep = 5
+    config.model = model
+    config.data = data
+    config.optim = optim if optim is not None else optim_fields()
+    return config

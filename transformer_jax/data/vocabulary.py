@@ -20,13 +20,20 @@ def training_sentences(pairs, max_sentences: int):
     return itertools.islice(itertools.chain.from_iterable(sides), max_sentences)
 
 
-def get_tokenizer(data_config, workdir: str) -> Tokenizer:
-    """The tokenizer saved in `workdir`, or a new one trained on the training split."""
+def get_tokenizer(data_config, workdir: str, train_pairs=None) -> Tokenizer:
+    """The tokenizer saved in `workdir`, or a new one trained on the training split.
+
+    `train_pairs`: the whole training split if already loaded (else it is read).
+    """
+
+    def sentences():
+        pairs = train_pairs if train_pairs is not None else load_split(data_config, "train").pairs
+        return training_sentences(pairs, data_config.tokenizer_sentences)
+
     try:
         return load_or_train_tokenizer(
             tokenizer_path(workdir),
-            lambda: training_sentences(load_split(data_config, "train").pairs,
-                                       data_config.tokenizer_sentences),
+            sentences,
             data_config.vocab_size,
             model_type=data_config.tokenizer_type,
         )

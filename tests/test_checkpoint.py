@@ -1,0 +1,209 @@
+"""Checkpointer: round trips, retention, async visibility, resharding on restore."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax.training import train_state
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from transformer_jax.checkpoint import Checkpointer
+
+DATA_STATES = [{"next_index": 7, "worker": 0}, {"next_index": 9, "worker": 1}]
+METADATA = {"config": {"lr": 0.5, "layers": [6, 6]}, "tokenizer": "/tmp/spm.model"}
+
+
+@pytest.fixture
+def open_checkpointer(tmp_path):
+    """Opens Checkpointers on tmp_path and closes every one, so no save thread outlives a test."""
+    opened = []
+
+    def open_(keep=3, async_save=True, directory=None):
+        directory = str(directory or tmp_path / "ckpt")
+        checkpointer = Checkpointer(directory, keep=keep, async_save=async_save)
+        opened.append(checkpointer)
+        return checkpointer
+
+    yield open_
+    for checkpointer in opened:
+        checkpointer.close()
+    assert not [t for t in threading.enumerate() if t.name == "save_finalize"]
+
+
+def make_state(seed=0):
+    key_w, key_b = jax.random.split(jax.random.key(seed))
+    params = {
+        "w": jax.random.normal(key_w, (4, 3)),
+        "b": jax.random.normal(key_b, (3,)).astype(jnp.bfloat16),
+    }
+    state = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.adam(1e-3))
+    # A few updates so the optimizer moments and step are not their initial values.
+    for _ in range(2):
+        grads = jax.tree.map(jnp.ones_like, state.params)
+        state = state.apply_gradients(grads=grads)
+    return state
+
+
+def abstract_leaf(x):
+    """A ShapeDtypeStruct with the array's sharding; Python scalars stay as they are."""
+    if isinstance(x, jax.Array):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    return x
+
+
+def assert_trees_equal(actual, expected):
+    assert jax.tree.structure(actual) == jax.tree.structure(expected)
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+        assert np.asarray(a).dtype == np.asarray(e).dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
+
+
+def save_small(checkpointer, step, state=None):
+    state = make_state() if state is None else state
+    checkpointer.save(step, state, data_states=DATA_STATES, metadata=METADATA)
+
+
+def test_train_state_round_trip(open_checkpointer):
+    state = make_state()
+    assert int(state.step) == 2
+    checkpointer = open_checkpointer()
+    save_small(checkpointer, 2, state)
+    checkpointer.wait()
+    abstract = jax.tree.map(abstract_leaf, state)
+    restored, data_states, metadata = checkpointer.restore(2, abstract)
+    assert isinstance(restored, train_state.TrainState)
+    assert_trees_equal(restored, state)
+    assert isinstance(restored.step, int)  # TrainState.create's Python int step stays an int
+    assert restored.tx is state.tx  # static fields come from the abstract state
+    assert data_states == DATA_STATES
+    assert metadata == METADATA
+
+
+def test_restore_from_concrete_arrays(open_checkpointer):
+    checkpointer = open_checkpointer()
+    state = make_state(seed=1)
+    save_small(checkpointer, 1, state)
+    checkpointer.wait()
+    # Zeros in place of every array; same tx, so the tree structures compare equal.
+    target = jax.tree.map(lambda x: jnp.zeros_like(x) if isinstance(x, jax.Array) else 0, state)
+    restored, _, _ = checkpointer.restore(1, target)
+    assert_trees_equal(restored, state)
+
+
+def test_keep_last_two(open_checkpointer):
+    checkpointer = open_checkpointer(keep=2)
+    state = make_state()
+    for step in range(1, 5):
+        save_small(checkpointer, step, state)
+    checkpointer.wait()
+    assert checkpointer.all_steps() == [3, 4]
+    assert checkpointer.latest_step() == 4
+
+
+def test_latest_step_empty_directory(open_checkpointer):
+    checkpointer = open_checkpointer()
+    assert checkpointer.latest_step() is None
+    assert checkpointer.all_steps() == []
+
+
+def test_async_save_visible_to_new_checkpointer(open_checkpointer, tmp_path):
+    writer = open_checkpointer(async_save=True)
+    save_small(writer, 5)
+    writer.wait()
+    reader = open_checkpointer()
+    assert reader.latest_step() == 5
+    assert reader.metadata(5) == METADATA
+
+
+def test_sync_save(open_checkpointer):
+    checkpointer = open_checkpointer(async_save=False)
+    save_small(checkpointer, 3)
+    assert open_checkpointer().latest_step() == 3
+
+
+def test_save_same_step_twice_is_a_no_op(open_checkpointer):
+    checkpointer = open_checkpointer()
+    first = make_state(seed=1)
+    save_small(checkpointer, 1, first)
+    save_small(checkpointer, 1, make_state(seed=2))  # before the first write is done
+    checkpointer.wait()
+    save_small(checkpointer, 1, make_state(seed=3))  # after it
+    checkpointer.wait()
+    assert checkpointer.all_steps() == [1]
+    restored, _, _ = checkpointer.restore(1, first)
+    assert_trees_equal(restored, first)
+
+
+def test_save_below_latest_step(open_checkpointer):
+    checkpointer = open_checkpointer()
+    save_small(checkpointer, 5)
+    save_small(checkpointer, 2)
+    checkpointer.wait()
+    assert checkpointer.all_steps() == [2, 5]
+
+
+def test_metadata_reads_only_metadata(open_checkpointer, tmp_path):
+    checkpointer = open_checkpointer()
+    save_small(checkpointer, 1)
+    checkpointer.wait()
+    # Were the state read, its missing files would make this fail.
+    state_dir = tmp_path / "ckpt" / "1" / "state"
+    assert state_dir.is_dir()
+    state_dir.rename(tmp_path / "moved_state")
+    assert open_checkpointer().metadata(1) == METADATA
+
+
+def replicated_sharding():
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def test_restore_replicated_into_replicated(open_checkpointer):
+    assert jax.device_count() == 8
+    sharding = replicated_sharding()
+    state = jax.device_put({"w": jnp.arange(24.0).reshape(8, 3), "step": jnp.int32(4)}, sharding)
+    checkpointer = open_checkpointer()
+    checkpointer.save(4, state, data_states=DATA_STATES, metadata=METADATA)
+    checkpointer.wait()
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), state)
+    restored, _, _ = checkpointer.restore(4, abstract)
+    assert_trees_equal(restored, state)
+    for leaf in jax.tree.leaves(restored):
+        assert leaf.sharding == sharding
+        assert len(leaf.addressable_shards) == 8
+
+
+def test_restore_single_device_into_replicated_and_sharded(open_checkpointer):
+    state = {"w": jnp.arange(24.0).reshape(8, 3), "b": jnp.ones((3,), jnp.bfloat16)}
+    assert len(state["w"].devices()) == 1
+    checkpointer = open_checkpointer()
+    checkpointer.save(1, state, data_states=DATA_STATES, metadata=METADATA)
+    checkpointer.wait()
+    replicated = replicated_sharding()
+    row_sharded = NamedSharding(replicated.mesh, PartitionSpec("data"))
+    shardings = {"w": row_sharded, "b": replicated}
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
+    )
+    restored, _, _ = checkpointer.restore(1, abstract)
+    assert_trees_equal(restored, state)
+    assert restored["w"].sharding == row_sharded
+    assert restored["b"].sharding == replicated
+    assert restored["w"].addressable_shards[0].data.shape == (1, 3)
+
+
+def test_donating_state_right_after_async_save_keeps_saved_values(open_checkpointer):
+    # orbax takes host copies (on CPU: views that keep the buffers alive, so jax may
+    # refuse the donation) before save returns, so the trainer may donate the state.
+    state = {f"w{i}": jnp.full((512, 512), float(i)) for i in range(4)}
+    expected = jax.tree.map(np.array, state)
+    overwrite = jax.jit(lambda tree: jax.tree.map(lambda x: -x, tree), donate_argnums=0)
+    checkpointer = open_checkpointer()
+    checkpointer.save(1, state, data_states=DATA_STATES, metadata=METADATA)
+    new_state = jax.block_until_ready(overwrite(state))
+    checkpointer.wait()
+    restored, _, _ = checkpointer.restore(1, new_state)
+    assert_trees_equal(restored, expected)

@@ -1,0 +1,39 @@
+"""Trains the Transformer: `python train.py --config=configs/default.py --workdir=runs/default`.
+
+Override any config key with `--config.key=value` (e.g. `--config.num_train_steps=500`).
+Running the same command again resumes from the latest checkpoint in the workdir.
+Several hosts: start one process per host with --coordinator_address, --num_processes
+and --process_id (or let JAX read them from a cluster environment such as SLURM).
+"""
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from transformer_jax import parallel, trainer
+from transformer_jax.data import DataError
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/default.py", "a config file (configs/*.py)", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, logs and the tokenizer go",
+                               required=True)
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "host:port of process 0, for runs of several processes")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "processes in the run")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's index")
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.WARNING)  # orbax and TFDS report every file at INFO
+    parallel.initialize_processes(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    try:
+        trainer.train(_CONFIG.value, _WORKDIR.value)
+    except (trainer.ConfigError, DataError, trainer.NonFiniteLossError) as error:
+        sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,86 @@
+"""Label-smoothed cross-entropy (§5.4) and token accuracy, as weighted sums.
+
+Pure JAX, no Flax. Both functions return `(sum, weight_sum)` rather than a mean,
+so that sums from several devices or batches can be added and divided once.
+Token id 0 is padding: by default it gets weight 0.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+
+def label_smoothed_cross_entropy(
+    logits_BTV, targets_BT, weights_BT=None, *, label_smoothing: float = 0.0
+) -> tuple[jax.Array, jax.Array]:
+    """Weighted cross-entropy against a label-smoothed target (§5.4, ε_ls = 0.1).
+
+    The target distribution q (tensor2tensor / Flax WMT form) puts
+
+        q_y = 1 - ε on the true token y,   q_v = ε / (V - 1) on every other v,
+
+    and the loss of one token subtracts the entropy of q, so that predicting q
+    exactly costs 0:
+
+        loss = -Σ_v q_v log softmax(logits)_v - H(q),
+        H(q) = -((1 - ε) log(1 - ε) + (V - 1) · ε/(V - 1) · log(ε/(V - 1) + 1e-20)).
+
+    With ε = 0 this is plain cross-entropy. Padding targets are smoothed like any
+    other token; their weight of 0 removes them.
+
+    Args:
+      logits_BTV: `(B, T, V)`, any float dtype; the softmax runs in float32.
+      targets_BT: int `(B, T)`, token ids in [0, V).
+      weights_BT: `(B, T)`; default `targets_BT != 0` (0 is padding).
+      label_smoothing: ε, a Python float in [0, 1).
+
+    Returns:
+      `(loss_sum, weight_sum)`, float32 scalars: Σ weight · loss and Σ weight.
+    """
+    logits_BTV, targets_BT, weights_BT = _checked(logits_BTV, targets_BT, weights_BT)
+    vocab_size = logits_BTV.shape[-1]
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    if label_smoothing > 0.0 and vocab_size < 2:
+        raise ValueError(f"label smoothing needs a vocabulary of 2 or more, got V={vocab_size}")
+
+    confidence = 1.0 - label_smoothing
+    low = label_smoothing / (vocab_size - 1) if vocab_size > 1 else 0.0
+    entropy = -(
+        confidence * math.log(confidence) + (vocab_size - 1) * low * math.log(low + 1e-20)
+    )
+    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+    logp_target_BT = jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1)[..., 0]
+    # Σ_v q_v log p_v = low · Σ_v log p_v + (confidence - low) · log p_y, without a one-hot.
+    cross_entropy_BT = -(low * logp_BTV.sum(axis=-1) + (confidence - low) * logp_target_BT)
+    loss_BT = cross_entropy_BT - jnp.float32(entropy)
+    return (loss_BT * weights_BT).sum(), weights_BT.sum()
+
+
+def accuracy(logits_BTV, targets_BT, weights_BT=None) -> tuple[jax.Array, jax.Array]:
+    """Weighted count of tokens whose argmax logit is the target.
+
+    Returns `(correct_sum, weight_sum)`, float32 scalars; weights default to
+    `targets_BT != 0` as in `label_smoothed_cross_entropy`.
+    """
+    logits_BTV, targets_BT, weights_BT = _checked(logits_BTV, targets_BT, weights_BT)
+    correct_BT = (jnp.argmax(logits_BTV, axis=-1) == targets_BT).astype(jnp.float32)
+    return (correct_BT * weights_BT).sum(), weights_BT.sum()
+
+
+def _checked(logits_BTV, targets_BT, weights_BT):
+    """Arrays with agreeing shapes; weights float32, `targets_BT != 0` by default."""
+    logits_BTV, targets_BT = jnp.asarray(logits_BTV), jnp.asarray(targets_BT)
+    if logits_BTV.shape[:-1] != targets_BT.shape:
+        raise ValueError(
+            f"logits shape {logits_BTV.shape} must be targets shape {targets_BT.shape} + (V,)"
+        )
+    if weights_BT is None:
+        return logits_BTV, targets_BT, (targets_BT != 0).astype(jnp.float32)
+    weights_BT = jnp.asarray(weights_BT, jnp.float32)
+    if weights_BT.shape != targets_BT.shape:
+        raise ValueError(
+            f"weights shape {weights_BT.shape} must equal targets shape {targets_BT.shape}"
+        )
+    return logits_BTV, targets_BT, weights_BT

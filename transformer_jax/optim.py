@@ -1,0 +1,86 @@
+"""The paper's optimizer (§5.3): Adam with warmup then inverse-square-root decay.
+
+The optimizer state does not carry the learning rate. The trainer logs it from
+the same schedule: the update that moves the step count from c to c + 1 uses
+
+    learning_rate_schedule(d_model=..., warmup_steps=...)(c) == learning_rate(c + 1, ...)
+
+built with the same arguments as `make_optimizer`.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def learning_rate(step, *, d_model: int, warmup_steps: int = 4000, scale: float = 1.0):
+    """lrate = scale · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)  (§5.3, eq. 3).
+
+    `step` is the 1-based number of the update. The rate rises linearly for
+    `warmup_steps` steps, peaks at step = warmup_steps with d_model^-0.5 ·
+    warmup_steps^-0.5 (about 7.0e-4 for base: d_model 512, warmup 4000), then
+    decays as step^-0.5. `scale` is not in the paper (it is 1 there).
+
+    A Python int gives a Python float (step must be >= 1); an array gives
+    float32 (a step of 0 gives 0).
+    """
+    _check_schedule_args(d_model, warmup_steps, scale)
+    if isinstance(step, int):
+        if step < 1:
+            raise ValueError(f"step is 1-based, got {step}")
+        return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+    step = jnp.asarray(step, jnp.float32)
+    decay = jnp.minimum(jax.lax.rsqrt(step), step * jnp.float32(warmup_steps**-1.5))
+    return jnp.float32(scale * d_model**-0.5) * decay
+
+
+def learning_rate_schedule(
+    *, d_model: int, warmup_steps: int = 4000, scale: float = 1.0
+) -> optax.Schedule:
+    """`learning_rate` as an optax schedule of the update count.
+
+    optax passes count 0 for the first update; the schedule maps count c to
+    step c + 1, so the first update uses step 1 (step 0 would give a rate of 0).
+    """
+    _check_schedule_args(d_model, warmup_steps, scale)
+
+    def schedule(count):
+        step = jnp.asarray(count, jnp.float32) + 1.0
+        return learning_rate(step, d_model=d_model, warmup_steps=warmup_steps, scale=scale)
+
+    return schedule
+
+
+def make_optimizer(
+    *,
+    d_model: int,
+    warmup_steps: int = 4000,
+    learning_rate_scale: float = 1.0,
+    b1: float = 0.9,
+    b2: float = 0.98,
+    eps: float = 1e-9,
+    grad_clip_norm: float = 0.0,
+) -> optax.GradientTransformation:
+    """Adam (β1 = 0.9, β2 = 0.98, ε = 1e-9) with `learning_rate_schedule` (§5.3).
+
+    grad_clip_norm > 0 clips the gradient to that global norm before Adam; the
+    paper does not clip (0, the default, means no clipping).
+    """
+    if grad_clip_norm < 0:
+        raise ValueError(f"grad_clip_norm must be >= 0 (0: no clipping), got {grad_clip_norm}")
+    schedule = learning_rate_schedule(
+        d_model=d_model, warmup_steps=warmup_steps, scale=learning_rate_scale
+    )
+    adam = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+    if grad_clip_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(grad_clip_norm), adam)
+    return adam
+
+
+def _check_schedule_args(d_model, warmup_steps, scale) -> None:
+    if d_model < 1:
+        raise ValueError(f"d_model must be >= 1, got {d_model}")
+    if warmup_steps < 1:
+        raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+    if not scale > 0:
+        raise ValueError(f"scale (learning_rate_scale) must be > 0, got {scale}")

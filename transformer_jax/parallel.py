@@ -1,0 +1,94 @@
+"""Data parallelism, the only module that knows about devices.
+
+Two strategies run the same pure steps of `steps.py`:
+
+    "pmap"     jax.pmap over this process's devices; the steps sum across all
+               devices of all processes with lax.psum over the axis "batch".
+    "sharded"  jax.jit on a Mesh of every device with one axis "data": the batch
+               is split along it, parameters are replicated, XLA adds the sums.
+
+Either way each process feeds the rows it read itself (its data shard).
+"""
+
+import functools
+
+import flax.jax_utils
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+STRATEGIES = ("pmap", "sharded")
+AXIS = "batch"  # the pmap axis name the steps sum over
+
+
+class Parallel:
+    """Places state and batches, and compiles steps, for one strategy."""
+
+    def __init__(self, strategy: str):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"parallelism must be one of {STRATEGIES}, got {strategy!r}")
+        self.strategy = strategy
+        self.num_local_devices = jax.local_device_count()
+        # A plain Mesh has Auto axes; jax.make_mesh's Explicit axes would reject
+        # batches and parameters placed without explicit shardings.
+        self.mesh = Mesh(np.array(jax.devices()), ("data",))
+        self._replicated = NamedSharding(self.mesh, PartitionSpec())
+        self._split = NamedSharding(self.mesh, PartitionSpec("data"))
+
+    def put_state(self, state):
+        """One copy of the state, as the compiled steps want it placed."""
+        if self.strategy == "pmap":
+            return flax.jax_utils.replicate(state)
+        return jax.device_put(state, self._replicated)
+
+    def get_state(self, placed):
+        """One copy of a placed state (device arrays), e.g. to save it."""
+        if self.strategy == "pmap":
+            return flax.jax_utils.unreplicate(placed)
+        return placed
+
+    def put_batch(self, batch):
+        """This process's rows (numpy, leading axis B) as the step's input."""
+        rows = next(iter(batch.values())).shape[0]
+        if rows % self.num_local_devices:
+            raise ValueError(f"{rows} rows per process do not split over "
+                             f"{self.num_local_devices} local devices")
+        if self.strategy == "pmap":
+            return jax.tree.map(
+                lambda x: x.reshape((self.num_local_devices, -1) + x.shape[1:]), batch)
+        return jax.tree.map(
+            lambda x: jax.make_array_from_process_local_data(self._split, x), batch)
+
+    def compile_train_step(self, step_fn):
+        """`step_fn(state, batch, axis_name=...)` compiled; the state's buffers are donated."""
+        if self.strategy == "pmap":
+            return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS,
+                            donate_argnums=(0,))
+        return jax.jit(functools.partial(step_fn, axis_name=None), donate_argnums=(0,))
+
+    def compile_eval_step(self, step_fn):
+        """`step_fn(params, batch, axis_name=...)` compiled; returns summed metrics."""
+        if self.strategy == "pmap":
+            return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS)
+        return jax.jit(functools.partial(step_fn, axis_name=None))
+
+    def to_host(self, metrics) -> dict[str, float]:
+        """Summed metrics (equal on every device) as Python floats; this waits for them."""
+        if self.strategy == "pmap":
+            metrics = jax.tree.map(lambda x: x[0], metrics)
+        return {name: float(value) for name, value in jax.device_get(metrics).items()}
+
+
+def initialize_processes(coordinator_address=None, num_processes=None, process_id=None) -> None:
+    """Joins a run of several processes (JAX's multi-controller runtime); no-op for one.
+
+    With no arguments JAX reads the cluster environment (SLURM, Cloud TPU, ...),
+    if any. On CPUs the processes sum over gloo.
+    """
+    if num_processes is None and coordinator_address is None:
+        return
+    if num_processes == 1:
+        return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)

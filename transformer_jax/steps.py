@@ -1,0 +1,101 @@
+"""Pure training and evaluation steps, written for one device's share of a batch.
+
+`parallel.py` runs them under `jax.pmap` (with `axis_name`, so sums cross
+devices) or under `jax.jit` on a mesh (global arrays, `axis_name=None`). Both
+return sums, not means: the loss is divided by the token count of the whole
+global batch, so any split of a batch over devices gives the same update.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+from transformer_jax.losses import accuracy, label_smoothed_cross_entropy
+
+MODEL_KEYS = ("inputs_segmentation", "targets_segmentation", "inputs_positions",
+              "targets_positions")
+
+
+class TrainState(train_state.TrainState):
+    """Step, parameters and optimizer state (flax's TrainState)."""
+
+
+def _logits(params, batch, *, model, deterministic: bool, dropout_key=None):
+    kwargs = {key: batch[key] for key in MODEL_KEYS if key in batch}
+    rngs = None if deterministic else {"dropout": dropout_key}
+    return model.apply({"params": params}, batch["inputs"], batch["targets"], **kwargs,
+                       deterministic=deterministic, rngs=rngs)
+
+
+def _psum(tree, axis_name):
+    return tree if axis_name is None else jax.lax.psum(tree, axis_name)
+
+
+def dropout_key(seed: int, step, axis_name=None):
+    """Dropout randomness from (seed, step): a resumed run needs no saved key.
+
+    Under pmap every device folds in its index, so devices draw different masks.
+    """
+    key = jax.random.fold_in(jax.random.key(seed), step)
+    if axis_name is not None:
+        key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
+    return key
+
+
+def train_step(state: TrainState, batch, *, model, seed: int, label_smoothing: float,
+               learning_rate_fn, accumulation_steps: int = 1, axis_name=None):
+    """One optimizer update on a batch of packed rows (B, L); returns (state, metrics).
+
+    With `accumulation_steps` k > 1 the batch is split into k micro-batches of
+    B / k rows whose gradients are summed before the one update: the same
+    update as the whole batch at a k-th of the activation memory (how the
+    paper's 25k-token batches fit fewer devices).
+
+    Metrics are sums over the global batch: `loss_sum`, `weight_sum` (target
+    tokens), `correct_sum`; and `grad_norm`, `learning_rate` of this update.
+    """
+    key = dropout_key(seed, state.step, axis_name)
+
+    def micro_step(carry, micro):
+        index, micro_batch = micro
+        grad_fn = jax.grad(_loss_and_counts, has_aux=True)
+        grads, counts = grad_fn(state.params, micro_batch, model=model,
+                                label_smoothing=label_smoothing,
+                                dropout_key=jax.random.fold_in(key, index))
+        return jax.tree.map(jnp.add, carry, (grads, counts)), None
+
+    micro_batches = jax.tree.map(
+        lambda x: x.reshape((accumulation_steps, -1) + x.shape[1:]), batch)
+    zeros = (jax.tree.map(jnp.zeros_like, state.params),
+             {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0})
+    (grads, counts), _ = jax.lax.scan(
+        micro_step, zeros, (jnp.arange(accumulation_steps), micro_batches))
+    grads, counts = _psum((grads, counts), axis_name)
+    # The gradient of the mean loss over every target token of the global batch.
+    grads = jax.tree.map(lambda g: g / jnp.maximum(counts["weight_sum"], 1.0), grads)
+    metrics = dict(counts, grad_norm=optax.global_norm(grads),
+                   learning_rate=learning_rate_fn(state.step))
+    return state.apply_gradients(grads=grads), metrics
+
+
+def _loss_and_counts(params, batch, *, model, label_smoothing, dropout_key):
+    """The summed smoothed loss (differentiated) and, as aux, the counts to log."""
+    logits_BTV = _logits(params, batch, model=model, deterministic=False,
+                         dropout_key=dropout_key)
+    loss_sum, weight_sum = label_smoothed_cross_entropy(
+        logits_BTV, batch["targets"], label_smoothing=label_smoothing)
+    correct_sum, _ = accuracy(logits_BTV, batch["targets"])
+    return loss_sum, {"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum}
+
+
+def eval_step(params, batch, *, model, axis_name=None):
+    """Sums over an evaluation batch: plain cross-entropy (no smoothing) and accuracy.
+
+    Rows that only pad the batch have all-zero targets, so they weigh nothing.
+    """
+    logits_BTV = _logits(params, batch, model=model, deterministic=True)
+    loss_sum, weight_sum = label_smoothed_cross_entropy(logits_BTV, batch["targets"])
+    correct_sum, _ = accuracy(logits_BTV, batch["targets"])
+    return _psum({"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum},
+                 axis_name)

@@ -1,0 +1,278 @@
+"""The training loop: wires data, model, optimizer, parallel steps, checkpoints and logs.
+
+    train(config, workdir)  # what `python train.py --config=... --workdir=...` runs
+
+Restarting the same command resumes from the latest checkpoint in
+DIR/checkpoints, exactly: the state, the data iterator and the dropout keys
+(derived from seed and step) continue where they stopped. SIGTERM or Ctrl-C
+finishes the current step, saves, and returns.
+"""
+
+import dataclasses
+import functools
+import math
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.data import eval_batches, get_tokenizer, load_split, train_dataset
+from transformer_jax.data.vocabulary import tokenizer_path
+from transformer_jax.model import Transformer
+from transformer_jax.optim import learning_rate_schedule, make_optimizer
+from transformer_jax.parallel import STRATEGIES, Parallel
+from transformer_jax.run_config import build_model_config
+from transformer_jax.run_log import RunLog
+from transformer_jax.steps import TrainState, eval_step, train_step
+
+
+class ConfigError(ValueError):
+    """A run config that cannot work; raised before anything compiles."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or infinite; nothing was saved for that step."""
+
+
+def check_config(config) -> None:
+    """Fails fast, naming the key, on values that could only fail later."""
+    positive = ("num_train_steps", "per_device_batch_size", "accumulation_steps",
+                "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
+                "checkpoints_to_keep")
+    for key in positive:
+        if not isinstance(config[key], int) or config[key] < 1:
+            raise ConfigError(f"config.{key} must be a positive integer, got {config[key]!r}")
+    if config.per_device_batch_size % config.accumulation_steps:
+        raise ConfigError(f"config.per_device_batch_size={config.per_device_batch_size} must "
+                          f"split into config.accumulation_steps={config.accumulation_steps}")
+    if config.parallelism not in STRATEGIES:
+        raise ConfigError(f"config.parallelism must be one of {STRATEGIES}, "
+                          f"got {config.parallelism!r}")
+    if config.data.too_long not in ("truncate", "drop"):
+        raise ConfigError(f"config.data.too_long must be 'truncate' or 'drop', "
+                          f"got {config.data.too_long!r}")
+    try:
+        build_model_config(config.model, vocab_size=config.data.vocab_size)
+        _optimizer(config, config.model.d_model)
+    except ValueError as error:
+        raise ConfigError(f"config.model / config.optim: {error}") from None
+
+
+def _optimizer(config, d_model: int):
+    o = config.optim
+    return make_optimizer(d_model=d_model, warmup_steps=o.warmup_steps,
+                          learning_rate_scale=o.learning_rate_scale, b1=o.b1, b2=o.b2,
+                          eps=o.eps, grad_clip_norm=o.grad_clip_norm)
+
+
+def _refuse_other_model(checkpointer: Checkpointer, step: int, model_config, workdir) -> None:
+    saved = checkpointer.metadata(step)["model"]
+    wanted = dataclasses.asdict(model_config)
+    changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
+    if changed:
+        diffs = ", ".join(f"{k}: saved {saved.get(k)!r}, now {wanted[k]!r}" for k in changed)
+        raise ConfigError(f"{workdir} holds a run of another model ({diffs}); use a new "
+                          f"--workdir or the config it was trained with")
+
+
+def _initial_state(model, tx, config) -> TrainState:
+    tokens = jnp.ones((1, 1), jnp.int32)
+    init = jax.jit(lambda key: model.init(key, tokens, tokens)["params"])
+    params = init(jax.random.key(config.seed))
+    return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+
+
+class _StopSignal:
+    """SIGTERM and Ctrl-C set a flag; the loop saves and stops after the current step."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        del frame
+        self.requested = True
+
+    def agreed(self) -> bool:
+        """True if any process was asked to stop (all must save together)."""
+        if jax.process_count() == 1:
+            return self.requested
+        return bool(multihost_utils.process_allgather(np.array(self.requested)).any())
+
+    def restore(self):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def _gather_data_states(state: dict) -> list[dict]:
+    """Every process's data-iterator state, on every process (they are small dicts)."""
+    if jax.process_count() == 1:
+        return [state]
+    import json
+
+    encoded = np.frombuffer(json.dumps(state).encode().ljust(4096), np.uint8)
+    gathered = multihost_utils.process_allgather(encoded)
+    return [json.loads(bytes(row).decode().rstrip()) for row in gathered]
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a call of `train` did: its last step and the records it logged."""
+
+    step: int
+    records: list[dict]
+    stopped_early: bool = False
+
+
+def train(config, workdir: str) -> TrainResult:
+    """Trains (or resumes training) the run of `config` in `workdir`."""
+    check_config(config)
+    workdir = os.path.abspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    parallel = Parallel(config.parallelism)
+    train_split = load_split(config.data, "train", shard_index=jax.process_index(),
+                             shard_count=jax.process_count())
+    # One process holds the whole split; several train the same tokenizer from all of it.
+    tokenizer = get_tokenizer(config.data, workdir,
+                              train_split.pairs if jax.process_count() == 1 else None)
+    model_config = build_model_config(config.model, tokenizer.vocab_size)
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
+                                keep=config.checkpoints_to_keep)
+    try:
+        latest = checkpointer.latest_step()
+        if latest is not None:
+            _refuse_other_model(checkpointer, latest, model_config, workdir)
+        loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer,
+                     train_split.pairs)
+        return loop.run(latest)
+    finally:
+        checkpointer.close()
+
+
+class _Loop:
+    """The state of one training run between its steps."""
+
+    def __init__(self, config, workdir, parallel, tokenizer, model_config, checkpointer,
+                 train_pairs):
+        self.config, self.workdir, self.parallel = config, workdir, parallel
+        self.tokenizer, self.checkpointer = tokenizer, checkpointer
+        self.model = Transformer(model_config)
+        self.metadata = {"config": config.to_dict(), "model": dataclasses.asdict(model_config),
+                         "tokenizer": tokenizer_path(workdir)}
+        self.learning_rate_fn = learning_rate_schedule(
+            d_model=model_config.d_model, warmup_steps=config.optim.warmup_steps,
+            scale=config.optim.learning_rate_scale)
+        self.p_train = parallel.compile_train_step(functools.partial(
+            train_step, model=self.model, seed=config.seed,
+            label_smoothing=config.optim.label_smoothing,
+            learning_rate_fn=self.learning_rate_fn,
+            accumulation_steps=config.accumulation_steps))
+        self.p_eval = parallel.compile_eval_step(functools.partial(eval_step, model=self.model))
+        d = config.data
+        self.rows = config.per_device_batch_size * parallel.num_local_devices
+        self.eval_pairs = load_split(d, "validation").pairs
+        self.data = iter(train_dataset(
+            train_pairs, tokenizer, batch_size=self.rows,
+            max_source_length=d.max_source_length, max_target_length=d.max_target_length,
+            too_long=d.too_long, seed=config.seed, num_threads=d.num_threads))
+        self.state = _initial_state(self.model, _optimizer(config, model_config.d_model), config)
+
+    def run(self, latest: int | None) -> TrainResult:
+        if latest is not None:
+            state, data_states, _ = self.checkpointer.restore(latest, self.state)
+            self.state = state
+            self.data.set_state(data_states[jax.process_index()])
+        placed = self.parallel.put_state(self.state)
+        self.state = None  # the placed copy is the live one (its buffers are donated)
+        step = first = int(self.parallel.get_state(placed).step)
+        log = RunLog(self.workdir, total_steps=self.config.num_train_steps, first_step=first,
+                     enabled=jax.process_index() == 0)
+        stop, records, stopped = _StopSignal(), [], False
+        try:
+            window, window_start = [], time.perf_counter()
+            while step < self.config.num_train_steps:
+                placed, metrics = self.p_train(placed, self.parallel.put_batch(next(self.data)))
+                step += 1
+                window.append(metrics)
+                stopped = self._stop_requested(stop, step)
+                if self._due(step, "log") or self._due(step, "checkpoint") or stopped:
+                    record = self._summarize(window, step, window_start)
+                    records.append(record)
+                    log.write(step, record)
+                    log.progress(step, record)
+                    window = []
+                if self._due(step, "eval"):
+                    record = self._evaluate(placed)
+                    log.write(step, record)
+                    log.message(f"step {step}: " + ", ".join(
+                        f"{k} {v:.4g}" for k, v in record.items()))
+                if self._due(step, "checkpoint") or stopped:
+                    self._save(step, placed)
+                if not window:  # evaluation and saving do not count as training time
+                    window_start = time.perf_counter()
+                if stopped:
+                    log.message(f"stopped at step {step}; saved to "
+                                f"{self.checkpointer.directory}/{step}")
+                    break
+        finally:
+            stop.restore()
+            self.checkpointer.wait()
+            log.close()
+        return TrainResult(step, records, stopped)
+
+    def _due(self, step: int, what: str) -> bool:
+        every = self.config[f"{what}_every_steps"]
+        return step % every == 0 or step == self.config.num_train_steps
+
+    def _stop_requested(self, stop: _StopSignal, step: int) -> bool:
+        if jax.process_count() == 1:
+            return stop.requested
+        return self._due(step, "log") and stop.agreed()  # a collective: only at log steps
+
+    def _summarize(self, window, step: int, window_start: float) -> dict[str, float]:
+        """Host values of the steps since the last record; raises on a non-finite loss."""
+        rows = [self.parallel.to_host(m) for m in window]  # waits for the window's steps
+        seconds = time.perf_counter() - window_start
+        for offset, row in enumerate(rows):
+            if not math.isfinite(row["loss_sum"]):
+                raise NonFiniteLossError(
+                    f"the loss is {row['loss_sum']} at step {step - len(rows) + offset + 1}; "
+                    f"stopped without saving it (try a lower learning_rate_scale or "
+                    f"grad_clip_norm > 0)")
+        tokens = sum(r["weight_sum"] for r in rows)
+        return {
+            "loss": sum(r["loss_sum"] for r in rows) / max(tokens, 1.0),
+            "accuracy": sum(r["correct_sum"] for r in rows) / max(tokens, 1.0),
+            "learning_rate": rows[-1]["learning_rate"],
+            "grad_norm": rows[-1]["grad_norm"],
+            "tokens_per_sec": tokens / seconds,
+        }
+
+    def _evaluate(self, placed) -> dict[str, float]:
+        """Loss (no label smoothing), accuracy and perplexity on the validation split."""
+        d, totals = self.config.data, []
+        batches = eval_batches(self.eval_pairs, self.tokenizer, batch_size=self.rows,
+                               max_source_length=d.max_source_length,
+                               max_target_length=d.max_target_length,
+                               shard_index=jax.process_index(), shard_count=jax.process_count())
+        for i, batch in enumerate(batches):
+            if i == self.config.num_eval_batches:
+                break
+            inputs = {"inputs": batch["inputs"], "targets": batch["targets"]}
+            totals.append(self.p_eval(placed.params, self.parallel.put_batch(inputs)))
+        sums = [self.parallel.to_host(t) for t in totals]
+        tokens = max(sum(s["weight_sum"] for s in sums), 1.0)
+        loss = sum(s["loss_sum"] for s in sums) / tokens
+        return {"eval_loss": loss, "eval_accuracy": sum(s["correct_sum"] for s in sums) / tokens,
+                "eval_perplexity": math.exp(min(loss, 50.0))}
+
+    def _save(self, step: int, placed) -> None:
+        # A host copy: the step donates the device buffers before an async save would read them.
+        state = jax.device_get(self.parallel.get_state(placed))
+        self.checkpointer.save(step, state, data_states=_gather_data_states(self.data.get_state()),
+                               metadata=self.metadata)
