@@ -13,6 +13,7 @@ from ml_collections import config_flags
 
 from transformer_jax import parallel, trainer
 from transformer_jax.data import DataError
+from transformer_jax.run_config import parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/default.py", "a config file (configs/*.py)", lock_config=True)
@@ -36,4 +37,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -14,3 +14,9 @@ import jax  # noqa: E402
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # Full float32 matmuls on GPUs too (TF32 would break the 1e-5 tolerances).
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# Datasets the tests build (the small "numbers") go to a scratch directory, not ~/tensorflow_datasets.
+if "TFDS_DATA_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["TFDS_DATA_DIR"] = tempfile.mkdtemp(prefix="tfds-tests-")

@@ -79,3 +79,18 @@ def base_config(*, model: ml_collections.ConfigDict, data: ml_collections.Config
     config.data = data
     config.optim = optim if optim is not None else optim_fields()
     return config
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with a one-line error for a bad `--config.key=value`.
+
+    Pass as `app.run(main, flags_parser=parse_flags)`: ml_collections raises a
+    KeyError (with a "did you mean") or a type error from deep in the parser.
+    """
+    from absl import app, flags
+
+    try:
+        return app.parse_flags_with_usage(argv)  # absl's own errors: one line and exit 1
+    except (AttributeError, KeyError, TypeError, ValueError) as error:
+        message = str(error).strip("'\"").replace("\\n", " ").replace("\\'", "'")
+        raise SystemExit(f"error in the command line: {message}") from None

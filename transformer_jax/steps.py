@@ -74,7 +74,7 @@ def train_step(state: TrainState, batch, *, model, seed: int, label_smoothing: f
     grads, counts = _psum((grads, counts), axis_name)
     # The gradient of the mean loss over every target token of the global batch.
     grads = jax.tree.map(lambda g: g / jnp.maximum(counts["weight_sum"], 1.0), grads)
-    metrics = dict(counts, grad_norm=optax.global_norm(grads),
+    metrics = dict(counts, grad_norm=optax.tree.norm(grads),
                    learning_rate=learning_rate_fn(state.step))
     return state.apply_gradients(grads=grads), metrics
 

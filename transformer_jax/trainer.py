@@ -200,9 +200,11 @@ class _Loop:
                 step += 1
                 window.append(metrics)
                 stopped = self._stop_requested(stop, step)
-                if self._due(step, "log") or self._due(step, "checkpoint") or stopped:
+                if self._due(step, "checkpoint") or stopped:
+                    self._check_finite(window, step)  # never save a broken state
+                if self._due(step, "log") or stopped:
                     record = self._summarize(window, step, window_start)
-                    records.append(record)
+                    records.append({"step": step, **record})
                     log.write(step, record)
                     log.progress(step, record)
                     window = []
@@ -234,16 +236,21 @@ class _Loop:
             return stop.requested
         return self._due(step, "log") and stop.agreed()  # a collective: only at log steps
 
-    def _summarize(self, window, step: int, window_start: float) -> dict[str, float]:
+    def _check_finite(self, window, step: int) -> list[dict[str, float]]:
         """Host values of the steps since the last record; raises on a non-finite loss."""
         rows = [self.parallel.to_host(m) for m in window]  # waits for the window's steps
-        seconds = time.perf_counter() - window_start
         for offset, row in enumerate(rows):
             if not math.isfinite(row["loss_sum"]):
                 raise NonFiniteLossError(
                     f"the loss is {row['loss_sum']} at step {step - len(rows) + offset + 1}; "
                     f"stopped without saving it (try a lower learning_rate_scale or "
                     f"grad_clip_norm > 0)")
+        return rows
+
+    def _summarize(self, window, step: int, window_start: float) -> dict[str, float]:
+        """The record of the steps since the last one: means, the last rate, tokens/s."""
+        rows = self._check_finite(window, step)
+        seconds = time.perf_counter() - window_start
         tokens = sum(r["weight_sum"] for r in rows)
         return {
             "loss": sum(r["loss_sum"] for r in rows) / max(tokens, 1.0),

@@ -13,6 +13,7 @@ from ml_collections import config_flags
 from transformer_jax.data import report
 from transformer_jax.data.sources import DataError, load_split
 from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path
+from transformer_jax.run_config import parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a config file, e.g. configs/default.py",
                                           lock_config=True)
@@ -49,4 +50,4 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

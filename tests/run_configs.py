@@ -1,0 +1,40 @@
+"""Small run configs for the training tests: configs/default.py shrunk to seconds."""
+
+import importlib.util
+import pathlib
+
+from transformer_jax.run_config import model_fields
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_config(name: str):
+    path = ROOT / "configs" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def tiny_run(**overrides):
+    """The default run with the tiny model on the small numbers split: a step takes milliseconds."""
+    config = load_config("default")
+    config.model = model_fields("tiny")
+    config.data.numbers_size = "small"
+    config.data.num_threads = 1
+    config.data.max_source_length = 12
+    config.data.max_target_length = 24
+    config.per_device_batch_size = 1  # 8 simulated devices: 8 rows
+    config.num_train_steps = 4
+    config.log_every_steps = 2
+    config.eval_every_steps = 4
+    config.checkpoint_every_steps = 4
+    config.num_eval_batches = 2
+    config.optim.warmup_steps = 10
+    for key, value in overrides.items():
+        target = config
+        *groups, name = key.split(".")
+        for group in groups:
+            target = target[group]
+        target[name] = value
+    return config

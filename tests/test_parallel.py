@@ -1,0 +1,118 @@
+"""pmap and the sharded mesh give the parameters of one device on the same global batch."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import get_model_config
+from transformer_jax.optim import learning_rate_schedule, make_optimizer
+from transformer_jax.parallel import Parallel
+from transformer_jax.steps import TrainState, eval_step, train_step
+
+CONFIG = get_model_config("tiny", vocab_size=50, dropout_rate=0.0)
+ROWS, LENGTH = 16, 7
+
+
+def batches(n):
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(n):
+        targets = rng.integers(1, 50, (ROWS, LENGTH)).astype(np.int32)
+        targets[:, -2:] *= rng.integers(0, 2, (ROWS, 1)).astype(np.int32)  # some padding
+        out.append({"inputs": rng.integers(1, 50, (ROWS, LENGTH)).astype(np.int32),
+                    "targets": targets})
+    return out
+
+
+def initial_state():
+    model = Transformer(CONFIG)
+    tokens = jnp.ones((1, LENGTH), jnp.int32)
+    params = model.init(jax.random.key(0), tokens, tokens)["params"]
+    # Adam's eps is 1e-3, not the paper's 1e-9: the key projections' biases get an exactly
+    # zero gradient (softmax ignores a shift shared by a row), and with eps=1e-9 Adam scales
+    # that gradient's rounding noise, different on each device layout, up to full steps.
+    tx = make_optimizer(d_model=CONFIG.d_model, warmup_steps=10, learning_rate_scale=5.0,
+                        eps=1e-3)
+    return model, TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+
+
+def step_fn(model, accumulation_steps=1):
+    return functools.partial(
+        train_step, model=model, seed=0, label_smoothing=0.1, accumulation_steps=accumulation_steps,
+        learning_rate_fn=learning_rate_schedule(d_model=CONFIG.d_model, warmup_steps=10, scale=5.0))
+
+
+def run_one_device(n_steps, accumulation_steps=1):
+    model, state = initial_state()
+    step = jax.jit(functools.partial(step_fn(model, accumulation_steps), axis_name=None))
+    losses = []
+    for batch in batches(n_steps):
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss_sum"] / metrics["weight_sum"]))
+    return state.params, losses
+
+
+def run_parallel(strategy, n_steps):
+    model, state = initial_state()
+    parallel = Parallel(strategy)
+    placed = parallel.put_state(state)
+    step = parallel.compile_train_step(step_fn(model))
+    losses = []
+    for batch in batches(n_steps):
+        placed, metrics = step(placed, parallel.put_batch(batch))
+        host = parallel.to_host(metrics)
+        losses.append(host["loss_sum"] / host["weight_sum"])
+    return parallel.get_state(placed).params, losses
+
+
+@pytest.fixture(scope="module")
+def one_device():
+    return run_one_device(3)
+
+
+@pytest.mark.parametrize("strategy", ["pmap", "sharded"])
+def test_eight_devices_match_one(one_device, strategy):
+    """3 updates on 8 simulated devices (2 rows each) = 3 updates on one device (16 rows)."""
+    assert jax.local_device_count() == 8
+    params, losses = run_parallel(strategy, 3)
+    expected_params, expected_losses = one_device
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
+                 jax.device_get(params), jax.device_get(expected_params))
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: np.abs(a - b).max(), jax.device_get(params),
+                                         jax.device_get(initial_state()[1].params)))
+    assert max(moved) > 1e-3  # the updates did something
+
+
+def test_gradient_accumulation_matches_the_whole_batch(one_device):
+    """4 micro-batches of 4 rows give the update of the whole 16-row batch."""
+    params, losses = run_one_device(3, accumulation_steps=4)
+    np.testing.assert_allclose(losses, one_device[1], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
+                 params, one_device[0])
+
+
+def test_eval_step_sums_match_across_strategies():
+    """Eval sums (loss, tokens, correct) on 8 devices equal the one-device sums."""
+    model, state = initial_state()
+    batch = batches(1)[0]
+    expected = jax.jit(functools.partial(eval_step, model=model))(state.params, batch)
+    assert float(expected["weight_sum"]) == float((batch["targets"] > 0).sum())
+    for strategy in ("pmap", "sharded"):
+        parallel = Parallel(strategy)
+        placed = parallel.put_state(state)
+        got = parallel.to_host(parallel.compile_eval_step(functools.partial(
+            eval_step, model=model))(placed.params, parallel.put_batch(batch)))
+        for key, value in expected.items():
+            np.testing.assert_allclose(got[key], float(value), rtol=1e-5)
+
+
+def test_rows_must_split_over_devices():
+    with pytest.raises(ValueError, match="do not split over 8"):
+        Parallel("pmap").put_batch({"inputs": np.zeros((12, 3), np.int32)})
+    with pytest.raises(ValueError, match="parallelism must be one of"):
+        Parallel("tpu-magic")

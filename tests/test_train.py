@@ -1,0 +1,133 @@
+"""The training loop: steps on real and mock data, learning, exact resume, stops and errors."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow_datasets as tfds
+
+from run_configs import ROOT, tiny_run
+from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.trainer import ConfigError, NonFiniteLossError, check_config, train
+
+
+def records(workdir) -> list[dict]:
+    with open(pathlib.Path(workdir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_one_step_on_the_builtin_data(tmp_path):
+    """One train step and one evaluation: metrics.jsonl, TensorBoard files, a checkpoint."""
+    result = train(tiny_run(num_train_steps=1), str(tmp_path))
+    assert result.step == 1 and not result.stopped_early
+    train_record, eval_record = records(tmp_path)
+    assert train_record["step"] == 1 and train_record["loss"] > 0
+    assert train_record["tokens_per_sec"] > 0
+    # The schedule of §5.3 at step 1 (tiny: d_model 32, warmup 10, scale 2 from the config).
+    assert train_record["learning_rate"] == pytest.approx(2 * 32**-0.5 * 10**-1.5, rel=1e-6)
+    assert set(eval_record) == {"step", "eval_loss", "eval_accuracy", "eval_perplexity"}
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path))
+    assert Checkpointer(str(tmp_path / "checkpoints"), keep=1).all_steps() == [1]
+
+
+# WMT-like records, as a TFDS translation data source holds them.
+MOCK_WMT = [{"de": f"Das ist Satz {i}.".encode(), "en": f"This is sentence {i}.".encode()}
+            for i in range(40)]
+
+
+def test_one_step_on_mock_tfds_data(tmp_path):
+    config = tiny_run(num_train_steps=1, **{"data.dataset": "tfds:wmt14_translate/de-en",
+                                            "data.source_lang": "en", "data.target_lang": "de",
+                                            "data.vocab_size": 300})
+    with tfds.testing.mock_data(as_data_source_fn=lambda builder, split, **_: MOCK_WMT):
+        result = train(config, str(tmp_path))
+    assert result.step == 1 and records(tmp_path)[-1]["eval_loss"] > 0
+
+
+def test_loss_falls_over_30_steps(tmp_path):
+    result = train(tiny_run(num_train_steps=30, log_every_steps=5, **{"optim.warmup_steps": 30}),
+                   str(tmp_path))
+    losses = [r["loss"] for r in result.records]
+    assert len(losses) == 6
+    assert losses[-1] < 0.8 * losses[0]
+
+
+def test_resume_is_exact(tmp_path):
+    """8 steps in one run = 4 steps, a restart, 4 more: the same loss at every logged step."""
+    straight = train(tiny_run(num_train_steps=8), str(tmp_path / "straight"))
+    first = train(tiny_run(num_train_steps=4), str(tmp_path / "resumed"))
+    second = train(tiny_run(num_train_steps=8), str(tmp_path / "resumed"))
+    assert [r["step"] for r in straight.records] == [2, 4, 6, 8]
+    resumed = first.records + second.records
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in straight.records]
+    assert [r["step"] for r in records(tmp_path / "resumed") if "loss" in r] == [2, 4, 6, 8]
+
+
+def test_refuses_a_workdir_of_another_model(tmp_path):
+    train(tiny_run(num_train_steps=1), str(tmp_path))
+    with pytest.raises(ConfigError, match="another model.*d_model: saved 32, now 64"):
+        train(tiny_run(num_train_steps=2, **{"model.d_model": 64}), str(tmp_path))
+
+
+def test_non_finite_loss_stops_and_saves_nothing(tmp_path):
+    config = tiny_run(num_train_steps=20, log_every_steps=20, checkpoint_every_steps=20,
+                      **{"optim.learning_rate_scale": 1e30})
+    with pytest.raises(NonFiniteLossError, match=r"the loss is (nan|inf) at step \d+"):
+        train(config, str(tmp_path))
+    assert Checkpointer(str(tmp_path / "checkpoints"), keep=1).all_steps() == []
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("num_train_steps", 0, "config.num_train_steps must be a positive integer"),
+    ("per_device_batch_size", 3, "must split into config.accumulation_steps=2"),
+    ("parallelism", "mpi", "config.parallelism must be one of"),
+    ("data.too_long", "wrap", "config.data.too_long"),
+    ("model.num_heads", 5, "d_model must be divisible by num_heads=5"),
+    ("optim.warmup_steps", 0, "warmup_steps"),
+])
+def test_bad_config_values_name_the_key(key, value, message):
+    config = tiny_run(accumulation_steps=2, per_device_batch_size=2)
+    target, name = (config[key.split(".")[0]], key.split(".")[1]) if "." in key else (config, key)
+    target[name] = value
+    with pytest.raises(ConfigError, match=message):
+        check_config(config)
+
+
+def run_train_py(workdir, *overrides, **popen):
+    command = [sys.executable, "train.py", "--config=configs/default.py", f"--workdir={workdir}",
+               "--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_layers=2",
+               "--config.data.numbers_size=small", "--config.data.num_threads=1",
+               "--config.optim.warmup_steps=10", *overrides]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path):
+    """SIGTERM: the current step finishes, a checkpoint is saved, exit status 0, one line."""
+    process = run_train_py(tmp_path, "--config.num_train_steps=100000",
+                           "--config.log_every_steps=1")
+    deadline = time.time() + 240
+    while not (tmp_path / "metrics.jsonl").exists() or len(records(tmp_path)) < 3:
+        assert process.poll() is None and time.time() < deadline, process.communicate()
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    stopped = [line for line in (out + err).splitlines() if "stopped at step" in line]
+    step = int(stopped[0].split("stopped at step ")[1].split(";")[0])
+    assert f"saved to {tmp_path / 'checkpoints'}/{step}" in stopped[0]
+    assert step in Checkpointer(str(tmp_path / "checkpoints"), keep=5).all_steps()
+
+
+def test_train_py_rejects_bad_config_before_compiling(tmp_path):
+    for flag, message in (("--config.num_train_steps=0", "config.num_train_steps must be"),
+                          ("--config.num_train_stepz=5", "num_train_stepz")):
+        process = run_train_py(tmp_path, flag)
+        out, err = process.communicate(timeout=120)
+        assert process.returncode != 0 and message in err, err
+        assert "Traceback" not in err
