@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 train: $(STAMP)
-	$(BIN)/python -m transformer_jax --preset=tiny
+	$(BIN)/python train.py --config=configs/default.py --workdir=runs/default
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q

@@ -24,7 +24,7 @@ def get_config() -> ConfigDict:
             max_target_length=32,
         ),
         # A short run: warm up over 500 steps instead of the paper's 4000.
-        optim=optim_fields(warmup_steps=500, learning_rate_scale=2.0),
+        optim=optim_fields(warmup_steps=500),
     )
     config.num_train_steps = 3000
     config.per_device_batch_size = 64

@@ -116,3 +116,25 @@ def test_rows_must_split_over_devices():
         Parallel("pmap").put_batch({"inputs": np.zeros((12, 3), np.int32)})
     with pytest.raises(ValueError, match="parallelism must be one of"):
         Parallel("tpu-magic")
+
+
+@pytest.mark.parametrize("strategy", ["pmap", "sharded"])
+def test_no_recompilation_after_the_first_step(strategy):
+    """Steps 2..4 reuse step 1's executable: the state's types do not drift between steps."""
+    model, state = initial_state()
+    parallel = Parallel(strategy)
+    placed = parallel.put_state(state)
+    step = parallel.compile_train_step(step_fn(model))
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
+    data = batches(4)
+    placed, metrics = step(placed, parallel.put_batch(data[0]))
+    jax.block_until_ready(metrics)
+    first = len(compiles)
+    assert first >= 1
+    for batch in data[1:]:
+        placed, metrics = step(placed, parallel.put_batch(batch))
+    jax.block_until_ready(metrics)
+    assert len(compiles) == first

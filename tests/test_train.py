@@ -28,8 +28,8 @@ def test_one_step_on_the_builtin_data(tmp_path):
     train_record, eval_record = records(tmp_path)
     assert train_record["step"] == 1 and train_record["loss"] > 0
     assert train_record["tokens_per_sec"] > 0
-    # The schedule of §5.3 at step 1 (tiny: d_model 32, warmup 10, scale 2 from the config).
-    assert train_record["learning_rate"] == pytest.approx(2 * 32**-0.5 * 10**-1.5, rel=1e-6)
+    # The schedule of §5.3 at step 1 (tiny: d_model 32; warmup 10).
+    assert train_record["learning_rate"] == pytest.approx(32**-0.5 * 10**-1.5, rel=1e-6)
     assert set(eval_record) == {"step", "eval_loss", "eval_accuracy", "eval_perplexity"}
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path))
     assert Checkpointer(str(tmp_path / "checkpoints"), keep=1).all_steps() == [1]

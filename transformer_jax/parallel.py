@@ -38,7 +38,8 @@ class Parallel:
     def put_state(self, state):
         """One copy of the state, as the compiled steps want it placed."""
         if self.strategy == "pmap":
-            return flax.jax_utils.replicate(state)
+            # Named like pmap's outputs, so step 2 does not compile again for a new sharding.
+            return flax.jax_utils.replicate(state, axis_name=AXIS)
         return jax.device_put(state, self._replicated)
 
     def get_state(self, placed):

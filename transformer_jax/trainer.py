@@ -10,6 +10,7 @@ finishes the current step, saves, and returns.
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import signal
@@ -113,11 +114,30 @@ def _gather_data_states(state: dict) -> list[dict]:
     """Every process's data-iterator state, on every process (they are small dicts)."""
     if jax.process_count() == 1:
         return [state]
-    import json
-
-    encoded = np.frombuffer(json.dumps(state).encode().ljust(4096), np.uint8)
+    text = json.dumps(state).encode()
+    if len(text) > 4096:  # every process must send an array of the same shape
+        raise ValueError(f"data-iterator state of {len(text)} bytes exceeds 4096")
+    encoded = np.frombuffer(text.ljust(4096), np.uint8)
     gathered = multihost_utils.process_allgather(encoded)
     return [json.loads(bytes(row).decode().rstrip()) for row in gathered]
+
+
+def _first_process_then_others(fn):
+    """Runs `fn` on process 0, then on the others, so they find what it wrote."""
+    if jax.process_count() == 1:
+        return fn()
+    result = fn() if jax.process_index() == 0 else None
+    multihost_utils.sync_global_devices("transformer_jax: data and tokenizer ready")
+    return result if jax.process_index() == 0 else fn()
+
+
+def _data_and_tokenizer(data_config, workdir: str):
+    """This process's share of the training split, and the run's tokenizer."""
+    train_split = load_split(data_config, "train", shard_index=jax.process_index(),
+                             shard_count=jax.process_count())
+    # Trained from the whole split: one process holds it all; with several it is read again.
+    whole = train_split.pairs if jax.process_count() == 1 else None
+    return train_split, get_tokenizer(data_config, workdir, whole)
 
 
 @dataclasses.dataclass
@@ -135,11 +155,9 @@ def train(config, workdir: str) -> TrainResult:
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
     parallel = Parallel(config.parallelism)
-    train_split = load_split(config.data, "train", shard_index=jax.process_index(),
-                             shard_count=jax.process_count())
-    # One process holds the whole split; several train the same tokenizer from all of it.
-    tokenizer = get_tokenizer(config.data, workdir,
-                              train_split.pairs if jax.process_count() == 1 else None)
+    # Process 0 prepares the dataset and trains the tokenizer; the others then read both.
+    train_split, tokenizer = _first_process_then_others(
+        lambda: _data_and_tokenizer(config.data, workdir))
     model_config = build_model_config(config.model, tokenizer.vocab_size)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
                                 keep=config.checkpoints_to_keep)

@@ -1,0 +1,59 @@
+"""One process of the multi-process test: `python multihost_worker.py PID NPROC PORT OUT`.
+
+Joins a run of NPROC processes on localhost (4 CPU devices in all), feeds its own
+rows of three fixed global batches to the pure train step under each strategy,
+and (process 0) writes the final parameters to OUT/{strategy}.npz.
+"""
+
+import os
+import sys
+
+import jax
+
+pid, nproc, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+jax.config.update("jax_num_cpu_devices", 4 // nproc)  # before anything starts the backend
+
+from transformer_jax import parallel  # noqa: E402
+
+if nproc > 1:
+    parallel.initialize_processes(f"localhost:{port}", nproc, pid)
+
+import functools  # noqa: E402
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from transformer_jax.model import Transformer  # noqa: E402
+from transformer_jax.model_config import get_model_config  # noqa: E402
+from transformer_jax.optim import learning_rate_schedule, make_optimizer  # noqa: E402
+from transformer_jax.steps import TrainState, train_step  # noqa: E402
+
+ROWS, LENGTH = 8, 6
+# Dropout on: every layout numbers the 4 devices alike, so each draws the same masks.
+config = get_model_config("tiny", vocab_size=40, dropout_rate=0.1)
+model = Transformer(config)
+tokens = jnp.ones((1, LENGTH), jnp.int32)
+params = jax.jit(model.init)(jax.random.key(0), tokens, tokens)["params"]
+# Adam's eps 1e-3: see tests/test_parallel.py (the key biases' gradient is rounding noise).
+tx = make_optimizer(d_model=config.d_model, warmup_steps=5, eps=1e-3)
+step_fn = functools.partial(
+    train_step, model=model, seed=0, label_smoothing=0.1,
+    learning_rate_fn=learning_rate_schedule(d_model=config.d_model, warmup_steps=5))
+rng = np.random.default_rng(0)
+batches = [{k: rng.integers(1, 40, (ROWS, LENGTH)).astype(np.int32) for k in ("inputs", "targets")}
+           for _ in range(3)]
+mine = slice(pid * ROWS // nproc, (pid + 1) * ROWS // nproc)
+for strategy in ("pmap", "sharded"):
+    p = parallel.Parallel(strategy)
+    assert len(jax.devices()) == 4 and p.num_local_devices == 4 // nproc
+    placed = p.put_state(TrainState.create(apply_fn=model.apply, params=params, tx=tx))
+    step = p.compile_train_step(step_fn)
+    for batch in batches:
+        placed, _ = step(placed, p.put_batch({k: v[mine] for k, v in batch.items()}))
+    final = jax.tree.map(np.asarray, jax.device_get(p.get_state(placed).params))
+    if pid == 0:
+        leaves = jax.tree_util.tree_leaves_with_path(final)
+        np.savez(os.path.join(out, f"{strategy}.npz"),
+                 **{jax.tree_util.keystr(path): leaf for path, leaf in leaves})
+print(f"process {pid} done", flush=True)
+os._exit(0)  # skip the distributed shutdown at exit: every process is done
