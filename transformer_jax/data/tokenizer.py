@@ -175,10 +175,22 @@ def train_tokenizer(
     if first is None:
         raise ValueError("train_tokenizer got no non-empty sentences")
 
+    tokenizer = Tokenizer(_train_sentencepiece(itertools.chain([first], corpus), vocab_size,
+                                               model_type))
+    if tokenizer.vocab_size < vocab_size:
+        warnings.warn(
+            f"Requested vocab_size {vocab_size}, but the corpus supports only "
+            f"{tokenizer.vocab_size} {model_type} pieces; using {tokenizer.vocab_size}.",
+            stacklevel=2)
+    return tokenizer
+
+
+def _train_sentencepiece(sentences, vocab_size: int, model_type: str) -> bytes:
+    """The serialized model: lossless settings, the fixed special ids."""
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=itertools.chain([first], corpus),
+            sentence_iterator=sentences,
             model_writer=model,
             vocab_size=vocab_size,
             model_type=model_type,
@@ -191,8 +203,8 @@ def train_tokenizer(
             byte_fallback=True,
             character_coverage=1.0,
             split_digits=True,
-            hard_vocab_limit=False,  # cap at what the corpus supports; warned below
-            input_sentence_size=0,  # sampling, if any, is done above
+            hard_vocab_limit=False,  # cap at what the corpus supports; the caller warns
+            input_sentence_size=0,  # sampling, if any, is done by the caller
             num_threads=_NUM_THREADS,
             minloglevel=2,  # errors only; training logs every step otherwise
         )
@@ -204,14 +216,7 @@ def train_tokenizer(
             f"vocab_size {vocab_size} is too small for this corpus: byte fallback with full "
             f"character coverage needs at least {found.group(2)} pieces (4 special, 256 byte "
             "pieces and one per distinct character)") from e
-
-    tokenizer = Tokenizer(model.getvalue())
-    if tokenizer.vocab_size < vocab_size:
-        warnings.warn(
-            f"Requested vocab_size {vocab_size}, but the corpus supports only "
-            f"{tokenizer.vocab_size} {model_type} pieces; using {tokenizer.vocab_size}.",
-            stacklevel=2)
-    return tokenizer
+    return model.getvalue()
 
 
 def load_or_train_tokenizer(
