@@ -1,5 +1,7 @@
 """The encoder-decoder Transformer (§3, Figure 1): masks, packing, tying, counts, dtypes."""
 
+import functools
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -295,3 +297,29 @@ def test_packing_needs_both_segmentations(variables):
     with pytest.raises(ValueError, match="both"):
         Transformer(TINY).apply(variables, inputs_BS, targets_BT,
                                 inputs_segmentation=segments_BS)
+
+
+@pytest.mark.parametrize("pre_layer_norm", [False, True])
+def test_cached_decoding_equals_the_full_decoder(pre_layer_norm):
+    """Step by step from the cache, the logits equal the full decoder's on the same prefix."""
+    config = get_model_config("tiny", vocab_size=50, pre_layer_norm=pre_layer_norm)
+    model = Transformer(config)
+    inputs_BS = jnp.array([[5, 6, 7, 8, 0], [9, 3, 0, 0, 0]])
+    targets_BT = jnp.array([[11, 12, 13, 14, 1, 0], [15, 16, 1, 0, 0, 0]])
+    variables = jax.jit(model.init)(jax.random.key(0), inputs_BS, targets_BT)
+    full_BTV = model.apply(variables, inputs_BS, targets_BT)
+    memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
+    cache = model.apply(variables, memory_BSD, inputs_BS, 6, method=Transformer.init_cache)
+    cross_before = jax.tree.map(np.asarray, [layer["cross"] for layer in cache["layers"]])
+    step = jax.jit(functools.partial(model.apply, method=Transformer.decode_step))
+    ids_B1 = jnp.zeros((2, 1), jnp.int32)  # the decoder's start symbol
+    for t in range(6):
+        logits_BV, cache = step(variables, ids_B1, cache)
+        real_B = np.asarray(targets_BT[:, t] != 0)  # past its end a row's logits do not matter
+        np.testing.assert_allclose(np.asarray(logits_BV)[real_B], np.asarray(full_BTV[:, t])[real_B],
+                                   atol=1e-5, rtol=1e-5)
+        ids_B1 = targets_BT[:, t:t + 1]
+    np.testing.assert_array_equal(cache["index"], [6, 6])
+    # The encoder-decoder keys and values were computed once and never changed.
+    jax.tree.map(np.testing.assert_array_equal, cross_before,
+                 [layer["cross"] for layer in cache["layers"]])

@@ -4,6 +4,7 @@ import functools
 from collections.abc import Callable
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from transformer_jax.attention import dot_product_attention
@@ -34,7 +35,17 @@ class MultiHeadAttention(nn.Module):
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, inputs_q_BTD, inputs_kv_BSD, mask=None, *, deterministic: bool = True):
+    def __call__(self, inputs_q_BTD, inputs_kv_BSD, mask=None, *, deterministic: bool = True,
+                 cache=None):
+        """Attention of the queries over the keys/values; with `cache`, returns (out, cache).
+
+        A decoding cache is an explicit pytree, one of two kinds:
+          self-attention  {"key", "value": (B, L, N, H), "index": (B,)}: this call's keys
+                          and values are written at `index` (the same in every row), and
+                          the queries attend to the L cached positions under `mask`.
+          encoder-decoder {"key", "value": (B, S, N, H)}: the memory's projections,
+                          computed once per sentence; `inputs_kv_BSD` is not read.
+        """
         d_model = inputs_q_BTD.shape[-1]
         if d_model % self.num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={self.num_heads}")
@@ -44,8 +55,18 @@ class MultiHeadAttention(nn.Module):
             dtype=self.dtype, param_dtype=jnp.float32, kernel_init=_kernel_init,
         )
         q_BTNH = project(name="query")(inputs_q_BTD)
-        k_BSNH = project(name="key")(inputs_kv_BSD)
-        v_BSNH = project(name="value")(inputs_kv_BSD)
+        if cache is not None and "index" not in cache:
+            k_BSNH, v_BSNH = cache["key"], cache["value"]
+        else:
+            k_BSNH = project(name="key")(inputs_kv_BSD)
+            v_BSNH = project(name="value")(inputs_kv_BSD)
+        if cache is not None and "index" in cache:
+            start = (0, cache["index"][0], 0, 0)
+            k_BSNH = jax.lax.dynamic_update_slice(cache["key"], k_BSNH.astype(cache["key"].dtype), start)
+            v_BSNH = jax.lax.dynamic_update_slice(cache["value"], v_BSNH.astype(cache["value"].dtype),
+                                                  start)
+            cache = {"key": k_BSNH, "value": v_BSNH,
+                     "index": cache["index"] + inputs_q_BTD.shape[1]}
 
         rate = 0.0 if deterministic else self.dropout_rate
         rng = self.make_rng("dropout") if rate > 0.0 else None
@@ -60,10 +81,11 @@ class MultiHeadAttention(nn.Module):
                 q_BTNH, k_BSNH, v_BSNH, mask, implementation=self.implementation,
                 dropout_rate=rate, dropout_rng=rng,
             )
-        return nn.DenseGeneral(
+        out_BTD = nn.DenseGeneral(
             features=d_model, axis=(-2, -1), dtype=self.dtype, param_dtype=jnp.float32,
             kernel_init=_kernel_init, name="out",
         )(out_BTNH)
+        return out_BTD if cache is None else (out_BTD, cache)
 
 
 class FeedForward(nn.Module):
@@ -127,19 +149,35 @@ class EncoderLayer(_Layer):
 
 
 class DecoderLayer(_Layer):
-    """Masked self-attention, encoder-decoder attention, feed-forward (§3.1)."""
+    """Masked self-attention, encoder-decoder attention, feed-forward (§3.1).
+
+    With `cache` ({"self": ..., "cross": ...}, see MultiHeadAttention) it decodes
+    one step from cached keys and values and returns (y, new cache).
+    """
 
     @nn.compact
     def __call__(self, y_BTD, memory_BSD, self_mask_B1TT=None, cross_mask_B1TS=None, *,
-                 deterministic: bool = True):
-        self_attend = self._attention("self_attention")
-        y_BTD = self._residual(
-            y_BTD, lambda y: self_attend(y, y, self_mask_B1TT, deterministic=deterministic),
-            "self_attention", deterministic)
-        cross_attend = self._attention("cross_attention")
-        y_BTD = self._residual(
-            y_BTD,
-            lambda y: cross_attend(y, memory_BSD, cross_mask_B1TS, deterministic=deterministic),
-            "cross_attention", deterministic)
+                 deterministic: bool = True, cache=None):
+        new_cache = {}
+
+        def attend(name, kv_BSD, mask):
+            module = self._attention(name)
+            kind = "self" if name == "self_attention" else "cross"
+
+            def sublayer(y):
+                if cache is None:
+                    return module(y, y if kv_BSD is None else kv_BSD, mask,
+                                  deterministic=deterministic)
+                out, new_cache[kind] = module(y, y if kv_BSD is None else kv_BSD, mask,
+                                              deterministic=deterministic, cache=cache[kind])
+                return out
+
+            return sublayer
+
+        y_BTD = self._residual(y_BTD, attend("self_attention", None, self_mask_B1TT),
+                               "self_attention", deterministic)
+        y_BTD = self._residual(y_BTD, attend("cross_attention", memory_BSD, cross_mask_B1TS),
+                               "cross_attention", deterministic)
         ffn = FeedForward(self.config.d_ff, dtype=self.config.compute_dtype, name="ffn")
-        return self._residual(y_BTD, ffn, "ffn", deterministic)
+        y_BTD = self._residual(y_BTD, ffn, "ffn", deterministic)
+        return y_BTD if cache is None else (y_BTD, new_cache)

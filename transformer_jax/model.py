@@ -109,11 +109,45 @@ class Decoder(nn.Module):
 
     @nn.compact
     def __call__(self, memory_BSD, inputs_BS, targets_BT, positions_BT=None, *,
-                 inputs_segments_BS=None, targets_segments_BT=None, deterministic: bool = True):
+                 inputs_segments_BS=None, targets_segments_BT=None, deterministic: bool = True,
+                 cache=None):
+        """Logits for every target position; with `cache`, one decoding step.
+
+        A step reads `targets_BT` as the previous tokens (B, 1), already shifted, and
+        returns (logits_B1V, new cache); see `Transformer.init_cache`.
+        """
         c = self.config
-        decoder_inputs_BT = shift_right(targets_BT, targets_segments_BT)
+        if cache is None:
+            decoder_inputs_BT, self_mask_B1TT, cross_mask_B1TS = self._masks(
+                inputs_BS, targets_BT, inputs_segments_BS, targets_segments_BT)
+        else:
+            decoder_inputs_BT, positions_BT = targets_BT, cache["index"][:, None]
+            cached_L = cache["layers"][0]["self"]["key"].shape[1]
+            # The cache holds positions 0..index; later slots are still empty.
+            self_mask_B1TT = (jnp.arange(cached_L)[None] <= positions_BT)[:, None, None, :]
+            cross_mask_B1TS = cache["cross_mask"]
         y_BTD = AddPositions(c, name="positions")(
             self.embedder.encode(decoder_inputs_BT), positions_BT, deterministic=deterministic)
+        layer_caches = []
+        for i in range(c.num_layers):
+            layer = DecoderLayer(c, name=f"layer_{i}")
+            if cache is None:
+                y_BTD = layer(y_BTD, memory_BSD, self_mask_B1TT, cross_mask_B1TS,
+                              deterministic=deterministic)
+            else:
+                y_BTD, layer_cache = layer(y_BTD, memory_BSD, self_mask_B1TT, cross_mask_B1TS,
+                                           deterministic=deterministic, cache=cache["layers"][i])
+                layer_caches.append(layer_cache)
+        if c.pre_layer_norm:
+            y_BTD = _final_norm(c)(y_BTD)
+        logits_BTV = self.embedder.decode(y_BTD)
+        if cache is None:
+            return logits_BTV
+        return logits_BTV, dict(cache, index=cache["index"] + 1, layers=layer_caches)
+
+    @staticmethod
+    def _masks(inputs_BS, targets_BT, inputs_segments_BS, targets_segments_BT):
+        """The shifted decoder input and the two masks of a full (teacher-forced) pass."""
         packed = targets_segments_BT is not None
         if packed != (inputs_segments_BS is not None):
             raise ValueError("packed rows need both inputs_segmentation and targets_segmentation")
@@ -127,12 +161,7 @@ class Decoder(nn.Module):
             padding_mask(inputs_BS),
             segment_mask(targets_segments_BT, inputs_segments_BS) if packed else None,
         )
-        for i in range(c.num_layers):
-            y_BTD = DecoderLayer(c, name=f"layer_{i}")(
-                y_BTD, memory_BSD, self_mask_B1TT, cross_mask_B1TS, deterministic=deterministic)
-        if c.pre_layer_norm:
-            y_BTD = _final_norm(c)(y_BTD)
-        return self.embedder.decode(y_BTD)
+        return shift_right(targets_BT, targets_segments_BT), self_mask_B1TT, cross_mask_B1TS
 
 
 def _final_norm(c: ModelConfig) -> nn.LayerNorm:
@@ -168,6 +197,37 @@ class Transformer(nn.Module):
                             inputs_segments_BS=inputs_segmentation,
                             targets_segments_BT=targets_segmentation,
                             deterministic=deterministic)
+
+    def init_cache(self, memory_BSD, inputs_BS, max_length: int):
+        """The decoding cache of a batch: an explicit pytree, every leaf batch-first.
+
+        The encoder-decoder keys and values are projected from the memory once,
+        here; the self-attention keys and values start empty and grow by one
+        position per `decode_step`.
+        """
+        c, (b, _, _) = self.config, memory_BSD.shape
+        params = self.variables["params"]["decoder"]
+        empty_BLNH = jnp.zeros((b, max_length, c.num_heads, c.head_dim), c.compute_dtype)
+        index_B = jnp.zeros((b,), jnp.int32)
+        layers = []
+        for i in range(c.num_layers):
+            cross = params[f"layer_{i}"]["cross_attention"]
+            project = lambda p: (jnp.einsum("BSD,DNH->BSNH", memory_BSD.astype(c.compute_dtype),
+                                            p["kernel"].astype(c.compute_dtype))
+                                 + p["bias"].astype(c.compute_dtype)[None, None])
+            layers.append({"self": {"key": empty_BLNH, "value": empty_BLNH, "index": index_B},
+                           "cross": {"key": project(cross["key"]),
+                                     "value": project(cross["value"])}})
+        return {"index": index_B, "cross_mask": padding_mask(inputs_BS), "layers": layers}
+
+    def decode_step(self, ids_B1, cache):
+        """One step of decoding: the logits `(B, V)` after the previous tokens `ids_B1`.
+
+        Start from `init_cache` and ids of 0 (the decoder's start symbol). This is
+        the `tokens_to_logits(ids, cache)` that `decoding.py`'s searches call.
+        """
+        logits_B1V, cache = self.decoder(None, None, ids_B1, cache=cache)
+        return logits_B1V[:, 0], cache
 
     def __call__(self, inputs_BS, targets_BT, *, inputs_positions=None, targets_positions=None,
                  inputs_segmentation=None, targets_segmentation=None,
