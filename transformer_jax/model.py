@@ -224,10 +224,12 @@ class Transformer(nn.Module):
         """One step of decoding: the logits `(B, V)` after the previous tokens `ids_B1`.
 
         Start from `init_cache` and ids of 0 (the decoder's start symbol). This is
-        the `tokens_to_logits(ids, cache)` that `decoding.py`'s searches call.
+        the `tokens_to_logits(ids, cache)` that `decoding.py`'s searches call; the
+        padding id gets the lowest logit, so no search emits it.
         """
         logits_B1V, cache = self.decoder(None, None, ids_B1, cache=cache)
-        return logits_B1V[:, 0], cache
+        # Id 0 is padding: training never scores it, so its logit means nothing; never emit it.
+        return logits_B1V[:, 0].at[:, 0].set(jnp.finfo(jnp.float32).min), cache
 
     def __call__(self, inputs_BS, targets_BT, *, inputs_positions=None, targets_positions=None,
                  inputs_segmentation=None, targets_segmentation=None,

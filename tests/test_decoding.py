@@ -1,0 +1,301 @@
+"""Greedy and beam search (§6) with fake `tokens_to_logits` callbacks and brute-force answers."""
+
+import itertools
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+
+from transformer_jax.decoding import beam_search, greedy_search, length_penalty
+
+PAD, EOS = 0, 1
+NEVER = -1e9  # a logit no search should pick
+
+
+# ---------------------------------------------------------------- fakes and references
+
+
+def log_softmax_np(x):
+    x = np.asarray(x, np.float64)
+    return x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
+
+
+def lp_np(length, alpha):
+    return ((5 + length) / 6) ** alpha
+
+
+def markov_fn(tables_EVV):
+    """Fake model: logits of the next token from the previous one, per example.
+
+    The cache is {"example": (N,) row of `tables_EVV` to use, "step": (N,) calls so far}.
+    """
+    tables_EVV = jnp.asarray(tables_EVV, jnp.float32)
+
+    def tokens_to_logits(ids_N1, cache):
+        logits_NV = tables_EVV[cache["example"], ids_N1[:, 0]]
+        return logits_NV, {"example": cache["example"], "step": cache["step"] + 1}
+
+    return tokens_to_logits
+
+
+def markov_cache(examples):
+    examples = jnp.asarray(examples, jnp.int32)
+    return {"example": examples, "step": jnp.zeros_like(examples)}
+
+
+def markov_logp(table_VV):
+    """log P(next | prefix) for the NumPy references, prefix a tuple of generated tokens."""
+    logp_VV = log_softmax_np(table_VV)
+    return lambda prefix: logp_VV[prefix[-1] if prefix else PAD]
+
+
+def sequence_score(logp_fn, seq, alpha, max_length):
+    """log P(Y) / lp(|Y|) of a returned row: up to EOS, or all of it when there is none."""
+    seq = [int(t) for t in seq]
+    length = seq.index(EOS) + 1 if EOS in seq else max_length
+    logp = sum(logp_fn(tuple(seq[:j]))[seq[j]] for j in range(length))
+    return logp / lp_np(length, alpha)
+
+
+def brute_force_best(logp_fn, vocab, max_length, alpha):
+    """The best of all sequences that end in EOS within max_length, by exhaustive search."""
+    best_score, best = -math.inf, None
+    others = [t for t in range(vocab) if t != EOS]
+    for length in range(1, max_length + 1):
+        for body in itertools.product(others, repeat=length - 1):
+            seq = (*body, EOS)
+            score = sequence_score(logp_fn, seq, alpha, max_length)
+            if score > best_score:
+                best_score, best = score, seq
+    return np.array(best + (PAD,) * (max_length - len(best))), best_score
+
+
+def search_all(tables_EVV, *, beam_size, max_length, alpha):
+    """Beam search (all K) and greedy search of every example's table, batched."""
+    n = len(tables_EVV)
+    fn, cache = markov_fn(tables_EVV), markov_cache(np.arange(n))
+    search = partial(beam_search, fn, cache, batch_size=n, max_length=max_length, alpha=alpha)
+    seqs, scores = search(beam_size=beam_size, return_all=True)
+    greedy = greedy_search(fn, cache, batch_size=n, max_length=max_length)
+    return np.asarray(seqs), np.asarray(scores), np.asarray(greedy)
+
+
+def probability_rows(rows, vocab):
+    """Log-probability table from {prev: {next: p}}; unlisted mass spread evenly, PAD ~never."""
+    table = np.zeros((vocab, vocab))
+    for prev in range(vocab):
+        listed = rows.get(prev, {})
+        rest = [t for t in range(1, vocab) if t not in listed]
+        row = np.full(vocab, (1.0 - sum(listed.values())) / max(len(rest), 1))
+        for t, p in listed.items():
+            row[t] = p
+        row[PAD] = 1e-6
+        table[prev] = np.log(row / row.sum())
+    return table
+
+
+def random_tables(seed, examples, vocab, eos_boost=0.0):
+    """Random logits; PAD is never produced, EOS made more likely by `eos_boost`."""
+    tables = 2.0 * np.random.default_rng(seed).standard_normal((examples, vocab, vocab))
+    tables[:, :, EOS] += eos_boost
+    tables[:, :, PAD] = NEVER
+    return tables.astype(np.float32)
+
+
+# Greedy takes 2 (p .5) and then EOS (.22): P = .11. Beam search finds 3 (.4), 4 (.9), EOS (.9):
+# P = .324, the best of every sequence up to max_length.
+TRAP_VOCAB = 6
+TRAP_TABLE = probability_rows(
+    {
+        PAD: {EOS: 0.05, 2: 0.5, 3: 0.4},
+        2: {EOS: 0.22, 2: 0.19, 3: 0.19, 4: 0.2, 5: 0.2},
+        3: {4: 0.9},
+        4: {EOS: 0.9},
+    },
+    TRAP_VOCAB,
+)
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("length", [1, 5, 10])
+def test_length_penalty_matches_hand_values(length):
+    expected = ((5 + length) / 6) ** 0.6
+    assert_allclose(float(length_penalty(length, 0.6)), expected, rtol=1e-6)
+    assert float(length_penalty(1, 0.6)) == 1.0
+
+
+def test_beam_search_finds_the_brute_force_best_that_greedy_misses():
+    max_length, alpha = 5, 0.6
+    fn, cache = markov_fn(TRAP_TABLE[None]), markov_cache([0])
+    expected_seq, expected_score = brute_force_best(
+        markov_logp(TRAP_TABLE), TRAP_VOCAB, max_length, alpha
+    )
+    assert list(expected_seq) == [3, 4, EOS, PAD, PAD]
+
+    greedy = greedy_search(fn, cache, batch_size=1, max_length=max_length)
+    assert list(np.asarray(greedy[0])) == [2, EOS, PAD, PAD, PAD]
+
+    for beam_size in (2, 3):
+        seqs, scores = beam_search(
+            fn, cache, batch_size=1, beam_size=beam_size, max_length=max_length, alpha=alpha
+        )
+        assert_array_equal(seqs[0], expected_seq)
+        assert_allclose(float(scores[0]), expected_score, atol=1e-5)
+
+
+def test_beam_search_terminates_early():
+    """After 3 steps the finished set {[3 4 EOS], [2 EOS]} beats the bound on every live one."""
+    calls = []
+
+    def counting_fn(ids_N1, cache):
+        jax.debug.callback(lambda: calls.append(1))
+        return markov_fn(TRAP_TABLE[None])(ids_N1, cache)
+
+    seqs, _ = beam_search(
+        counting_fn, markov_cache([0]), batch_size=1, beam_size=2, max_length=10
+    )
+    jax.effects_barrier()
+    assert list(np.asarray(seqs[0, :3])) == [3, 4, EOS]
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_beam_size_one_equals_greedy(alpha):
+    tables = random_tables(seed=1, examples=6, vocab=7, eos_boost=1.0)
+    fn, cache = markov_fn(tables), markov_cache(np.arange(6))
+    greedy = greedy_search(fn, cache, batch_size=6, max_length=9)
+    seqs, _ = beam_search(fn, cache, batch_size=6, beam_size=1, max_length=9, alpha=alpha)
+    assert_array_equal(seqs, greedy)
+    assert np.any(np.asarray(greedy) == EOS) and np.any(np.all(np.asarray(greedy) != EOS, 1))
+
+
+def test_batch_equals_each_example_alone():
+    tables = random_tables(seed=2, examples=4, vocab=7, eos_boost=0.5)
+    fn = markov_fn(tables)
+    search = partial(beam_search, fn, beam_size=3, max_length=8, return_all=True)
+    seqs, scores = search(markov_cache(np.arange(4)), batch_size=4)
+    greedy = greedy_search(fn, markov_cache(np.arange(4)), batch_size=4, max_length=8)
+    for e in range(4):
+        alone_seqs, alone_scores = search(markov_cache([e]), batch_size=1)
+        assert_array_equal(seqs[e], alone_seqs[0])
+        assert_allclose(scores[e], alone_scores[0], rtol=1e-6)
+        alone_greedy = greedy_search(fn, markov_cache([e]), batch_size=1, max_length=8)
+        assert_array_equal(greedy[e], alone_greedy[0])
+
+
+def test_after_eos_only_padding_and_scores_follow_the_formula():
+    tables = random_tables(seed=3, examples=5, vocab=6, eos_boost=1.5)
+    max_length, alpha = 7, 0.6
+    seqs, scores, greedy = search_all(tables, beam_size=3, max_length=max_length, alpha=alpha)
+    rows = np.concatenate([seqs.reshape(-1, max_length), greedy])
+    assert np.mean([EOS in row for row in rows]) > 0.5
+    for row in rows:  # ended: tokens, EOS, padding; or max_length tokens, no EOS
+        end = list(row).index(EOS) if EOS in row else max_length
+        assert np.all(row[:end] > EOS) and np.all(row[end + 1 :] == PAD), row
+    for e in range(5):
+        for k in range(3):
+            expected = sequence_score(markov_logp(tables[e]), seqs[e, k], alpha, max_length)
+            assert_allclose(float(scores[e, k]), expected, atol=1e-5)
+
+
+def test_without_eos_the_best_live_hypothesis_fills_max_length():
+    tables = random_tables(seed=4, examples=3, vocab=6)
+    tables[:, :, EOS] = NEVER
+    max_length, alpha = 6, 0.6
+    seqs, scores, greedy = search_all(tables, beam_size=3, max_length=max_length, alpha=alpha)
+    assert np.all(seqs > EOS) and np.all(greedy > EOS)
+    assert np.all(np.diff(scores, axis=1) <= 0)
+    for e in range(3):
+        for k in range(3):  # live hypotheses are scored with lp(max_length)
+            expected = sequence_score(markov_logp(tables[e]), seqs[e, k], alpha, max_length)
+            assert_allclose(float(scores[e, k]), expected, atol=1e-5)
+
+
+# The next-token distribution depends on the first generated token, read from the cache's
+# history, and the best beam switches parent: after step 1 the live beams are [3 4] (from
+# slot 1) and [2 4] (from slot 0), and [3 4] ends with P(EOS) = .9 only if the cache was
+# reordered with it (the history of [2 4] gives .1).
+HISTORY_VOCAB = 6
+_AFTER_FIRST = {  # first generated token -> {prev: {next: p}}
+    PAD: {PAD: {EOS: 0.02, 2: 0.55, 3: 0.4}},
+    2: {2: {EOS: 0.05, 2: 0.2, 3: 0.2, 4: 0.3, 5: 0.25}, 4: {EOS: 0.1}},
+    3: {3: {4: 0.9}, 4: {EOS: 0.9}},
+}
+HISTORY_TABLES = np.stack(
+    [probability_rows(_AFTER_FIRST.get(first, {}), HISTORY_VOCAB) for first in range(6)]
+)
+
+
+def history_fn(ids_N1, cache):
+    """Fake model reading the whole prefix from a cache of emitted tokens `(N, T + 1)`."""
+    history_NT, step_N = cache
+    rows_N = jnp.arange(history_NT.shape[0])
+    history_NT = history_NT.at[rows_N, step_N].set(ids_N1[:, 0])
+    first_N = jnp.where(step_N >= 1, history_NT[:, 1], PAD)
+    logits_NV = jnp.asarray(HISTORY_TABLES, jnp.float32)[first_N, ids_N1[:, 0]]
+    return logits_NV, (history_NT, step_N + 1)
+
+
+def history_logp(prefix):
+    first = prefix[0] if prefix else PAD
+    prev = prefix[-1] if prefix else PAD
+    return log_softmax_np(HISTORY_TABLES[first, prev])
+
+
+def test_cache_is_reordered_with_the_beams():
+    max_length, alpha = 4, 0.6
+    cache = (jnp.zeros((1, max_length + 1), jnp.int32), jnp.zeros((1,), jnp.int32))
+    seqs, scores = beam_search(
+        history_fn, cache, batch_size=1, beam_size=2, max_length=max_length, alpha=alpha
+    )
+    expected_seq, expected_score = brute_force_best(
+        history_logp, HISTORY_VOCAB, max_length, alpha
+    )
+    assert list(expected_seq) == [3, 4, EOS, PAD]
+    assert_array_equal(seqs[0], expected_seq)
+    assert_allclose(float(scores[0]), expected_score, atol=1e-5)
+
+
+def test_jit_compiles_once_per_shape_and_matches_eager():
+    traces = []
+
+    @jax.jit
+    def decode(tables, examples):
+        traces.append(1)
+        return beam_search(
+            markov_fn(tables), markov_cache(examples), batch_size=3, beam_size=4, max_length=8
+        )
+
+    tables = [random_tables(seed=s, examples=3, vocab=7, eos_boost=0.5) for s in (5, 6)]
+    for t in tables:
+        jitted = decode(t, np.arange(3))
+        eager = beam_search(
+            markov_fn(t), markov_cache(np.arange(3)), batch_size=3, beam_size=4, max_length=8
+        )
+        assert_array_equal(jitted[0], eager[0])
+        assert_allclose(jitted[1], eager[1], rtol=1e-6)
+    assert len(traces) == 1
+
+
+def test_return_all_is_sorted_and_its_best_is_the_default_answer():
+    tables = random_tables(seed=7, examples=3, vocab=7, eos_boost=1.0)
+    fn, cache = markov_fn(tables), markov_cache(np.arange(3))
+    search = partial(beam_search, fn, cache, batch_size=3, beam_size=3, max_length=8)
+    all_seqs, all_scores = search(return_all=True)
+    best_seqs, best_scores = search()
+    assert all_seqs.shape == (3, 3, 8) and all_scores.shape == (3, 3)
+    assert np.all(np.isfinite(np.asarray(all_scores)))
+    assert np.all(np.diff(np.asarray(all_scores), axis=1) <= 0)
+    assert_array_equal(all_seqs[:, 0], best_seqs)
+    assert_allclose(all_scores[:, 0], best_scores)
+    ended_BK = np.any(np.asarray(all_seqs) == EOS, axis=-1)
+    assert np.all(np.diff(ended_BK.astype(int), axis=1) <= 0)  # finished ones first
+    assert np.any(ended_BK[:, 0]) and not np.all(ended_BK)  # live ones fill empty slots
+    for e in range(3):
+        assert len({tuple(np.asarray(row)) for row in all_seqs[e]}) == 3

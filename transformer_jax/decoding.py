@@ -1,0 +1,242 @@
+"""Greedy and beam search (§6) over a `tokens_to_logits` callback.
+
+Pure JAX: the search never imports the model. The caller closes the model
+over one callback,
+
+    tokens_to_logits(ids_N1, cache) -> (logits_NV, cache)
+
+which reads the previous token of every row (`(N, 1)` int32; the first call
+gets 0, the decoder's shifted-right start symbol) and returns the logits of
+the next one (`(N, V)`; a length axis of 1, `(N, 1, V)`, is accepted too),
+with its own state (key/value cache, position counter, encoder memory, ...)
+threaded through `lax.while_loop` unchanged in shape. N is B in greedy search
+and B·K in beam search.
+
+Both searches trace their step once: wrap the call in `jax.jit` (sizes
+static) and it compiles once per input shape. The paper's setting is
+`beam_search(..., beam_size=4, alpha=0.6)` with `max_length` = input length
++ 50. Sequences hold generated tokens only: EOS included, 0 (padding) after.
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
+
+_NEG_INF = float("-inf")
+
+
+def length_penalty(length, alpha: float) -> jax.Array:
+    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^α (§6: α = 0.6).
+
+    A hypothesis scores log P(Y) / lp(Y); |Y| counts generated tokens, EOS
+    included, so a one-token hypothesis has lp = 1.
+    """
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _previous_tokens(seqs, step):
+    """The token generated at `step - 1` (last axis), or the start symbol 0 at step 0."""
+    last = lax.dynamic_index_in_dim(seqs, jnp.maximum(step - 1, 0), axis=-1, keepdims=False)
+    return jnp.where(step > 0, last, 0)
+
+
+def greedy_search(
+    tokens_to_logits: TokensToLogits,
+    cache,
+    *,
+    batch_size: int,
+    max_length: int,
+    eos_id: int = 1,
+) -> jax.Array:
+    """The most likely next token at every step: sequences `(B, max_length)` int32.
+
+    A row that has emitted EOS is padded with 0 (and still fed to the model, as
+    0); the loop stops when every row has ended or after `max_length` tokens.
+    """
+
+    def not_done(state):
+        step, _, ended_B, _ = state
+        return (step < max_length) & ~jnp.all(ended_B)
+
+    def advance(state):
+        step, seqs_BT, ended_B, cache = state
+        ids_B1 = _previous_tokens(seqs_BT, step)[:, None]
+        logits, cache = tokens_to_logits(ids_B1, cache)
+        next_B = jnp.argmax(logits.reshape(batch_size, -1), axis=-1).astype(jnp.int32)
+        next_B = jnp.where(ended_B, 0, next_B)
+        seqs_BT = seqs_BT.at[:, step].set(next_B)
+        return step + 1, seqs_BT, ended_B | (next_B == eos_id), cache
+
+    state = (
+        jnp.int32(0),
+        jnp.zeros((batch_size, max_length), jnp.int32),
+        jnp.zeros((batch_size,), bool),
+        cache,
+    )
+    return lax.while_loop(not_done, advance, state)[1]
+
+
+class _BeamState(NamedTuple):
+    step: jax.Array  # () int32: tokens generated so far
+    live_seqs_BKT: jax.Array  # int32; EOS only in empty slots (left by a finished one)
+    live_logp_BK: jax.Array  # float32 log P(Y); -inf marks an empty slot
+    finished_seqs_BKT: jax.Array  # int32: ..., EOS, 0, 0
+    finished_scores_BK: jax.Array  # float32 log P(Y) / lp(Y), best first; -inf where empty
+    finished_BK: jax.Array  # bool: the slot holds a finished hypothesis
+    cache: Any  # the caller's, every leaf with leading axis B·K
+
+
+def beam_search(
+    tokens_to_logits: TokensToLogits,
+    cache,
+    *,
+    batch_size: int,
+    beam_size: int,
+    max_length: int,
+    alpha: float = 0.6,
+    eos_id: int = 1,
+    return_all: bool = False,
+):
+    """Beam search with the GNMT length penalty (§6): best `(sequences, scores)`.
+
+    Returns sequences `(B, max_length)` int32 and scores `(B,)` float32 of the
+    best finished hypothesis of every example, or, with `return_all`, all K
+    `(B, K, max_length)` and `(B, K)`, best first. Slots that no finished
+    hypothesis filled (all K where none finished) take the best live ones,
+    ranked after the finished: no EOS, `max_length` tokens, lp(max_length).
+    Score = log P(Y) / length_penalty(|Y|, alpha), log P from float32
+    log_softmax of the logits.
+
+    `cache` is the caller's for batch B: every leaf must have the batch as its
+    leading axis. It is repeated K times per example (rows b·K .. b·K + K-1)
+    and, after each step, gathered along that axis by the chosen parent beams.
+
+    One step, as a state machine over live and finished sets of K slots each:
+    the K best of the K·V extensions of the live hypotheses are taken; those
+    ending in EOS join the finished set (which keeps the K best scores) and
+    leave an empty live slot (-inf) for one step, the others stay live.
+    Differs from tensor2tensor and flax, which draw 2K candidates to keep K
+    live (and finish EOS candidates that are not in the top K): here an EOS
+    counts only when it is among the K best, so beam size 1 is exactly greedy.
+
+    Early termination, per example: log-probabilities only fall as tokens are
+    added and lp grows with length (α >= 0), so no live hypothesis can score
+    above  max(live log P) / lp(max_length).  An example is done when all K
+    finished slots are filled and its worst finished score is at least that
+    bound, or when no live hypothesis is left. Done examples are frozen; the
+    loop stops when all are done or after `max_length` tokens.
+    """
+    k = beam_size
+    # The K slots start as the same empty prefix: one live, or step 0 would pick K copies.
+    live_logp_1K = jnp.where(jnp.arange(k) == 0, 0.0, _NEG_INF)[None, :]
+    state = _BeamState(
+        step=jnp.int32(0),
+        live_seqs_BKT=jnp.zeros((batch_size, k, max_length), jnp.int32),
+        live_logp_BK=jnp.broadcast_to(live_logp_1K, (batch_size, k)).astype(jnp.float32),
+        finished_seqs_BKT=jnp.zeros((batch_size, k, max_length), jnp.int32),
+        finished_scores_BK=jnp.full((batch_size, k), _NEG_INF, jnp.float32),
+        finished_BK=jnp.zeros((batch_size, k), bool),
+        cache=jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), cache),
+    )
+    max_penalty = length_penalty(max_length, alpha)
+
+    def not_done(state):
+        return (state.step < max_length) & ~jnp.all(_done_B(state, max_penalty))
+
+    def advance(state):
+        new = _beam_step(tokens_to_logits, state, alpha=alpha, eos_id=eos_id)
+        done_B = _done_B(state, max_penalty)
+        return new._replace(**{f: _freeze(done_B, state, new, f) for f in _SEARCH_FIELDS})
+
+    state = lax.while_loop(not_done, advance, state)
+    seqs_BKT, scores_BK = _final_hypotheses(state, alpha)
+    if return_all:
+        return seqs_BKT, scores_BK
+    return seqs_BKT[:, 0], scores_BK[:, 0]
+
+
+def _done_B(state: _BeamState, max_penalty) -> jax.Array:
+    """Per example: no live hypothesis can enter the (full) finished set any more."""
+    bound_B = jnp.max(state.live_logp_BK, axis=1) / max_penalty
+    worst_finished_B = jnp.min(state.finished_scores_BK, axis=1)
+    full_B = jnp.all(state.finished_BK, axis=1)
+    no_live_B = jnp.all(state.live_logp_BK == _NEG_INF, axis=1)
+    return no_live_B | (full_B & (worst_finished_B >= bound_B))
+
+
+_SEARCH_FIELDS = (
+    "live_seqs_BKT",
+    "live_logp_BK",
+    "finished_seqs_BKT",
+    "finished_scores_BK",
+    "finished_BK",
+)
+
+
+def _freeze(done_B, old: _BeamState, new: _BeamState, field: str):
+    """`field` of `old` for done examples, of `new` for the others."""
+    old_x, new_x = getattr(old, field), getattr(new, field)
+    return jnp.where(done_B.reshape((-1,) + (1,) * (old_x.ndim - 1)), old_x, new_x)
+
+
+def _beam_step(tokens_to_logits, state: _BeamState, *, alpha, eos_id) -> _BeamState:
+    """Extend the live hypotheses by one token; update the live and finished sets."""
+    batch, k = state.live_logp_BK.shape
+    ids_BK = _previous_tokens(state.live_seqs_BKT, state.step)
+    logits, cache = tokens_to_logits(ids_BK.reshape(batch * k, 1), state.cache)
+    logp_BKV = jax.nn.log_softmax(logits.astype(jnp.float32).reshape(batch, k, -1), axis=-1)
+    vocab = logp_BKV.shape[-1]
+
+    candidates_BKV = state.live_logp_BK[:, :, None] + logp_BKV
+    top_logp_BK, flat_BK = lax.top_k(candidates_BKV.reshape(batch, k * vocab), k)
+    parent_BK, token_BK = flat_BK // vocab, flat_BK % vocab
+    seqs_BKT = jnp.take_along_axis(state.live_seqs_BKT, parent_BK[:, :, None], axis=1)
+    seqs_BKT = seqs_BKT.at[:, :, state.step].set(token_BK)
+    rows = (jnp.arange(batch)[:, None] * k + parent_BK).reshape(-1)
+    cache = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), cache)
+
+    is_eos_BK = token_BK == eos_id
+    ended_BK = is_eos_BK & (top_logp_BK > _NEG_INF)
+    penalty = length_penalty(state.step + 1, alpha)
+    new_scores_BK = jnp.where(ended_BK, top_logp_BK / penalty, _NEG_INF)
+    scores_B2K = jnp.concatenate([state.finished_scores_BK, new_scores_BK], axis=1)
+    seqs_B2KT = jnp.concatenate([state.finished_seqs_BKT, seqs_BKT], axis=1)
+    flags_B2K = jnp.concatenate([state.finished_BK, ended_BK], axis=1)
+    finished_scores_BK, keep_BK = lax.top_k(scores_B2K, k)  # ties keep the older
+    return _BeamState(
+        step=state.step + 1,
+        live_seqs_BKT=seqs_BKT,
+        live_logp_BK=jnp.where(is_eos_BK, _NEG_INF, top_logp_BK),
+        finished_seqs_BKT=jnp.take_along_axis(seqs_B2KT, keep_BK[:, :, None], axis=1),
+        finished_scores_BK=finished_scores_BK,
+        finished_BK=jnp.take_along_axis(flags_B2K, keep_BK, axis=1),
+        cache=cache,
+    )
+
+
+def _final_hypotheses(state: _BeamState, alpha):
+    """K hypotheses per example, best first: the finished ones, then the best live ones.
+
+    Live hypotheses (no EOS) fill the slots the finished set left empty and
+    score log P / lp(tokens generated); they never displace a finished one.
+    """
+    k = state.live_logp_BK.shape[1]
+    live_scores_BK = state.live_logp_BK / length_penalty(state.step, alpha)
+    live_scores_BK, order_BK = lax.top_k(live_scores_BK, k)
+    live_seqs_BKT = jnp.take_along_axis(state.live_seqs_BKT, order_BK[:, :, None], axis=1)
+    # Finished slots are sorted with the filled ones first: slot j takes finished j
+    # while j < n, then live j - n.
+    n_B1 = jnp.sum(state.finished_BK, axis=1, keepdims=True)
+    slot_1K = jnp.arange(k)[None, :]
+    pick_BK = jnp.where(slot_1K < n_B1, slot_1K, k + slot_1K - n_B1)
+    seqs_B2KT = jnp.concatenate([state.finished_seqs_BKT, live_seqs_BKT], axis=1)
+    scores_B2K = jnp.concatenate([state.finished_scores_BK, live_scores_BK], axis=1)
+    return (
+        jnp.take_along_axis(seqs_B2KT, pick_BK[:, :, None], axis=1),
+        jnp.take_along_axis(scores_B2K, pick_BK, axis=1),
+    )
