@@ -1,0 +1,155 @@
+"""Translating with a trained run: load a workdir, search with the cache, score with sacreBLEU.
+
+    translator = Translator.from_workdir("runs/default", checkpoint="average:3")
+    translator.translate(["dreihundertzweiundvierzig"])  # ["three hundred and forty-two"]
+
+Beam search as in §6.1: beam 4, length penalty α = 0.6, outputs up to the input
+length + 50 tokens. Sentences are sorted by length and batched, so similar
+lengths share a compiled search; the results come back in input order.
+"""
+
+import dataclasses
+import functools
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import sacrebleu
+import tqdm
+
+from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
+from transformer_jax.decoding import beam_search, greedy_search
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.optim import make_optimizer
+from transformer_jax.steps import TrainState
+
+BUCKET = 8  # source lengths are rounded up to a multiple of this: fewer compilations
+
+
+class TranslationError(ValueError):
+    """A workdir that cannot translate (no checkpoint, no tokenizer, a bad --checkpoint)."""
+
+
+def _checkpoint_steps(checkpointer: Checkpointer, which: str) -> list[int]:
+    """`latest`, a step number, or `average:N` (the last N steps)."""
+    steps = checkpointer.all_steps()
+    if not steps:
+        raise TranslationError(f"no checkpoint in {checkpointer.directory}; train first "
+                               f"(python train.py --workdir=...)")
+    if which == "latest":
+        return steps[-1:]
+    if which.startswith("average:"):
+        n = int(which.split(":", 1)[1])
+        if not 1 <= n <= len(steps):
+            raise TranslationError(f"average:{n} needs {n} checkpoints; there are "
+                                   f"{len(steps)} ({', '.join(map(str, steps))})")
+        return steps[-n:]
+    if which.isdigit() and int(which) in steps:
+        return [int(which)]
+    raise TranslationError(f"checkpoint {which!r}: use latest, a step ({', '.join(map(str, steps))})"
+                           f" or average:N")
+
+
+def average_params(param_trees):
+    """The element-wise mean of several parameter trees (§6.1: checkpoint averaging)."""
+    return jax.tree.map(lambda *leaves: sum(leaves) / len(leaves), *param_trees)
+
+
+def _restore_params(checkpointer: Checkpointer, step: int, model, metadata: dict):
+    optim = metadata["config"]["optim"]
+    tx = make_optimizer(d_model=model.config.d_model, warmup_steps=optim["warmup_steps"])
+    tokens = jnp.ones((1, 1), jnp.int32)
+    abstract = jax.eval_shape(lambda: TrainState.create(
+        apply_fn=model.apply, params=model.init(jax.random.key(0), tokens, tokens)["params"],
+        tx=tx))
+    return checkpointer.restore(step, abstract)[0].params
+
+
+@dataclasses.dataclass
+class Translator:
+    """A trained model, its tokenizer, and the search settings of §6.1."""
+
+    model: Transformer
+    params: dict
+    tokenizer: Tokenizer
+    run_config: ml_collections.ConfigDict
+    steps: list[int]
+
+    @classmethod
+    def from_workdir(cls, workdir: str, checkpoint: str = "latest") -> "Translator":
+        directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+        if not os.path.isdir(directory):
+            raise TranslationError(f"{workdir} has no checkpoints; train first "
+                                   f"(python train.py --workdir={workdir})")
+        checkpointer = Checkpointer(directory, keep=1_000_000)
+        try:
+            steps = _checkpoint_steps(checkpointer, checkpoint)
+            metadata = checkpointer.metadata(steps[-1])
+            model = Transformer(ModelConfig(**metadata["model"]))
+            params = average_params(
+                [_restore_params(checkpointer, s, model, metadata) for s in steps])
+        finally:
+            checkpointer.close()
+        try:
+            tokenizer = Tokenizer.load(metadata["tokenizer"])
+        except FileNotFoundError as error:
+            raise TranslationError(str(error)) from None
+        return cls(model, params, tokenizer, ml_collections.ConfigDict(metadata["config"]), steps)
+
+    def translate(self, sentences: list[str], *, beam_size: int = 4, alpha: float = 0.6,
+                  max_extra_length: int = 50, batch_size: int = 32,
+                  progress: bool = False) -> list[str]:
+        """Translations of `sentences`, in their order; beam_size 1 is greedy search."""
+        ids = self.tokenizer.encode_batch(sentences, add_eos=True)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out = [""] * len(ids)
+        batches = range(0, len(order), batch_size)
+        for start in tqdm.tqdm(batches, desc="translating", unit="batch", disable=not progress):
+            chosen = order[start:start + batch_size]
+            length = -(-max(len(ids[i]) for i in chosen) // BUCKET) * BUCKET
+            inputs_BS = np.zeros((batch_size, length), np.int32)
+            for row, i in enumerate(chosen):
+                inputs_BS[row, :len(ids[i])] = ids[i]
+            outputs_BT = _search(self.model, self.params, inputs_BS, beam_size=beam_size,
+                                 max_length=length + max_extra_length, alpha=alpha)
+            for row, text in zip(chosen, self.tokenizer.decode_batch(np.asarray(outputs_BT))):
+                out[row] = text
+        return out
+
+
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_length", "alpha"))
+def _search(model, params, inputs_BS, *, beam_size: int, max_length: int, alpha: float):
+    """Encode once, project the cross-attention keys once, then search step by step."""
+    variables = {"params": params}
+    memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
+    cache = model.apply(variables, memory_BSD, inputs_BS, max_length,
+                        method=Transformer.init_cache)
+    step = functools.partial(model.apply, variables, method=Transformer.decode_step)
+    batch = inputs_BS.shape[0]
+    if beam_size == 1:
+        return greedy_search(step, cache, batch_size=batch, max_length=max_length,
+                             eos_id=EOS_ID)
+    return beam_search(step, cache, batch_size=batch, beam_size=beam_size,
+                       max_length=max_length, alpha=alpha, eos_id=EOS_ID)[0]
+
+
+def score(hypotheses: list[str], references: list[str]) -> dict:
+    """Cased sacreBLEU and chrF of detokenized text, with the BLEU signature."""
+    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+    return {"bleu": bleu.corpus_score(hypotheses, [references]).score,
+            "chrf": chrf.corpus_score(hypotheses, [references]).score,
+            "signature": str(bleu.get_signature())}
+
+
+def evaluate(translator: Translator, pairs: list[dict], **search) -> dict:
+    """Translates the sources of `pairs` and scores them against their targets."""
+    start = time.perf_counter()
+    hypotheses = translator.translate([p["source"] for p in pairs], progress=True, **search)
+    seconds = time.perf_counter() - start
+    return dict(score(hypotheses, [p["target"] for p in pairs]), hypotheses=hypotheses,
+                sentences_per_sec=len(pairs) / seconds)
