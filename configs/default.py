@@ -32,4 +32,5 @@ def get_config() -> ConfigDict:
     config.eval_every_steps = 500
     config.checkpoint_every_steps = 500
     config.checkpoints_to_keep = 3
+    config.decode.bleu_every_steps = 1000  # BLEU of 256 validation pairs, logged as eval_bleu
     return config

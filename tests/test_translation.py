@@ -88,3 +88,20 @@ def test_score_is_cased_sacrebleu():
 def test_missing_checkpoint_dir_raises(tmp_path):
     with pytest.raises(TranslationError, match="no checkpoints"):
         Translator.from_workdir(str(tmp_path))
+
+
+def test_bleu_while_training_matches_evaluating_the_checkpoint(tmp_path):
+    """eval_bleu at step 2 equals sacreBLEU of the saved step-2 model on the same 16 pairs."""
+    config = tiny_run(num_train_steps=2, checkpoint_every_steps=2,
+                      **{"decode.bleu_every_steps": 2, "decode.bleu_examples": 16,
+                         "decode.beam_size": 2})
+    train(config, str(tmp_path))
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    bleu_records = [r for r in logged if "eval_bleu" in r]
+    assert [r["step"] for r in bleu_records] == [2] and "eval_loss" in bleu_records[0]
+    pairs = load_split(config.data, "validation").pairs[:16]
+    hypotheses = Translator.from_workdir(str(tmp_path)).translate(
+        [p["source"] for p in pairs], beam_size=2)
+    expected = score(hypotheses, [p["target"] for p in pairs])
+    assert bleu_records[0]["eval_bleu"] == pytest.approx(expected["bleu"])
+    assert bleu_records[0]["eval_chrf"] == pytest.approx(expected["chrf"])

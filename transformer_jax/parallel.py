@@ -48,6 +48,12 @@ class Parallel:
             return flax.jax_utils.unreplicate(placed)
         return placed
 
+    def local_params(self, placed_state):
+        """One copy of the parameters on this process's devices (for searches run here)."""
+        if self.strategy == "pmap":
+            return flax.jax_utils.unreplicate(placed_state.params)
+        return jax.tree.map(lambda x: x.addressable_data(0), placed_state.params)
+
     def put_batch(self, batch):
         """This process's rows (numpy, leading axis B) as the step's input."""
         rows = next(iter(batch.values())).shape[0]

@@ -78,7 +78,20 @@ def base_config(*, model: ml_collections.ConfigDict, data: ml_collections.Config
     config.model = model
     config.data = data
     config.optim = optim if optim is not None else optim_fields()
+    config.decode = decode_fields()
     return config
+
+
+def decode_fields(**overrides) -> ml_collections.ConfigDict:
+    """The decode group: beam search of §6.1, and BLEU on validation during training."""
+    decode = ml_collections.ConfigDict()
+    decode.beam_size = 4
+    decode.alpha = 0.6  # length penalty ((5 + |Y|) / 6)^alpha
+    decode.max_extra_length = 50  # outputs up to the input length + this many tokens
+    decode.bleu_every_steps = 0  # BLEU of a fixed validation subset while training; 0: off
+    decode.bleu_examples = 256  # the first this many validation pairs
+    decode.lock().update(overrides)
+    return decode.unlock()
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -30,6 +30,7 @@ from transformer_jax.parallel import STRATEGIES, Parallel
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
 from transformer_jax.steps import TrainState, eval_step, train_step
+from transformer_jax.translation import Translator, score
 
 
 class ConfigError(ValueError):
@@ -226,8 +227,10 @@ class _Loop:
                     log.write(step, record)
                     log.progress(step, record)
                     window = []
-                if self._due(step, "eval"):
-                    record = self._evaluate(placed)
+                if self._due(step, "eval") or self._bleu_due(step):
+                    record = self._evaluate(placed) if self._due(step, "eval") else {}
+                    if self._bleu_due(step):
+                        record.update(self._bleu(placed, step))
                     log.write(step, record)
                     log.message(f"step {step}: " + ", ".join(
                         f"{k} {v:.4g}" for k, v in record.items()))
@@ -248,6 +251,21 @@ class _Loop:
     def _due(self, step: int, what: str) -> bool:
         every = self.config[f"{what}_every_steps"]
         return step % every == 0 or step == self.config.num_train_steps
+
+    def _bleu_due(self, step: int) -> bool:
+        every = self.config.decode.bleu_every_steps
+        return every > 0 and (step % every == 0 or step == self.config.num_train_steps)
+
+    def _bleu(self, placed, step: int) -> dict[str, float]:
+        """sacreBLEU of beam search on the first `decode.bleu_examples` validation pairs."""
+        d = self.config.decode
+        pairs = self.eval_pairs[:d.bleu_examples]
+        translator = Translator(self.model, self.parallel.local_params(placed), self.tokenizer,
+                                self.config, [step])
+        hypotheses = translator.translate([p["source"] for p in pairs], beam_size=d.beam_size,
+                                          alpha=d.alpha, max_extra_length=d.max_extra_length)
+        result = score(hypotheses, [p["target"] for p in pairs])
+        return {"eval_bleu": result["bleu"], "eval_chrf": result["chrf"]}
 
     def _stop_requested(self, stop: _StopSignal, step: int) -> bool:
         if jax.process_count() == 1:
