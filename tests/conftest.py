@@ -15,8 +15,11 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # Full float32 matmuls on GPUs too (TF32 would break the 1e-5 tolerances).
 jax.config.update("jax_default_matmul_precision", "highest")
 
-# Datasets the tests build (the small "numbers") go to a scratch directory, not ~/tensorflow_datasets.
-if "TFDS_DATA_DIR" not in os.environ:
+# Datasets the tests build (the small "numbers") go to a scratch directory, not
+# ~/tensorflow_datasets: one per process, since pytest-xdist workers would otherwise
+# race to build the same dataset. TFDS reads the variable when it is imported.
+if os.environ.get("TFDS_DATA_DIR") in (None, os.environ.get("TRANSFORMER_JAX_TEST_TFDS_DIR")):
     import tempfile
 
     os.environ["TFDS_DATA_DIR"] = tempfile.mkdtemp(prefix="tfds-tests-")
+    os.environ["TRANSFORMER_JAX_TEST_TFDS_DIR"] = os.environ["TFDS_DATA_DIR"]

@@ -12,9 +12,8 @@ BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re
 
 @pytest.fixture
 def run_block(tmp_path, monkeypatch):
-    """Runs a block as a user would from the repository root, writing only under tmp_path."""
+    """Runs a block as a user would from the repository root; files go under tmp_path."""
     monkeypatch.syspath_prepend(str(ROOT))
-    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
     monkeypatch.chdir(tmp_path)
 
     def run(block):
