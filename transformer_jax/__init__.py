@@ -37,3 +37,6 @@ from transformer_jax.model import (
     count_parameters,
     shift_right,
 )
+
+# Search (never imports the model): greedy and beam search over tokens_to_logits(ids, cache).
+from transformer_jax.decoding import beam_search, greedy_search, length_penalty
