@@ -105,3 +105,11 @@ def test_bleu_while_training_matches_evaluating_the_checkpoint(tmp_path):
     expected = score(hypotheses, [p["target"] for p in pairs])
     assert bleu_records[0]["eval_bleu"] == pytest.approx(expected["bleu"])
     assert bleu_records[0]["eval_chrf"] == pytest.approx(expected["chrf"])
+
+
+def test_a_run_with_gradient_clipping_restores(tmp_path):
+    """The restored optimizer state has the trained run's structure (clipping adds a stage)."""
+    train(tiny_run(num_train_steps=1, **{"optim.grad_clip_norm": 1.0}), str(tmp_path / "run"))
+    (tmp_path / "run").rename(tmp_path / "moved")  # the workdir's tokenizer is found anyway
+    translator = Translator.from_workdir(str(tmp_path / "moved"))
+    assert translator.steps == [1] and len(translator.translate(SENTENCES, beam_size=1)) == 3

@@ -84,3 +84,15 @@ def _check_schedule_args(d_model, warmup_steps, scale) -> None:
         raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
     if not scale > 0:
         raise ValueError(f"scale (learning_rate_scale) must be > 0, got {scale}")
+
+
+def optimizer_from_config(optim_group, d_model: int) -> optax.GradientTransformation:
+    """`make_optimizer` from a run config's optim group (a ConfigDict or a plain dict).
+
+    The trainer builds its optimizer here, and so does anything that restores a
+    saved optimizer state, so the two always have the same structure.
+    """
+    o = dict(optim_group)
+    return make_optimizer(d_model=d_model, warmup_steps=o["warmup_steps"],
+                          learning_rate_scale=o["learning_rate_scale"], b1=o["b1"], b2=o["b2"],
+                          eps=o["eps"], grad_clip_norm=o["grad_clip_norm"])

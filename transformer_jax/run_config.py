@@ -100,7 +100,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     Pass as `app.run(main, flags_parser=parse_flags)`: ml_collections raises a
     KeyError (with a "did you mean") or a type error from deep in the parser.
     """
-    from absl import app, flags
+    from absl import app
 
     try:
         return app.parse_flags_with_usage(argv)  # absl's own errors: one line and exit 1

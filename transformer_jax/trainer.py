@@ -25,7 +25,7 @@ from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.data import eval_batches, get_tokenizer, load_split, train_dataset
 from transformer_jax.data.vocabulary import tokenizer_path
 from transformer_jax.model import Transformer
-from transformer_jax.optim import learning_rate_schedule, make_optimizer
+from transformer_jax.optim import learning_rate_schedule, optimizer_from_config
 from transformer_jax.parallel import STRATEGIES, Parallel
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
@@ -60,16 +60,9 @@ def check_config(config) -> None:
                           f"got {config.data.too_long!r}")
     try:
         build_model_config(config.model, vocab_size=config.data.vocab_size)
-        _optimizer(config, config.model.d_model)
+        optimizer_from_config(config.optim, config.model.d_model)
     except ValueError as error:
         raise ConfigError(f"config.model / config.optim: {error}") from None
-
-
-def _optimizer(config, d_model: int):
-    o = config.optim
-    return make_optimizer(d_model=d_model, warmup_steps=o.warmup_steps,
-                          learning_rate_scale=o.learning_rate_scale, b1=o.b1, b2=o.b2,
-                          eps=o.eps, grad_clip_norm=o.grad_clip_norm)
 
 
 def _refuse_other_model(checkpointer: Checkpointer, step: int, model_config, workdir) -> None:
@@ -199,7 +192,8 @@ class _Loop:
             train_pairs, tokenizer, batch_size=self.rows,
             max_source_length=d.max_source_length, max_target_length=d.max_target_length,
             too_long=d.too_long, seed=config.seed, num_threads=d.num_threads))
-        self.state = _initial_state(self.model, _optimizer(config, model_config.d_model), config)
+        tx = optimizer_from_config(config.optim, model_config.d_model)
+        self.state = _initial_state(self.model, tx, config)
 
     def run(self, latest: int | None) -> TrainResult:
         if latest is not None:

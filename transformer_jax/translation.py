@@ -22,10 +22,11 @@ import tqdm
 
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
+from transformer_jax.data.vocabulary import tokenizer_path
 from transformer_jax.decoding import beam_search, greedy_search
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
-from transformer_jax.optim import make_optimizer
+from transformer_jax.optim import optimizer_from_config
 from transformer_jax.steps import TrainState
 
 BUCKET = 8  # source lengths are rounded up to a multiple of this: fewer compilations
@@ -61,8 +62,7 @@ def average_params(param_trees):
 
 
 def _restore_params(checkpointer: Checkpointer, step: int, model, metadata: dict):
-    optim = metadata["config"]["optim"]
-    tx = make_optimizer(d_model=model.config.d_model, warmup_steps=optim["warmup_steps"])
+    tx = optimizer_from_config(metadata["config"]["optim"], model.config.d_model)
     tokens = jnp.ones((1, 1), jnp.int32)
     abstract = jax.eval_shape(lambda: TrainState.create(
         apply_fn=model.apply, params=model.init(jax.random.key(0), tokens, tokens)["params"],
@@ -95,8 +95,8 @@ class Translator:
                 [_restore_params(checkpointer, s, model, metadata) for s in steps])
         finally:
             checkpointer.close()
-        try:
-            tokenizer = Tokenizer.load(metadata["tokenizer"])
+        try:  # the workdir's own copy: the path saved at training time may have moved
+            tokenizer = Tokenizer.load(tokenizer_path(workdir))
         except FileNotFoundError as error:
             raise TranslationError(str(error)) from None
         return cls(model, params, tokenizer, ml_collections.ConfigDict(metadata["config"]), steps)
