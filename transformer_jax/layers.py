@@ -62,9 +62,9 @@ class MultiHeadAttention(nn.Module):
             v_BSNH = project(name="value")(inputs_kv_BSD)
         if cache is not None and "index" in cache:
             start = (0, cache["index"][0], 0, 0)
-            k_BSNH = jax.lax.dynamic_update_slice(cache["key"], k_BSNH.astype(cache["key"].dtype), start)
-            v_BSNH = jax.lax.dynamic_update_slice(cache["value"], v_BSNH.astype(cache["value"].dtype),
-                                                  start)
+            write = lambda cached, new: jax.lax.dynamic_update_slice(  # noqa: E731
+                cached, new.astype(cached.dtype), start)
+            k_BSNH, v_BSNH = write(cache["key"], k_BSNH), write(cache["value"], v_BSNH)
             cache = {"key": k_BSNH, "value": v_BSNH,
                      "index": cache["index"] + inputs_q_BTD.shape[1]}
 

@@ -87,7 +87,8 @@ class _StopSignal:
 
     def __init__(self):
         self.requested = False
-        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self._previous = {s: signal.signal(s, self._handle)
+                          for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
         del frame

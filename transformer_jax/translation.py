@@ -52,8 +52,8 @@ def _checkpoint_steps(checkpointer: Checkpointer, which: str) -> list[int]:
         return steps[-n:]
     if which.isdigit() and int(which) in steps:
         return [int(which)]
-    raise TranslationError(f"checkpoint {which!r}: use latest, a step ({', '.join(map(str, steps))})"
-                           f" or average:N")
+    listed = ", ".join(map(str, steps))
+    raise TranslationError(f"checkpoint {which!r}: use latest, a step ({listed}) or average:N")
 
 
 def average_params(param_trees):
