@@ -12,7 +12,9 @@ import sacrebleu
 from run_configs import ROOT, tiny_run
 from transformer_jax.data import load_split
 from transformer_jax.trainer import train
-from transformer_jax.translation import TranslationError, Translator, average_params, score
+from transformer_jax.attention import attention_weights
+from transformer_jax.translation import (TranslationError, Translator, average_params,
+                                         cross_attention_weights, score)
 
 SENTENCES = ["dreihundertzweiundvierzig", "einundzwanzigtausendfünf", "null"]
 
@@ -63,6 +65,46 @@ def test_average_of_the_last_two_checkpoints(workdir):
     jax.tree.map(lambda a, x, y: np.testing.assert_allclose(a, (x + y) / 2, rtol=1e-6, atol=1e-7),
                  averaged.params, latest.params, earlier.params)
     assert average_params([{"w": np.array([1.0, 3.0])}, {"w": np.array([3.0, 5.0])}])["w"].tolist() == [2.0, 4.0]
+
+
+def test_attention_maps_are_the_weights_of_the_layers_own_queries_and_keys(workdir):
+    """Pieces and shapes match the tokens; each map is softmax(q kᵀ/√H) of the projections."""
+    translator = Translator.from_workdir(str(workdir))
+    tokenizer, config = translator.tokenizer, translator.model.config
+    maps = translator.attention_maps(SENTENCES[0], "three hundred and forty-two")
+    source_ids = tokenizer.encode(SENTENCES[0], add_eos=True)
+    target_ids = tokenizer.encode("three hundred and forty-two", add_eos=True)
+    assert maps["source"] == [tokenizer.id_to_piece(i) for i in source_ids]
+    assert maps["target"] == [tokenizer.id_to_piece(i) for i in target_ids]
+    assert maps["source"][-1] == maps["target"][-1] == "</s>"
+    weights_LNTS = maps["cross_attention"]
+    assert weights_LNTS.shape == (config.num_layers, config.num_heads, len(target_ids),
+                                  len(source_ids))
+    np.testing.assert_allclose(weights_LNTS.sum(-1), 1.0, rtol=1e-5)
+    # By hand: Flax captures each module's output, here the encoder's memory and, in each
+    # decoder layer, the state entering the cross-attention (post-LN: the self-attention
+    # sublayer's norm); project them with the layer's own parameters.
+    assert not config.pre_layer_norm
+    inputs_BS, targets_BT = np.array([source_ids]), np.array([target_ids])
+    _, state = translator.model.apply({"params": translator.params}, inputs_BS, targets_BT,
+                                      capture_intermediates=True)
+    captured = state["intermediates"]
+    memory_BSD = captured["encoder"]["__call__"][0]
+    for i in range(config.num_layers):
+        y_BTD = captured["decoder"][f"layer_{i}"]["self_attention_norm"]["__call__"][0]
+        query, key = (translator.params["decoder"][f"layer_{i}"]["cross_attention"][name]
+                      for name in ("query", "key"))
+        q_BTNH = np.einsum("BTD,DNH->BTNH", y_BTD, query["kernel"]) + query["bias"]
+        k_BSNH = np.einsum("BSD,DNH->BSNH", memory_BSD, key["kernel"]) + key["bias"]
+        expected_BNTS = attention_weights(q_BTNH, k_BSNH)
+        np.testing.assert_allclose(weights_LNTS[i], expected_BNTS[0], rtol=1e-5, atol=1e-6)
+    # A padded batch: padding keys get 0 and the real keys the same weights as unpadded.
+    padded_BS = np.pad(inputs_BS, ((0, 0), (0, 3)))
+    padded_LBNTS = cross_attention_weights(translator.model, translator.params, padded_BS,
+                                           targets_BT)
+    assert np.all(np.asarray(padded_LBNTS)[..., len(source_ids):] == 0)
+    np.testing.assert_allclose(padded_LBNTS[:, 0, ..., :len(source_ids)], weights_LNTS,
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_evaluate_writes_hypotheses_and_scores(workdir):

@@ -2,6 +2,7 @@
 
     translator = Translator.from_workdir("runs/default", checkpoint="average:3")
     translator.translate(["dreihundertzweiundvierzig"])  # ["three hundred and forty-two"]
+    translator.attention_maps("dreihundertzweiundvierzig", "three hundred and forty-two")
 
 Beam search as in §6.1: beam 4, length penalty α = 0.6, outputs up to the input
 length + 50 tokens. Sentences are sorted by length and batched, so similar
@@ -120,6 +121,44 @@ class Translator:
             for row, text in zip(chosen, self.tokenizer.decode_batch(np.asarray(outputs_BT))):
                 out[row] = text
         return out
+
+    def attention_maps(self, source: str, target: str) -> dict:
+        """Where the decoder looks in `source` while it reads `target` (teacher-forced).
+
+        Returns a dict:
+          "source"           the S source pieces, e.g. ["▁dreihundert", "zwei", "undvierzig",
+                             "</s>"]
+          "target"           the T target pieces, also ending with "</s>"
+          "cross_attention"  float32 `(L, N, T, S)`: the encoder-decoder attention
+                             weights of every layer and head; row t is the query that
+                             predicts target piece t (it has read the pieces before t),
+                             and every row sums to 1.
+        """
+        source_ids = self.tokenizer.encode(source, add_eos=True)
+        target_ids = self.tokenizer.encode(target, add_eos=True)
+        weights_LBNTS = cross_attention_weights(self.model, self.params,
+                                                np.array([source_ids], np.int32),
+                                                np.array([target_ids], np.int32))
+
+        def pieces(ids):
+            return [self.tokenizer.id_to_piece(i) for i in ids]
+
+        return {"source": pieces(source_ids), "target": pieces(target_ids),
+                "cross_attention": np.asarray(weights_LBNTS[:, 0])}
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def cross_attention_weights(model: Transformer, params, inputs_BS, targets_BT):
+    """The encoder-decoder attention weights of every decoder layer, `(L, B, N, T, S)`.
+
+    One teacher-forced pass (the decoder reads `targets_BT` shifted right) with the
+    "intermediates" collection mutable, so each `MultiHeadAttention` sows its
+    weights. Padding keys (id 0) get weight 0.
+    """
+    _, state = model.apply({"params": params}, inputs_BS, targets_BT, mutable=["intermediates"])
+    layers = state["intermediates"]["decoder"]
+    return jnp.stack([layers[f"layer_{i}"]["cross_attention"]["attention_weights"][0]
+                      for i in range(model.config.num_layers)])
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_length", "alpha"))

@@ -1,0 +1,155 @@
+"""The benchmark CLI: every suite runs (--quick) and reports positive figures; its counts are right."""
+
+import json
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import Transformer, count_parameters, get_model_config
+from transformer_jax.benchmark import SUITES, decode, flops, machine, report
+from transformer_jax.benchmark.__main__ import main
+from transformer_jax.benchmark.model import model_configs, synthetic_batch
+from transformer_jax.benchmark.pipeline import _packed_counts
+
+# Fields each suite's JSON rows must hold with positive values.
+POSITIVE = {
+    "attention": ("ms", "tflops", "peak_tflops", "peak_fraction", "memory_bytes"),
+    "model": ("step_ms", "tokens_per_sec", "compile_s", "tflops", "mfu"),
+    "decode": ("ms", "tokens_per_sec", "sentences_per_sec", "compile_s"),
+    "pipeline": ("batches_per_sec", "examples_per_sec", "tokens_per_sec"),
+    "compare": ("step_ms", "tflops"),
+}
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
+    path = tmp_path / f"{suite}.json"
+    assert main([suite, "--quick", f"--json={path}"]) == 0
+    result = json.loads(path.read_text())
+    assert result["suite"] == suite and result["quick"] is True
+    about = result["machine"]
+    assert about["jax"] == jax.__version__ and about["cpu_count"] >= 1 and about["device_kind"]
+    assert result["results"], "no rows"
+    for row in result["results"]:
+        for field in POSITIVE[suite]:
+            if field in row:
+                assert row[field] > 0, (field, row)
+    present = {field for row in result["results"] for field in row}
+    assert set(POSITIVE[suite]) <= present
+    assert "tflops" in capsys.readouterr().out or suite in ("decode", "pipeline")
+
+
+def test_compare_has_torch_and_flax_peers(tmp_path):
+    path = tmp_path / "compare.json"
+    main(["compare", "--quick", f"--json={path}"])
+    rows = json.loads(path.read_text())["results"]
+    frameworks = [row["framework"] for row in rows]
+    assert any(f.startswith("torch") for f in frameworks)
+    assert "flax nn.dot_product_attention" in frameworks
+    ours = [row for row in rows if row["framework"].startswith("transformer_jax (")]
+    torch_rows = [row for row in rows if row["framework"].startswith("torch")]
+    assert ours[0]["ratio"] == pytest.approx(
+        ours[0]["tokens_per_sec"] / torch_rows[0]["tokens_per_sec"])
+
+
+def test_cli_writes_a_png_and_rejects_bad_arguments(tmp_path):
+    png = tmp_path / "attention.png"
+    done = subprocess.run([sys.executable, "-m", "transformer_jax.benchmark", "pipeline",
+                           "--quick", f"--plot={png}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for bad in (["nonsense"], ["model", "--plot=out.jpg"]):
+        done = subprocess.run([sys.executable, "-m", "transformer_jax.benchmark", *bad],
+                              capture_output=True, text=True)
+        assert done.returncode == 2 and "error:" in done.stderr
+
+
+def test_attention_flops_by_hand():
+    # 4·B·N·T·S·H = 4·2·3·5·7·11 = 9240; causal half; backward 3.5x.
+    assert flops.attention_flops(2, 5, 7, 3, 11) == 9240
+    assert flops.attention_flops(2, 5, 7, 3, 11, causal=True) == 4620
+    assert flops.attention_flops(2, 5, 7, 3, 11, backward=True) == 9240 * 3.5
+
+
+def test_forward_flops_match_xla_cost_analysis():
+    """Our matmul count against XLA's own count of the compiled forward pass."""
+    config = get_model_config("tiny", vocab_size=503, d_model=64, d_ff=256, num_layers=2)
+    batch, source_len, target_len = 3, 13, 11
+    model = Transformer(config)
+    inputs = jnp.ones((batch, source_len), jnp.int32)
+    targets = jnp.ones((batch, target_len), jnp.int32)
+    params = model.init(jax.random.key(0), inputs, targets)
+    compiled = jax.jit(model.apply).lower(params, inputs, targets).compile()
+    xla = compiled.cost_analysis()["flops"]
+    ours = flops.forward_flops(config, batch, source_len, target_len)
+    # XLA also counts softmax, layer norms, biases and adds: a few percent more.
+    assert ours <= xla <= 1.15 * ours
+
+
+def test_peak_table_lookup():
+    assert machine.table_peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.0
+    assert machine.table_peak_tflops("NVIDIA H100 PCIe", "bfloat16") == 756.0
+    assert machine.table_peak_tflops("NVIDIA H200", "float32") == 494.5
+    assert machine.table_peak_tflops("TPU v5 lite", "float32") is None
+    assert machine.table_peak_tflops("Some Other GPU", "bfloat16") is None
+
+
+def test_uncached_callback_gives_the_cached_logits():
+    """The uncached baseline computes what the cache computes, step by step."""
+    config = model_configs()["tiny"]
+    model = Transformer(config)
+    inputs = jnp.asarray(synthetic_batch(config, 3, 7, seed=1)["inputs"])
+    variables = model.init(jax.random.key(1), inputs, inputs)
+    memory = model.apply(variables, inputs, method=Transformer.encode)
+    steps = [make(model, variables, memory, inputs, 6)
+             for make in (decode._cached_callback, decode._uncached_callback)]
+    ids = [jnp.zeros((3, 1), jnp.int32)] + [jnp.full((3, 1), t, jnp.int32) for t in (5, 9, 7)]
+    states = [cache for _, cache in steps]
+    for ids_N1 in ids:
+        logits = []
+        for i, (step, _) in enumerate(steps):
+            out, states[i] = step(ids_N1, states[i])
+            logits.append(np.asarray(out))
+        np.testing.assert_allclose(logits[0], logits[1], atol=1e-5, rtol=1e-5)
+        assert (logits[0][:, :2] == np.finfo(np.float32).min).all()  # PAD and EOS never win
+
+
+def test_search_runs_to_the_full_length():
+    config = model_configs()["tiny"]
+    model = Transformer(config)
+    inputs = jnp.asarray(synthetic_batch(config, 2, 5)["inputs"])
+    params = model.init(jax.random.key(0), inputs, inputs)["params"]
+    for cached in (True, False):
+        out = decode.search(params, inputs, model=model, beam_size=2, max_length=6, cached=cached)
+        assert out.shape == (2, 6) and (np.asarray(out) > 1).all()
+
+
+def test_torch_peer_is_the_same_model():
+    """Same parameter count, but for the final encoder and decoder LayerNorms torch adds."""
+    pytest.importorskip("torch", reason="the bench extra is not installed")
+    from transformer_jax.benchmark import torch_peer
+
+    config = get_model_config("tiny", vocab_size=97)
+    peer = torch_peer.build(config, length=5)
+    peer_total = sum(p.numel() for p in peer.parameters())
+    assert peer_total == count_parameters(config)["total"] + 2 * 2 * config.d_model
+
+
+def test_packed_counts():
+    batch = {"inputs": np.array([[5, 6, 1, 7, 1, 0], [8, 1, 0, 0, 0, 0]]),
+             "targets": np.array([[9, 1, 9, 9, 1, 0], [4, 4, 1, 0, 0, 0]]),
+             "targets_segmentation": np.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 0, 0, 0]])}
+    assert _packed_counts(batch) == (3, 7, 8)
+
+
+def test_table_aligns_every_key():
+    text = report.table([{"a": 1.23456, "b": "x"}, {"a": 12345.6, "c": None}])
+    lines = text.splitlines()
+    assert lines[0].split() == ["a", "b", "c"]
+    assert lines[2].split() == ["1.23", "x", "-"] and lines[3].split() == ["12,346", "-", "-"]
+    assert len({len(line) for line in lines}) == 1

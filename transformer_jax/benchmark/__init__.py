@@ -1,0 +1,17 @@
+"""Benchmarks of the compiled pieces: attention kernels, the train step, decoding, input.
+
+    python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png]
+
+Suites (each a module here with `run(quick: bool) -> list[dict]`):
+
+    attention  every available attention implementation: TFLOP/s and peak fraction
+    model      train-step target tokens/s, compile time and MFU per preset, dtype, strategy
+    decode     greedy and beam-4 decoding, with and without the key/value cache
+    pipeline   the input pipeline's examples/s and tokens/s on the built-in dataset
+    compare    the same train step in PyTorch's torch.nn.Transformer, and Flax's attention
+
+Every figure is a median over timed calls after warm-up calls, each call waited
+for with `block_until_ready`; every suite compares within one run.
+"""
+
+SUITES = ("attention", "model", "decode", "pipeline", "compare")

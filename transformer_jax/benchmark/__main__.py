@@ -1,0 +1,66 @@
+"""python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png] [--markdown] [--profile=DIR]"""
+
+import argparse
+import importlib
+import sys
+
+import jax
+
+from transformer_jax.benchmark import SUITES, machine, report
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer_jax.benchmark",
+        description="Time the compiled pieces of transformer_jax; see BENCHMARKS.md.")
+    parser.add_argument("suite", choices=SUITES, help="what to time")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny shapes and few repetitions: a check that runs in seconds")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the table as Markdown (for BENCHMARKS.md)")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="trace the suite with the JAX profiler into DIR and print "
+                             "where the time went, per kind of XLA operation")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="also draw a PNG (attention: TFLOP/s against sequence length)")
+    args = parser.parse_args(argv)
+    if args.plot and not args.plot.lower().endswith(".png"):
+        parser.error(f"--plot needs a .png file name, got {args.plot!r}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    about = machine.describe()
+    print(f"{args.suite} on {about['device_count']}x {about['device_kind']} "
+          f"({about['backend']}, {about['cpu_count']} CPUs, {about['processor']}), "
+          f"jax {about['jax']}" + (" [quick]" if args.quick else ""), flush=True)
+    suite = importlib.import_module(f"transformer_jax.benchmark.{args.suite}")
+    if args.profile:
+        with jax.profiler.trace(args.profile, create_perfetto_trace=True):
+            rows, notes = suite.run(quick=args.quick)
+    else:
+        rows, notes = suite.run(quick=args.quick)
+    print(report.markdown(rows) if args.markdown else report.table(rows))
+    for note in notes:
+        print(f"  {note}")
+    if args.profile:
+        from transformer_jax.benchmark import profile
+
+        print(f"\nwhere the time went (all threads; trace in {args.profile}):")
+        print(report.table(profile.summarize(args.profile)))
+    if args.json:
+        report.write_json(args.json, report.document(args.suite, rows, quick=args.quick,
+                                                     notes=notes))
+        print(f"wrote {args.json}")
+    if args.plot:
+        from transformer_jax.benchmark import plot
+
+        plot.save(args.suite, rows, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The `decode` suite: greedy and beam-4 search, with and without the key/value cache.
+
+Cached: `Transformer.init_cache` + `decode_step`, as `translate.py` decodes.
+Uncached: each step runs the whole decoder again over a fixed buffer of the
+tokens generated so far (the cost the cache removes: every step recomputes
+every earlier position). EOS is never chosen here, so every sentence
+generates exactly `max_length` tokens and both variants do the same steps.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from transformer_jax.benchmark.model import model_configs, synthetic_batch
+from transformer_jax.benchmark.timing import compile_seconds, median_seconds
+from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
+from transformer_jax.decoding import beam_search, greedy_search
+from transformer_jax.model import Transformer
+
+_LOWEST = jnp.finfo(jnp.float32).min
+
+
+def _never_end(logits_NV):
+    return logits_NV.at[:, jnp.array([PAD_ID, EOS_ID])].set(_LOWEST)
+
+
+def _cached_callback(model, variables, memory_BSD, inputs_BS, max_length):
+    cache = model.apply(variables, memory_BSD, inputs_BS, max_length,
+                        method=Transformer.init_cache)
+
+    def tokens_to_logits(ids_N1, cache):
+        logits_NV, cache = model.apply(variables, ids_N1, cache, method=Transformer.decode_step)
+        return _never_end(logits_NV), cache
+
+    return tokens_to_logits, cache
+
+
+def _uncached_callback(model, variables, memory_BSD, inputs_BS, max_length):
+    batch = inputs_BS.shape[0]
+    state = {"memory": memory_BSD, "inputs": inputs_BS, "index": jnp.zeros((batch,), jnp.int32),
+             # Not-yet-generated slots hold a non-padding filler: the full decoder masks keys
+             # whose target is padding, and key i (input: token i - 1) must stay visible to
+             # query i. Causality hides every later slot.
+             "generated": jnp.full((batch, max_length), EOS_ID, jnp.int32)}
+
+    def tokens_to_logits(ids_N1, state):
+        i = state["index"][0]
+        # ids are the token generated at step i - 1 (the start symbol at step 0).
+        written = lax.dynamic_update_slice(state["generated"], ids_N1, (0, jnp.maximum(i - 1, 0)))
+        generated = jnp.where(i > 0, written, state["generated"])
+        logits_NTV = model.apply(variables, state["memory"], state["inputs"], generated,
+                                 method=Transformer.decode)  # shifts right inside
+        logits_NV = lax.dynamic_index_in_dim(logits_NTV, i, axis=1, keepdims=False)
+        return _never_end(logits_NV), dict(state, generated=generated, index=state["index"] + 1)
+
+    return tokens_to_logits, state
+
+
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_length", "cached"))
+def search(params, inputs_BS, *, model, beam_size: int, max_length: int, cached: bool):
+    """Encode once, then greedy (beam_size 1) or beam search for `max_length` tokens."""
+    variables = {"params": params}
+    memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
+    make = _cached_callback if cached else _uncached_callback
+    tokens_to_logits, cache = make(model, variables, memory_BSD, inputs_BS, max_length)
+    batch = inputs_BS.shape[0]
+    if beam_size == 1:
+        return greedy_search(tokens_to_logits, cache, batch_size=batch, max_length=max_length)
+    return beam_search(tokens_to_logits, cache, batch_size=batch, beam_size=beam_size,
+                       max_length=max_length, alpha=0.6)[0]
+
+
+def cases(quick: bool) -> list[tuple[str, int, int, int]]:
+    """(model, batch, source length, output length)."""
+    if quick:
+        return [("tiny", 2, 8, 8)]
+    if jax.default_backend() == "cpu":
+        return [("small", 8, 32, 64), ("base", 8, 32, 64)]
+    return [("base", 64, 64, 64), ("big", 64, 64, 64)]
+
+
+def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick) -> dict:
+    config = model_configs()[name]
+    model = Transformer(config)
+    inputs_BS = jnp.asarray(synthetic_batch(config, batch, source_len)["inputs"])
+    params = jax.jit(model.init)(jax.random.key(0), inputs_BS[:1], inputs_BS[:1])["params"]
+    kwargs = dict(model=model, beam_size=beam_size, max_length=max_length, cached=cached)
+    compiled, compile_s = compile_seconds(search, params, inputs_BS, **kwargs)
+    seconds = median_seconds(lambda: compiled(params, inputs_BS).block_until_ready(),
+                             warmup=1, iters=3 if quick else 5)
+    return {"model": name, "search": "greedy" if beam_size == 1 else f"beam{beam_size}",
+            "cache": "cached" if cached else "uncached", "batch": batch,
+            "source_len": source_len, "output_len": max_length, "ms": seconds * 1e3,
+            "tokens_per_sec": batch * max_length / seconds, "sentences_per_sec": batch / seconds,
+            "compile_s": compile_s}
+
+
+def run(quick: bool = False) -> tuple[list[dict], list[str]]:
+    rows = []
+    for name, batch, source_len, max_length in cases(quick):
+        for beam_size in (1, 4):
+            pair = [time_search(name, batch, source_len, max_length, beam_size=beam_size,
+                                cached=cached, quick=quick) for cached in (True, False)]
+            pair[0]["speedup"] = pair[0]["tokens_per_sec"] / pair[1]["tokens_per_sec"]
+            rows += pair
+    return rows, ["tokens_per_sec: output tokens of the best hypothesis per second "
+                  "(every sentence generates output_len tokens)",
+                  "speedup: cached tokens/s over uncached, same model and search"]

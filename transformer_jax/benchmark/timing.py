@@ -1,0 +1,48 @@
+"""Timing compiled calls: median wall time after warm-up, and compile time."""
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def median_seconds(run_once: Callable[[], object], *, warmup: int = 2, iters: int = 10,
+                   budget_s: float = 30.0) -> float:
+    """Median seconds of `run_once()`, which must block until its results are ready.
+
+    Warm-up calls are not timed: they absorb compilation, autotuning and caches.
+    Slow calls are timed fewer times (never under 3) to stay near `budget_s`.
+    """
+    start = time.perf_counter()
+    for _ in range(warmup):
+        start = time.perf_counter()
+        run_once()
+    last = time.perf_counter() - start
+    if warmup and last * iters > budget_s:
+        iters = max(3, int(budget_s / last))
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        run_once()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def compile_seconds(jitted, *args, **static):
+    """(compiled executable, seconds to trace, lower and compile `jitted` for these args)."""
+    start = time.perf_counter()
+    compiled = jitted.lower(*args, **static).compile()
+    return compiled, time.perf_counter() - start
+
+
+def memory_bytes(compiled) -> int | None:
+    """Peak bytes XLA's buffer assignment plans for a compiled call (arguments, outputs and
+    temporaries), where the backend reports it."""
+    try:
+        stats = compiled.memory_analysis()
+    except (NotImplementedError, AttributeError, RuntimeError):
+        return None
+    if stats is None:
+        return None
+    total = (stats.argument_size_in_bytes + stats.output_size_in_bytes
+             + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+    return int(total)
