@@ -153,3 +153,20 @@ def test_table_aligns_every_key():
     assert lines[0].split() == ["a", "b", "c"]
     assert lines[2].split() == ["1.23", "x", "-"] and lines[3].split() == ["12,346", "-", "-"]
     assert len({len(line) for line in lines}) == 1
+
+
+def test_profile_counts_only_the_timed_calls(tmp_path):
+    """A traced matmul shows up once per timed call (warm-up calls are not traced)."""
+    from transformer_jax.benchmark import profile, timing
+
+    a = jnp.ones((256, 256))
+    matmul = jax.jit(lambda x: x @ x).lower(a).compile()
+    timing.trace_timed_calls(str(tmp_path))
+    try:
+        timing.median_seconds(lambda: matmul(a).block_until_ready(), warmup=2, iters=4)
+    finally:
+        timing.trace_timed_calls(None)
+    rows = profile.summarize(str(tmp_path))
+    assert rows and all(row["ms"] > 0 for row in rows)
+    assert sum(row["share"] for row in rows) == pytest.approx(1.0)
+    assert [row["calls"] for row in rows if row["operation"] in ("dot", "ynn_fusion")] == [4]

@@ -4,9 +4,7 @@ import argparse
 import importlib
 import sys
 
-import jax
-
-from transformer_jax.benchmark import SUITES, machine, report
+from transformer_jax.benchmark import SUITES, machine, report, timing
 
 
 def parse_args(argv):
@@ -36,19 +34,16 @@ def main(argv=None) -> int:
     print(f"{args.suite} on {about['device_count']}x {about['device_kind']} "
           f"({about['backend']}, {about['cpu_count']} CPUs, {about['processor']}), "
           f"jax {about['jax']}" + (" [quick]" if args.quick else ""), flush=True)
+    timing.trace_timed_calls(args.profile)
     suite = importlib.import_module(f"transformer_jax.benchmark.{args.suite}")
-    if args.profile:
-        with jax.profiler.trace(args.profile, create_perfetto_trace=True):
-            rows, notes = suite.run(quick=args.quick)
-    else:
-        rows, notes = suite.run(quick=args.quick)
+    rows, notes = suite.run(quick=args.quick)
     print(report.markdown(rows) if args.markdown else report.table(rows))
     for note in notes:
         print(f"  {note}")
     if args.profile:
         from transformer_jax.benchmark import profile
 
-        print(f"\nwhere the time went (all threads; trace in {args.profile}):")
+        print(f"\nwhere the timed calls spent their time (all threads; traces in {args.profile}):")
         print(report.table(profile.summarize(args.profile)))
     if args.json:
         report.write_json(args.json, report.document(args.suite, rows, quick=args.quick,

@@ -89,4 +89,5 @@ def run(quick: bool = False, **overrides) -> tuple[list[dict], list[str]]:
     auto = ", ".join(f"{d} -> {resolve_implementation('auto', jnp.dtype(d))}" for d in DTYPES)
     return rows, [f"peak: {source}", f"auto: {auto}",
                   "tflops: attention_flops() in transformer_jax/benchmark/flops.py "
-                  "(causal counts half the square)"]
+                  "(causal counts half the square)",
+                  "memory_bytes: arguments + outputs + temporaries in XLA's buffer plan"]

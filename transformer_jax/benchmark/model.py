@@ -47,7 +47,8 @@ def model_configs() -> dict[str, ModelConfig]:
 
 
 def cases(quick: bool) -> list[Case]:
-    """What fits: CPUs get short rows and no big model; accelerators the paper's row sizes."""
+    """CPUs get short rows and no big model (a step takes seconds there, and the suite should
+    take minutes); accelerators get rows near the paper's 25k-token batches."""
     configs = model_configs()
     if quick:
         return [Case("tiny", configs["tiny"], 8, 16)]

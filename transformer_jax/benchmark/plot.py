@@ -12,28 +12,38 @@ def _pyplot():
 
 
 def attention_figure(rows: list[dict]):
-    """TFLOP/s against sequence length, one line per implementation (and head dim, causal),
-    one panel per dtype and pass, the device's peak as a dashed line."""
+    """TFLOP/s against sequence length: one panel per dtype and pass (columns) and masking
+    (rows), one colour per implementation, solid for head dim 64 and dashed for others;
+    the device's peak as a dashed black line."""
     plt = _pyplot()
-    panels = sorted({(r["dtype"], r["pass"]) for r in rows})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    for ax, (dtype, pass_) in zip(axes[0], panels):
-        chosen = [r for r in rows if (r["dtype"], r["pass"]) == (dtype, pass_)]
-        key = lambda r: (r["implementation"], r["head_dim"], r["causal"])  # noqa: E731
-        for (name, head_dim, causal), group in itertools.groupby(sorted(chosen, key=key), key):
-            group = sorted(group, key=lambda r: r["seq_len"])
-            label = f"{name} H={head_dim}" + (" causal" if causal else "")
-            ax.plot([r["seq_len"] for r in group], [r["tflops"] for r in group], "o-",
-                    label=label)
-        peak = chosen[0].get("peak_tflops")
+    columns = sorted({(r["dtype"], r["pass"]) for r in rows})
+    masks = sorted({r["causal"] for r in rows})
+    names = sorted({r["implementation"] for r in rows})
+    colors = dict(zip(names, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    head_dims = sorted({r["head_dim"] for r in rows})
+    fig, axes = plt.subplots(len(masks), len(columns), squeeze=False, sharex=True,
+                             figsize=(4.2 * len(columns), 3.4 * len(masks)))
+    for (i, causal), (j, (dtype, pass_)) in itertools.product(enumerate(masks),
+                                                              enumerate(columns)):
+        ax = axes[i][j]
+        chosen = [r for r in rows if (r["dtype"], r["pass"], r["causal"]) == (dtype, pass_, causal)]
+        for name, head_dim in itertools.product(names, head_dims):
+            line = sorted((r for r in chosen if (r["implementation"], r["head_dim"])
+                           == (name, head_dim)), key=lambda r: r["seq_len"])
+            ax.plot([r["seq_len"] for r in line], [r["tflops"] for r in line], marker="o",
+                    color=colors[name], linestyle="-" if head_dim == head_dims[0] else "--",
+                    label=f"{name} H={head_dim}")
+        peak = chosen[0].get("peak_tflops") if chosen else None
         if peak:
-            ax.axhline(peak, color="k", linestyle="--", label=f"peak {peak:.3g}")
+            ax.axhline(peak, color="k", linestyle=":", label=f"peak {peak:.3g}")
         lengths = sorted({r["seq_len"] for r in chosen})
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, labels=[str(n) for n in lengths])
         ax.minorticks_off()
-        ax.set(xlabel="sequence length", ylabel="TFLOP/s", title=f"attention {pass_}, {dtype}")
-        ax.legend(fontsize=7)
+        ax.set_ylim(bottom=0)
+        ax.set(xlabel="sequence length", ylabel="TFLOP/s",
+               title=f"{pass_}, {dtype}" + (", causal" if causal else ""))
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     return fig
 

@@ -1,12 +1,14 @@
-"""Where a suite's time goes: a JAX profiler trace, summed per kind of XLA operation.
+"""Where a suite's time goes: JAX profiler traces, summed per kind of XLA operation.
 
     python -m transformer_jax.benchmark model --profile=runs/profile
 
-writes a trace (open it in Perfetto or TensorBoard's profiler) and prints the
-operations that took the most time, grouped by their fusion kind ("ynn_fusion"
-is a matmul run by XNNPACK's successor YNNPACK on CPUs, "copy_bitcast_fusion"
-a transpose, "broadcast_add_fusion" an elementwise op, ...). The times are
-summed over threads, so on a 2-core CPU they add up to about twice the wall time.
+traces every timed call (not the warm-up, so no compilation; open the traces in
+Perfetto or TensorBoard's profiler) and prints the operations that took the
+most time, grouped by fusion kind: on CPUs "ynn_fusion" is a matmul run by
+YNNPACK, "copy_bitcast_fusion" and "transpose_copy_fusion" move data into
+another layout, "broadcast_add_fusion" and the like are elementwise, "while"
+a loop. The times are summed over threads, so on a 2-core CPU they can add up
+to about twice the wall time.
 """
 
 import collections
@@ -17,17 +19,19 @@ import os
 import re
 
 # Events that are not XLA operations: the Python side and the runtime's own spans.
-_NOT_OPS = re.compile(r"^\$|Thunk|Pjit|PjRt|block_until_ready|ThreadPool|ExecuteReplicated|"
+_NOT_OPS = re.compile(r"^\$|^end: |Thunk|Pjit|PjRt|block_until_ready|ThreadPool|ExecuteReplicated|"
                       r"ParseArguments|shard_args|ExecuteHelper")
 
 
 def summarize(trace_dir: str, top: int = 15) -> list[dict]:
-    """The `top` operation kinds by total time in the newest trace under `trace_dir`."""
+    """The `top` operation kinds by total time over every trace under `trace_dir`."""
     paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
     if not paths:
         raise FileNotFoundError(f"no *.trace.json.gz under {trace_dir}")
-    with gzip.open(max(paths, key=os.path.getmtime)) as f:
-        events = json.load(f)["traceEvents"]
+    events = []
+    for path in paths:
+        with gzip.open(path) as f:
+            events += json.load(f)["traceEvents"]
     micros, count = collections.Counter(), collections.Counter()
     for event in events:
         if event.get("ph") == "X" and not _NOT_OPS.search(event["name"]):

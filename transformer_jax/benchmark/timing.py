@@ -1,8 +1,20 @@
 """Timing compiled calls: median wall time after warm-up, and compile time."""
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
+
+import jax
+
+_trace_dir = None  # set by trace_timed_calls
+
+
+def trace_timed_calls(directory: str | None) -> None:
+    """From now on, record a JAX profiler trace of every timed call (not the warm-up) in
+    `directory`: the profile of the steady state, without compilation."""
+    global _trace_dir
+    _trace_dir = directory
 
 
 def median_seconds(run_once: Callable[[], object], *, warmup: int = 2, iters: int = 10,
@@ -20,10 +32,13 @@ def median_seconds(run_once: Callable[[], object], *, warmup: int = 2, iters: in
     if warmup and last * iters > budget_s:
         iters = max(3, int(budget_s / last))
     times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        run_once()
-        times.append(time.perf_counter() - start)
+    tracing = (jax.profiler.trace(_trace_dir, create_perfetto_trace=True) if _trace_dir
+               else contextlib.nullcontext())
+    with tracing:
+        for _ in range(iters):
+            start = time.perf_counter()
+            run_once()
+            times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
