@@ -2,7 +2,7 @@
 
     python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png]
 
-Suites (each a module here with `run(quick: bool) -> list[dict]`):
+Suites (each a module here whose `run(quick) -> (rows, notes)` returns one dict per case):
 
     attention  every available attention implementation: TFLOP/s and peak fraction
     model      train-step target tokens/s, compile time and MFU per preset, dtype, strategy
