@@ -11,6 +11,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import tqdm
 from jax import lax
 
 from transformer_jax.benchmark.model import model_configs, synthetic_batch
@@ -99,12 +100,13 @@ def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick
 
 def run(quick: bool = False) -> tuple[list[dict], list[str]]:
     rows = []
-    for name, batch, source_len, max_length in cases(quick):
-        for beam_size in (1, 4):
-            pair = [time_search(name, batch, source_len, max_length, beam_size=beam_size,
-                                cached=cached, quick=quick) for cached in (True, False)]
-            pair[0]["speedup"] = pair[0]["tokens_per_sec"] / pair[1]["tokens_per_sec"]
-            rows += pair
+    grid = [(case, beam_size) for case in cases(quick) for beam_size in (1, 4)]
+    for (name, batch, source_len, max_length), beam_size in tqdm.tqdm(
+            grid, desc="decode", disable=quick):
+        pair = [time_search(name, batch, source_len, max_length, beam_size=beam_size,
+                            cached=cached, quick=quick) for cached in (True, False)]
+        pair[0]["speedup"] = pair[0]["tokens_per_sec"] / pair[1]["tokens_per_sec"]
+        rows += pair
     return rows, ["tokens_per_sec: output tokens of the best hypothesis per second "
                   "(every sentence generates output_len tokens)",
                   "speedup: cached tokens/s over uncached, same model and search"]
