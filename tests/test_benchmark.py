@@ -4,7 +4,6 @@ import json
 import subprocess
 import sys
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -5,6 +5,8 @@ forward+backward, at a fixed number of tokens per call (B·T), so short and long
 sequences do comparable work per call.
 """
 
+import functools
+
 import jax
 import tqdm
 import jax.numpy as jnp
@@ -31,13 +33,12 @@ def grid(quick: bool) -> dict:
                 causal=(False, True), num_heads=16, tokens=32768)
 
 
-def attention_call(implementation: str, *, causal: bool, backward: bool):
-    """A jitted function of (q, k, v): the output, or the gradients of sum(output)."""
+def attention_call(attend, *, causal: bool, backward: bool):
+    """A jitted function of (q, k, v): `attend(q, k, v, mask)`, or the gradients of its sum."""
 
     def forward(q_BTNH, k_BSNH, v_BSNH):
         mask = causal_mask(q_BTNH.shape[1]) if causal else None
-        return dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask,
-                                     implementation=implementation)
+        return attend(q_BTNH, k_BSNH, v_BSNH, mask)
 
     if not backward:
         return jax.jit(forward)
@@ -46,12 +47,16 @@ def attention_call(implementation: str, *, causal: bool, backward: bool):
 
 
 def time_case(implementation: str, *, batch, seq_len, num_heads, head_dim, dtype, causal,
-              backward, quick) -> dict:
+              backward, quick, attend=None) -> dict:
+    """One row: `implementation` of `dot_product_attention`, or a peer's `attend(q, k, v,
+    mask)` reported under that name."""
+    if attend is None:
+        attend = functools.partial(dot_product_attention, implementation=implementation)
     keys = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(key, (batch, seq_len, num_heads, head_dim), dtype)
                for key in keys)
-    compiled, _ = compile_seconds(attention_call(implementation, causal=causal,
-                                                 backward=backward), q, k, v)
+    compiled, _ = compile_seconds(attention_call(attend, causal=causal, backward=backward),
+                                  q, k, v)
     seconds = median_seconds(lambda: jax.block_until_ready(compiled(q, k, v)),
                              warmup=1 if quick else 3, iters=3 if quick else 10)
     flops = attention_flops(batch, seq_len, seq_len, num_heads, head_dim, causal=causal,

@@ -12,9 +12,9 @@ import flax.linen as nn
 import jax
 
 from transformer_jax.benchmark import attention, model, torch_peer
-from transformer_jax.benchmark.flops import attention_flops, train_step_flops
+from transformer_jax.benchmark.flops import train_step_flops
 from transformer_jax.benchmark.machine import peak_tflops
-from transformer_jax.benchmark.timing import compile_seconds, median_seconds
+from transformer_jax.benchmark.timing import median_seconds
 
 
 def train_cases(quick: bool) -> list[model.Case]:
@@ -50,32 +50,21 @@ def jax_row(case: model.Case, *, quick: bool) -> dict:
             "tokens_per_sec": row["tokens_per_sec"], "tflops": row["tflops"], "mfu": row["mfu"]}
 
 
-def flax_attention_row(seq_len: int, *, batch: int, num_heads: int, head_dim: int,
-                       quick: bool) -> dict:
-    """Flax's own attention, timed like the attention suite's rows."""
-    keys = jax.random.split(jax.random.key(0), 3)
-    q, k, v = (jax.random.normal(key, (batch, seq_len, num_heads, head_dim)) for key in keys)
-    compiled, _ = compile_seconds(jax.jit(nn.dot_product_attention), q, k, v)
-    seconds = median_seconds(lambda: compiled(q, k, v).block_until_ready(),
-                             warmup=1 if quick else 3, iters=3 if quick else 10)
-    flops = attention_flops(batch, seq_len, seq_len, num_heads, head_dim)
-    return {"framework": "flax nn.dot_product_attention", "batch": batch, "length": seq_len,
-            "step_ms": seconds * 1e3, "tflops": flops / seconds / 1e12}
-
-
 def attention_rows(quick: bool) -> list[dict]:
     rows = []
     num_heads, head_dim = (2, 64) if quick else (8, 64)
+    flax_attend = lambda q, k, v, mask: nn.dot_product_attention(q, k, v, mask=mask)  # noqa: E731
     for seq_len in (16, 32) if quick else (128, 256, 512):
-        batch = max(1, (64 if quick else 2048) // seq_len)
-        ours = attention.time_case("auto", batch=batch, seq_len=seq_len, num_heads=num_heads,
-                                   head_dim=head_dim, dtype="float32", causal=False,
-                                   backward=False, quick=quick)
-        flax_row = flax_attention_row(seq_len, batch=batch, num_heads=num_heads,
-                                      head_dim=head_dim, quick=quick)
-        rows += [{"framework": "transformer_jax attention (auto)", "batch": batch,
-                  "length": seq_len, "step_ms": ours["ms"], "tflops": ours["tflops"],
-                  "ratio": ours["tflops"] / flax_row["tflops"]}, flax_row]
+        shape = dict(batch=max(1, (64 if quick else 2048) // seq_len), seq_len=seq_len,
+                     num_heads=num_heads, head_dim=head_dim, dtype="float32", causal=False,
+                     backward=False, quick=quick)
+        ours, peer = (attention.time_case("auto", **shape),
+                      attention.time_case("flax", attend=flax_attend, **shape))
+        rows += [{"framework": framework, "batch": row["batch"], "length": seq_len,
+                  "step_ms": row["ms"], "tflops": row["tflops"]}
+                 for framework, row in (("transformer_jax attention (auto)", ours),
+                                        ("flax nn.dot_product_attention", peer))]
+        rows[-2]["ratio"] = ours["tflops"] / peer["tflops"]
     return rows
 
 
