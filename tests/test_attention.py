@@ -412,3 +412,116 @@ def test_jit_matches_eager(impl):
     eager = fn(q_BTNH, k_BSNH, v_BSNH, mask_B1TS)
     jitted = jax.jit(fn)(q_BTNH, k_BSNH, v_BSNH, mask_B1TS)
     assert_allclose(np.asarray(jitted), np.asarray(eager), rtol=1e-6, atol=1e-6)
+
+
+# --- auto's choice, and cuDNN on a GPU -----------------------------------------
+
+needs_gpu = pytest.mark.skipif(ON_CPU, reason="cuDNN attention needs an NVIDIA GPU; "
+                                              "this backend is the CPU")
+
+
+@pytest.mark.parametrize("case, expected, why", [
+    (dict(), "cudnn", "fused"),
+    (dict(dtype=jnp.float32), "xla", "bfloat16 or float16"),
+    (dict(head_dim=12), "xla", "multiple of 8"),
+    (dict(head_dim=192, compute_capability=(8, 0)), "xla", "at most 128"),
+    (dict(head_dim=192), "cudnn", "fused"),  # Hopper takes head dims up to 256
+    (dict(query_len=47), "xla", "even lengths with a mask, got T=47"),
+    (dict(query_len=47, masked=False), "cudnn", "fused"),
+    (dict(dropout_rate=0.1), "reference", "dropout"),
+    (dict(backend="cpu"), "xla", "needs an NVIDIA GPU"),
+])
+def test_auto_choice_and_its_reason(monkeypatch, case, expected, why):
+    """cuDNN's rules, checked as if on an H100 (backend and compute capability pinned)."""
+    case = dict(dict(dtype=jnp.bfloat16, head_dim=64, query_len=46, key_len=34, masked=True,
+                     backend="gpu", compute_capability=(9, 0)), **case)
+    dtype, dropout = case.pop("dtype"), case.pop("dropout_rate", 0.0)
+    rules = {k: case.pop(k) for k in ("backend", "compute_capability")}
+    monkeypatch.setattr(attention_module, "cudnn_unsupported",
+                        partial(attention_module.cudnn_unsupported, **rules))
+    name, reason = attention_module.choose_implementation("auto", dtype, dropout, **case)
+    assert (name, why in reason) == (expected, True), reason
+
+
+def packed_segments_BT(rng, batch, length):
+    """Segment ids of packed rows: runs of 3..13 tokens numbered 1, 2, ..., then padding 0."""
+    segments = np.zeros((batch, length), np.int32)
+    for row in range(batch):
+        used, segment = 0, 0
+        while used < length - 6:
+            size = int(rng.integers(3, 14))
+            segment += 1
+            segments[row, used:used + size] = segment
+            used += size
+    return segments
+
+
+def gpu_masks(kind, rng, batch, t, s):
+    """(query segments, mask_B1TS) for each kind of mask the model builds (masks.py)."""
+    from transformer_jax.masks import causal_mask, combine_masks, padding_mask, segment_mask
+
+    if kind in ("padding", "causal"):
+        lengths = rng.integers(t // 2, t + 1, batch)
+        segments = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
+        key_segments = segments if t == s else (np.arange(s)[None] < s - 3).astype(np.int32)
+        mask = padding_mask(key_segments)
+    else:
+        segments = packed_segments_BT(rng, batch, t)
+        key_segments = segments
+        if t != s:  # encoder-decoder: the same examples, other lengths
+            key_segments = np.zeros((batch, s), np.int32)
+            for row in range(batch):
+                ids = np.unique(segments[row][segments[row] > 0])
+                sizes = np.minimum(rng.integers(2, 6, len(ids)), s // len(ids))
+                key_segments[row, :sizes.sum()] = np.repeat(ids, sizes)
+        mask = combine_masks(segment_mask(segments, key_segments), padding_mask(key_segments))
+    if kind in ("causal", "packed_causal"):
+        mask = combine_masks(mask, causal_mask(t))
+    return segments, jnp.asarray(mask)
+
+
+@needs_gpu
+@pytest.mark.parametrize("kind, t, s", [
+    ("padding", 46, 46), ("causal", 46, 46), ("padding", 46, 34),
+    ("packed", 64, 64), ("packed_causal", 64, 64), ("packed", 64, 40),
+])
+def test_cudnn_equals_reference_on_gpu(kind, t, s):
+    """bfloat16 cuDNN against the float32 reference on the same (rounded) inputs, forward and
+    gradients, relative error <= 1e-2 over the real query positions; fresh random inputs."""
+    rng = np.random.default_rng(hash((kind, t, s)) % 2**32)
+    batch, heads, head_dim = 3, 4, 64
+    segments, mask = gpu_masks(kind, rng, batch, t, s)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.bfloat16) for shape in
+               ((batch, t, heads, head_dim), (batch, s, heads, head_dim),
+                (batch, s, heads, head_dim)))
+    real_BT11 = jnp.asarray(segments > 0)[:, :, None, None]
+    dout = jnp.asarray(rng.standard_normal((batch, t, heads, head_dim)), jnp.float32) * real_BT11
+
+    def loss(impl, dtype):
+        def f(q, k, v):
+            q, k, v = (x.astype(dtype) for x in (q, k, v))
+            out = dot_product_attention(q, k, v, mask, implementation=impl)
+            return jnp.sum(out.astype(jnp.float32) * dout), out
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))
+
+    (_, got), got_grads = loss("cudnn", jnp.bfloat16)(q, k, v)
+    (_, ref), ref_grads = loss("reference", jnp.float32)(q, k, v)
+    rel = lambda a, b: float(jnp.linalg.norm(a.astype(jnp.float32) - b)  # noqa: E731
+                             / jnp.linalg.norm(b))
+    assert got.dtype == jnp.bfloat16
+    errors = {"out": rel(got * real_BT11, ref * real_BT11),
+              **{f"d{name}": rel(g, r) for name, g, r in zip("qkv", got_grads, ref_grads)}}
+    assert all(e <= 1e-2 for e in errors.values()), errors  # NaN fails too
+
+
+@needs_gpu
+def test_auto_falls_back_at_odd_lengths_on_gpu():
+    """Odd lengths with a mask: "auto" runs XLA's kernel, and its gradients are right."""
+    rng = np.random.default_rng(7)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 47, 2, 64)), jnp.bfloat16) for _ in range(3))
+    mask = jnp.asarray(np.tril(np.ones((47, 47), bool))[None, None])
+    assert resolve_implementation("auto", jnp.bfloat16, head_dim=64, query_len=47, key_len=47,
+                                  masked=True) == "xla"
+    grad = lambda impl: jax.grad(lambda q: dot_product_attention(  # noqa: E731
+        q, k, v, mask, implementation=impl).astype(jnp.float32).sum())(q)
+    assert_allclose(np.asarray(grad("auto"), np.float32), np.asarray(grad("xla"), np.float32))

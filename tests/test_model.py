@@ -324,3 +324,35 @@ def test_cached_decoding_equals_the_full_decoder(pre_layer_norm):
     # The encoder-decoder keys and values were computed once and never changed.
     jax.tree.map(np.testing.assert_array_equal, cross_before,
                  [layer["cross"] for layer in cache["layers"]])
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu",
+                    reason="cuDNN attention needs an NVIDIA GPU; this backend is the CPU")
+def test_cudnn_model_equals_reference_model_on_gpu():
+    """A bfloat16 model with cuDNN attention (packed rows: encoder, causal and cross masks)
+    gives the logits and gradients of the same model with the reference attention."""
+    configs = {impl: get_model_config("tiny", dtype="bfloat16", attention_implementation=impl,
+                                      dropout_rate=0.0) for impl in ("cudnn", "reference")}
+    rng = np.random.default_rng(3)
+    segments_BT = np.repeat([[1] * 7 + [2] * 5 + [3] * 10 + [0] * 2], 4, axis=0)
+    positions_BT = np.concatenate([np.arange(7), np.arange(5), np.arange(10), [0, 0]])[None]
+    tokens = jnp.asarray(rng.integers(1, TINY.vocab_size, segments_BT.shape) * (segments_BT > 0))
+    kwargs = dict(inputs_segmentation=segments_BT, targets_segmentation=segments_BT,
+                  inputs_positions=np.repeat(positions_BT, 4, 0),
+                  targets_positions=np.repeat(positions_BT, 4, 0))
+    params = Transformer(configs["reference"]).init(jax.random.key(1), tokens, tokens)
+
+    def loss_and_grads(impl):
+        def loss(p):
+            logits_BTV = Transformer(configs[impl]).apply(p, tokens, tokens, **kwargs)
+            return jnp.sum(jnp.where(tokens[..., None] > 0, logits_BTV, 0.0) ** 2), logits_BTV
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+    (_, got), got_grads = loss_and_grads("cudnn")
+    (_, ref), ref_grads = loss_and_grads("reference")
+    real = np.asarray(tokens > 0)
+    rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
+    assert rel(np.asarray(got)[real], np.asarray(ref)[real]) <= 2e-2
+    flat_got, flat_ref = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)])
+                          for g in (got_grads, ref_grads))
+    assert np.isfinite(flat_got).all() and rel(flat_got, flat_ref) <= 2e-2

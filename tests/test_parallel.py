@@ -14,6 +14,9 @@ from transformer_jax.parallel import Parallel
 from transformer_jax.steps import TrainState, eval_step, train_step
 
 CONFIG = get_model_config("tiny", vocab_size=50, dropout_rate=0.0)
+# conftest.py's 8 simulated CPU devices, also where a GPU is the default backend; the
+# one-device runs use the first of them, so every comparison is CPU against CPU.
+CPUS = jax.devices("cpu")
 ROWS, LENGTH = 16, 7
 
 
@@ -47,6 +50,11 @@ def step_fn(model, accumulation_steps=1):
 
 
 def run_one_device(n_steps, accumulation_steps=1):
+    with jax.default_device(CPUS[0]):
+        return _run_one_device(n_steps, accumulation_steps)
+
+
+def _run_one_device(n_steps, accumulation_steps):
     model, state = initial_state()
     step = jax.jit(functools.partial(step_fn(model, accumulation_steps), axis_name=None))
     losses = []
@@ -58,7 +66,7 @@ def run_one_device(n_steps, accumulation_steps=1):
 
 def run_parallel(strategy, n_steps):
     model, state = initial_state()
-    parallel = Parallel(strategy)
+    parallel = Parallel(strategy, CPUS)
     placed = parallel.put_state(state)
     step = parallel.compile_train_step(step_fn(model))
     losses = []
@@ -77,7 +85,7 @@ def one_device():
 @pytest.mark.parametrize("strategy", ["pmap", "sharded"])
 def test_eight_devices_match_one(one_device, strategy):
     """3 updates on 8 simulated devices (2 rows each) = 3 updates on one device (16 rows)."""
-    assert jax.local_device_count() == 8
+    assert len(CPUS) == 8
     params, losses = run_parallel(strategy, 3)
     expected_params, expected_losses = one_device
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
@@ -100,10 +108,11 @@ def test_eval_step_sums_match_across_strategies():
     """Eval sums (loss, tokens, correct) on 8 devices equal the one-device sums."""
     model, state = initial_state()
     batch = batches(1)[0]
-    expected = jax.jit(functools.partial(eval_step, model=model))(state.params, batch)
+    with jax.default_device(CPUS[0]):
+        expected = jax.jit(functools.partial(eval_step, model=model))(state.params, batch)
     assert float(expected["weight_sum"]) == float((batch["targets"] > 0).sum())
     for strategy in ("pmap", "sharded"):
-        parallel = Parallel(strategy)
+        parallel = Parallel(strategy, CPUS)
         placed = parallel.put_state(state)
         got = parallel.to_host(parallel.compile_eval_step(functools.partial(
             eval_step, model=model))(placed.params, parallel.put_batch(batch)))
@@ -113,7 +122,7 @@ def test_eval_step_sums_match_across_strategies():
 
 def test_rows_must_split_over_devices():
     with pytest.raises(ValueError, match="do not split over 8"):
-        Parallel("pmap").put_batch({"inputs": np.zeros((12, 3), np.int32)})
+        Parallel("pmap", CPUS).put_batch({"inputs": np.zeros((12, 3), np.int32)})
     with pytest.raises(ValueError, match="parallelism must be one of"):
         Parallel("tpu-magic")
 
@@ -122,7 +131,7 @@ def test_rows_must_split_over_devices():
 def test_no_recompilation_after_the_first_step(strategy):
     """Steps 2..4 reuse step 1's executable: the state's types do not drift between steps."""
     model, state = initial_state()
-    parallel = Parallel(strategy)
+    parallel = Parallel(strategy, CPUS)
     placed = parallel.put_state(state)
     step = parallel.compile_train_step(step_fn(model))
     compiles = []

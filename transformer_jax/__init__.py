@@ -12,6 +12,7 @@ from transformer_jax.attention import (
     attention_implementations,
     attention_weights,
     available_implementations,
+    choose_implementation,
     dot_product_attention,
     register_attention,
     resolve_implementation,

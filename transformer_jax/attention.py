@@ -11,7 +11,8 @@ and is chosen by name in one place, `ModelConfig.attention_implementation`:
     "xla"        jax.nn.dot_product_attention(implementation="xla").
     "cudnn"      jax.nn.dot_product_attention(implementation="cudnn"): cuDNN's
                  fused kernel, NVIDIA GPU with bfloat16 or float16 only.
-    "auto"       the fastest valid one for the backend, dtype and dropout.
+    "auto"       the fastest valid one for the backend, dtype, shapes and dropout
+                 (`choose_implementation` says which and why).
 """
 
 from collections.abc import Callable
@@ -83,9 +84,16 @@ def xla_attention(query, key, value, mask=None, *, dropout_rate=0.0, dropout_rng
 
 @register_attention("cudnn")
 def cudnn_attention(query, key, value, mask=None, *, dropout_rate=0.0, dropout_rng=None):
-    """cuDNN's fused attention through jax.nn.dot_product_attention."""
+    """cuDNN's fused (flash) attention through jax.nn.dot_product_attention.
+
+    A mask reaches cuDNN as an additive bias `(B, 1, T, S)`: padding, causal and
+    packed-segment masks alike. On an H100 (BENCHMARKS.md) that cost 1.16-1.26x the
+    unmasked kernel; cuDNN's packed layout (segment offsets, a private JAX API) was
+    3.6x slower and gave NaN gradients with jax 0.11.2 and cuDNN 9.19.
+    """
     _refuse_dropout("cudnn", dropout_rate)
-    reason = _cudnn_unavailable(query.dtype)
+    # Lengths are left to JAX: odd ones with a mask fail only when differentiated.
+    reason = cudnn_unsupported(query.dtype, head_dim=query.shape[-1])
     if reason:
         raise ValueError(f"attention implementation 'cudnn' {reason}; use 'auto' or 'xla'")
     if mask is not None:  # cuDNN takes the mask as a bias with full T and S axes
@@ -102,33 +110,73 @@ def _refuse_dropout(name: str, dropout_rate: float) -> None:
         )
 
 
-def _cudnn_unavailable(dtype) -> str:
-    """Why cuDNN attention cannot run here, or "" when it can."""
-    backend = jax.default_backend()
+def cudnn_unsupported(dtype, *, head_dim=None, query_len=None, key_len=None, masked=False,
+                      backend=None, compute_capability=None) -> str:
+    """Why cuDNN attention cannot take this case, or "" when it can.
+
+    cuDNN's rules as jax.nn.dot_product_attention applies them: an NVIDIA GPU,
+    bfloat16 or float16, a head dim that is a multiple of 8 and at most 128 (256
+    from Hopper, compute capability 9.0, on), and even lengths when a mask (a
+    bias to cuDNN) is given: its backward pass refuses odd ones. Shapes left None
+    are not checked. `backend` and
+    `compute_capability` default to this machine's.
+    """
+    backend = backend or jax.default_backend()
     if backend not in ("gpu", "cuda"):
         return f"needs an NVIDIA GPU, but the JAX backend is {backend!r}"
     if jnp.dtype(dtype) not in _HALF_DTYPES:
         return f"needs bfloat16 or float16 inputs, got {jnp.dtype(dtype).name}"
+    if head_dim is not None:
+        capability = compute_capability or _compute_capability()
+        largest = 256 if capability >= (9, 0) else 128
+        if head_dim % 8 or head_dim > largest:
+            return f"needs a head dim that is a multiple of 8 and at most {largest}, got {head_dim}"
+    odd = [f"{n}={v}" for n, v in (("T", query_len), ("S", key_len)) if v is not None and v % 2]
+    if masked and odd:
+        return f"needs even lengths with a mask, got {', '.join(odd)}"
     return ""
 
 
-def resolve_implementation(name: str, dtype=jnp.float32, dropout_rate: float = 0.0) -> str:
-    """The registered implementation that `name` stands for ("auto" resolved)."""
-    if name == "auto":
-        if dropout_rate > 0.0:
-            return "reference"
-        return "xla" if _cudnn_unavailable(dtype) else "cudnn"
-    if name not in _IMPLEMENTATIONS:
-        raise ValueError(
-            f"unknown attention implementation {name!r}; "
-            f"choose one of {', '.join(attention_implementations())}"
-        )
-    return name
+def _compute_capability() -> tuple[int, ...]:
+    version = getattr(jax.devices()[0], "compute_capability", "0.0")
+    return tuple(int(x) for x in str(version).split("."))
+
+
+def choose_implementation(name: str, dtype=jnp.float32, dropout_rate: float = 0.0, *,
+                          head_dim=None, query_len=None, key_len=None,
+                          masked=False) -> tuple[str, str]:
+    """(the registered implementation `name` stands for, why), "auto" resolved.
+
+    "auto" takes cuDNN's fused kernel wherever it can run (on an H100 it was 1.7x
+    faster than XLA's on the base model's packed rows, BENCHMARKS.md); otherwise
+    XLA's, or "reference" when there is attention dropout, which only it implements.
+    """
+    if name != "auto":
+        if name not in _IMPLEMENTATIONS:
+            raise ValueError(
+                f"unknown attention implementation {name!r}; "
+                f"choose one of {', '.join(attention_implementations())}"
+            )
+        return name, "chosen by name"
+    if dropout_rate > 0.0:
+        return "reference", "attention dropout: only 'reference' implements it"
+    reason = cudnn_unsupported(dtype, head_dim=head_dim, query_len=query_len, key_len=key_len,
+                               masked=masked)
+    if reason:
+        return "xla", f"cuDNN {reason}"
+    return "cudnn", "cuDNN's fused kernel"
+
+
+def resolve_implementation(name: str, dtype=jnp.float32, dropout_rate: float = 0.0,
+                           **shape) -> str:
+    """The registered implementation that `name` stands for ("auto" resolved); `shape`
+    takes `choose_implementation`'s head_dim, query_len, key_len and masked."""
+    return choose_implementation(name, dtype, dropout_rate, **shape)[0]
 
 
 def available_implementations(dtype=jnp.float32) -> tuple[str, ...]:
     """Registered implementations that can run on this backend with `dtype`."""
-    return tuple(n for n in _IMPLEMENTATIONS if n != "cudnn" or not _cudnn_unavailable(dtype))
+    return tuple(n for n in _IMPLEMENTATIONS if n != "cudnn" or not cudnn_unsupported(dtype))
 
 
 def dot_product_attention(
@@ -167,7 +215,9 @@ def dot_product_attention(
         raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
-    name = resolve_implementation(implementation, query.dtype, dropout_rate)
+    name = resolve_implementation(implementation, query.dtype, dropout_rate,
+                                  head_dim=query.shape[-1], query_len=query.shape[1],
+                                  key_len=key.shape[1], masked=mask is not None)
     if return_weights:
         if implementation not in ("reference", "auto"):
             raise ValueError(f"only 'reference' returns weights, not {implementation!r}")

@@ -24,14 +24,18 @@ AXIS = "batch"  # the pmap axis name the steps sum over
 class Parallel:
     """Places state and batches, and compiles steps, for one strategy."""
 
-    def __init__(self, strategy: str):
+    def __init__(self, strategy: str, devices=None):
+        """`devices`: every device of the run (default `jax.devices()`, the default backend's);
+        e.g. `jax.devices("cpu")` to run on the host's CPUs beside a GPU."""
         if strategy not in STRATEGIES:
             raise ValueError(f"parallelism must be one of {STRATEGIES}, got {strategy!r}")
         self.strategy = strategy
-        self.num_local_devices = jax.local_device_count()
+        devices = list(jax.devices() if devices is None else devices)
+        self._local_devices = [d for d in devices if d.process_index == jax.process_index()]
+        self.num_local_devices = len(self._local_devices)
         # A plain Mesh has Auto axes; jax.make_mesh's Explicit axes would reject
         # batches and parameters placed without explicit shardings.
-        self.mesh = Mesh(np.array(jax.devices()), ("data",))
+        self.mesh = Mesh(np.array(devices), ("data",))
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
         self._split = NamedSharding(self.mesh, PartitionSpec("data"))
 
@@ -39,7 +43,7 @@ class Parallel:
         """One copy of the state, as the compiled steps want it placed."""
         if self.strategy == "pmap":
             # Named like pmap's outputs, so step 2 does not compile again for a new sharding.
-            return flax.jax_utils.replicate(state, axis_name=AXIS)
+            return flax.jax_utils.replicate(state, devices=self._local_devices, axis_name=AXIS)
         return jax.device_put(state, self._replicated)
 
     def get_state(self, placed):
@@ -70,14 +74,20 @@ class Parallel:
         """`step_fn(state, batch, axis_name=...)` compiled; the state's buffers are donated."""
         if self.strategy == "pmap":
             return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS,
-                            donate_argnums=(0,))
+                            devices=self._pmap_devices(), donate_argnums=(0,))
         return jax.jit(functools.partial(step_fn, axis_name=None), donate_argnums=(0,))
 
     def compile_eval_step(self, step_fn):
         """`step_fn(params, batch, axis_name=...)` compiled; returns summed metrics."""
         if self.strategy == "pmap":
-            return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS)
+            return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS,
+                            devices=self._pmap_devices())
         return jax.jit(functools.partial(step_fn, axis_name=None))
+
+    def _pmap_devices(self):
+        """pmap's `devices` (every process's): None for the default, which pmap prefers."""
+        devices = list(self.mesh.devices.flat)
+        return None if devices == jax.devices() else devices
 
     def to_host(self, metrics) -> dict[str, float]:
         """Summed metrics (equal on every device) as Python floats; this waits for them."""
