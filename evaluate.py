@@ -12,16 +12,19 @@ import sys
 
 from absl import app, flags, logging
 
+from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.data import DataError, load_split
 from transformer_jax.run_config import parse_flags
 from transformer_jax.translation import TranslationError, Translator, evaluate
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
 _SPLIT = flags.DEFINE_enum("split", "test", ["train", "validation", "test"], "the split")
-_AVERAGE = flags.DEFINE_integer("average_last", 1, "average the last N checkpoints (§6.1)")
-_BEAM = flags.DEFINE_integer("beam_size", 4, "beam size; 1 is greedy search")
-_ALPHA = flags.DEFINE_float("alpha", 0.6, "length penalty exponent (§6.1)")
-_EXTRA = flags.DEFINE_integer("max_extra_length", 50, "output tokens beyond the input length")
+_AVERAGE = flags.DEFINE_integer("average_last", 1, "average the last N checkpoints (§6.1)",
+                                lower_bound=1)
+_BEAM = flags.DEFINE_integer("beam_size", 4, "beam size; 1 is greedy search", lower_bound=1)
+_ALPHA = flags.DEFINE_float("alpha", 0.6, "length penalty exponent (§6.1)", lower_bound=0.0)
+_EXTRA = flags.DEFINE_integer("max_extra_length", 50, "output tokens beyond the input length",
+                              lower_bound=0)
 
 
 def main(argv) -> None:
@@ -30,8 +33,9 @@ def main(argv) -> None:
     checkpoint = "latest" if _AVERAGE.value == 1 else f"average:{_AVERAGE.value}"
     try:
         translator = Translator.from_workdir(_WORKDIR.value, checkpoint)
+        out = writable_folder(os.path.join(_WORKDIR.value, "eval"), "the results folder")
         pairs = load_split(translator.run_config.data, _SPLIT.value).pairs
-    except (TranslationError, DataError) as error:
+    except (TranslationError, DataError, ConfigError) as error:
         sys.exit(f"error: {error}")
     settings = {"beam_size": _BEAM.value, "alpha": _ALPHA.value,
                 "max_extra_length": _EXTRA.value}
@@ -41,8 +45,6 @@ def main(argv) -> None:
     record = {"split": _SPLIT.value, "step": step, "checkpoints": translator.steps,
               "direction": f"{d.source_lang}-{d.target_lang}", "sentences": len(pairs),
               **{k: v for k, v in result.items() if k != "hypotheses"}, **settings}
-    out = os.path.join(_WORKDIR.value, "eval")
-    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{_SPLIT.value}-{step}.hyp.txt"), "w", encoding="utf-8") as f:
         f.write("".join(h + "\n" for h in result["hypotheses"]))
     with open(os.path.join(out, f"{_SPLIT.value}-{step}.json"), "w", encoding="utf-8") as f:

@@ -13,7 +13,7 @@ from ml_collections import config_flags
 
 from transformer_jax import parallel, trainer
 from transformer_jax.data import DataError
-from transformer_jax.run_config import parse_flags
+from transformer_jax.run_config import loaded_config, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/default.py", "a config file (configs/*.py)", lock_config=True)
@@ -31,7 +31,7 @@ def main(argv) -> None:
     logging.set_verbosity(logging.WARNING)  # orbax and TFDS report every file at INFO
     parallel.initialize_processes(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     try:
-        trainer.train(_CONFIG.value, _WORKDIR.value)
+        trainer.train(loaded_config(_CONFIG.value), _WORKDIR.value)
     except (trainer.ConfigError, DataError, trainer.NonFiniteLossError) as error:
         sys.exit(f"error: {error}")
 

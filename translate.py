@@ -1,37 +1,47 @@
 """Translates sentences with a trained run: `python translate.py --workdir=runs/default`.
 
-Reads one sentence per line from --input (or stdin) and writes the translations, in
-order, to --output (or stdout). Beam search as in §6.1 by default.
+Reads one sentence per line from --input (or stdin; UTF-8, lines end at "\\n" only) and
+writes the translations, one line each, in order, to --output (or stdout). Beam search as in
+§6.1 by default.
 """
 
+import os
 import sys
 
 from absl import app, flags, logging
 
+from transformer_jax.config_checks import ConfigError, writable_folder
+from transformer_jax.data import DataError
+from transformer_jax.data.sources import decode_lines
 from transformer_jax.run_config import parse_flags
 from transformer_jax.translation import TranslationError, Translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
 _INPUT = flags.DEFINE_string("input", None, "a UTF-8 file, one sentence per line (default stdin)")
 _OUTPUT = flags.DEFINE_string("output", None, "where translations go (default stdout)")
-_BEAM = flags.DEFINE_integer("beam_size", 4, "beam size; 1 is greedy search")
-_ALPHA = flags.DEFINE_float("alpha", 0.6, "length penalty exponent (§6.1)")
-_EXTRA = flags.DEFINE_integer("max_extra_length", 50, "output tokens beyond the input length")
+_BEAM = flags.DEFINE_integer("beam_size", 4, "beam size; 1 is greedy search", lower_bound=1)
+_ALPHA = flags.DEFINE_float("alpha", 0.6, "length penalty exponent (§6.1)", lower_bound=0.0)
+_EXTRA = flags.DEFINE_integer("max_extra_length", 50, "output tokens beyond the input length",
+                              lower_bound=0)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, a step, or average:N")
-_BATCH = flags.DEFINE_integer("batch_size", 32, "sentences per search")
+_BATCH = flags.DEFINE_integer("batch_size", 32, "sentences per search", lower_bound=1)
 
 
 def main(argv) -> None:
     del argv
     logging.set_verbosity(logging.WARNING)
     try:
+        if _OUTPUT.value:  # before any work whose results would go there
+            if os.path.isdir(_OUTPUT.value):
+                raise ConfigError(f"--output {_OUTPUT.value} is a folder; name a file")
+            writable_folder(os.path.dirname(os.path.abspath(_OUTPUT.value)), "--output's folder")
         translator = Translator.from_workdir(_WORKDIR.value, _CHECKPOINT.value)
         if _INPUT.value:
-            with open(_INPUT.value, encoding="utf-8") as f:
-                lines = f.read().splitlines()
+            with open(_INPUT.value, "rb") as f:
+                lines = decode_lines(f.read(), _INPUT.value)
         else:
-            lines = sys.stdin.read().splitlines()
-    except (TranslationError, OSError) as error:
+            lines = decode_lines(sys.stdin.buffer.read(), "stdin")
+    except (TranslationError, DataError, ConfigError, OSError) as error:
         sys.exit(f"error: {error}")
     translations = translator.translate(
         lines, beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_length=_EXTRA.value,

@@ -6,7 +6,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from transformer_jax.data.pipeline import eval_batches, train_dataset
-from transformer_jax.data.sources import DataError, load_split, translation_datasets
+from transformer_jax.data.sources import (DataError, decode_lines, load_split,
+                                          translation_datasets)
 from transformer_jax.data.tokenizer import EOS_ID, train_tokenizer
 from transformer_jax.run_config import data_fields
 
@@ -39,6 +40,16 @@ def test_folder_keeps_spaces_and_only_splits_on_newline(tmp_path):
     write_split(tmp_path, "test", ["a  b", "x\u2028y"], [" c", "z"], end="\r\n")
     pairs = load_split(data_config(dataset=f"folder:{tmp_path}"), "test").pairs
     assert pairs == [{"source": "a  b", "target": " c"}, {"source": "x\u2028y", "target": "z"}]
+
+
+def test_decode_lines_splits_on_newline_only_and_drops_a_bom():
+    """Only "\\n" (or "\\r\\n") ends a line; a leading BOM goes, a later U+FEFF stays."""
+    text = "\ufeffa\x0bb\r\nc\x1cd\x85e\n\nf\u2029\ufeff\n"
+    assert decode_lines(text.encode(), "x") == ["a\x0bb", "c\x1cd\x85e", "", "f\u2029\ufeff"]
+    assert decode_lines(b"no final newline", "x") == ["no final newline"]
+    with pytest.raises(DataError, match=r"^in\.txt, line 3: not valid UTF-8 \(invalid start "
+                                        r"byte at byte 4\)$"):
+        decode_lines(b"a\nb\n\xffc\n", "in.txt")
 
 
 def test_folder_skips_pairs_with_an_empty_side(tmp_path):

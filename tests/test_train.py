@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 
 from run_configs import ROOT, load_config, tiny_run
 from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.config_checks import writable_folder
 from transformer_jax.trainer import ConfigError, NonFiniteLossError, check_config, train
 
 
@@ -96,9 +97,24 @@ def test_non_finite_loss_stops_and_saves_nothing(tmp_path):
     ("data.too_long", "wrap", "config.data.too_long"),
     ("model.num_heads", 5, "d_model must be divisible by num_heads=5"),
     ("optim.warmup_steps", 0, "warmup_steps"),
+    ("seed", -1, "config.seed must be an integer >= 0"),
+    ("num_eval_batches", -2, "config.num_eval_batches must be -1"),
+    ("data.numbers_size", "medium", "config.data.numbers_size must be one of 'full', 'small'"),
+    ("data.max_source_length", 0, "config.data.max_source_length must be an integer >= 2"),
+    ("data.max_target_length", 1, "config.data.max_target_length must be an integer >= 2"),
+    ("data.num_threads", 0, "config.data.num_threads must be a positive integer"),
+    ("decode.beam_size", 0, "config.decode.beam_size must be a positive integer"),
+    ("decode.alpha", -0.5, "config.decode.alpha must be a number >= 0"),
+    ("decode.max_extra_length", -100, "config.decode.max_extra_length must be an integer >= 0"),
+    ("decode.bleu_examples", 0, "config.decode.bleu_examples must be a positive integer"),
+    ("model.max_length", 16, "max_length=16 \\(the learned position table\\) is shorter than "
+                             "the rows \\(24 tokens\\)"),
+    ("model.attention_implementation", "cudnn", "'cudnn' needs"),
 ])
 def test_bad_config_values_name_the_key(key, value, message):
-    config = tiny_run(accumulation_steps=2, per_device_batch_size=2)
+    # Learned positions, so model.max_length matters; float32, which cuDNN refuses everywhere.
+    config = tiny_run(accumulation_steps=2, per_device_batch_size=2,
+                      **{"model.positional_encoding": "learned"})
     target, name = (config[key.split(".")[0]], key.split(".")[1]) if "." in key else (config, key)
     target[name] = value
     with pytest.raises(ConfigError, match=message):
@@ -132,12 +148,48 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
 
 
 def test_train_py_rejects_bad_config_before_compiling(tmp_path):
+    (tmp_path / "broken.py").write_text("def get_config(:\n")
     for flag, message in (("--config.num_train_steps=0", "config.num_train_steps must be"),
-                          ("--config.num_train_stepz=5", "num_train_stepz")):
-        process = run_train_py(tmp_path, flag)
+                          ("--config.num_train_stepz=5", "num_train_stepz"),
+                          ("--config=configs/missing.py", "No such file or directory"),
+                          (f"--config={tmp_path / 'broken.py'}", "(broken.py, line 1)")):
+        process = run_train_py(tmp_path / "run", flag)
         out, err = process.communicate(timeout=120)
         assert process.returncode != 0 and message in err, err
-        assert "Traceback" not in err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_workdir_must_be_a_writable_folder(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        writable_folder(str(tmp_path / "a_file"))
+    with pytest.raises(ConfigError, match="/proc/x_workdir is not a writable folder"):
+        writable_folder("/proc/x_workdir")  # /proc refuses new entries, even to root
+    assert writable_folder(str(tmp_path / "new" / "run")) == str(tmp_path / "new" / "run")
+    assert (tmp_path / "new" / "run").is_dir()
+
+
+@pytest.mark.parametrize("why", ["num_eval_batches=0", "the validation split is empty"])
+def test_no_evaluation_data_logs_no_eval_records(tmp_path, capsys, why):
+    """No evaluation data: one line says there is nothing to evaluate; no eval_* records."""
+    config = tiny_run(num_train_steps=2, eval_every_steps=1)
+    if why == "num_eval_batches=0":
+        config.num_eval_batches = 0
+    else:  # a folder corpus with an empty validation split
+        corpus = tmp_path / "corpus"
+        corpus.mkdir()
+        for split, count in (("train", 60), ("validation", 0)):
+            for lang, word in (("de", "Satz"), ("en", "sentence")):
+                (corpus / f"{split}.{lang}").write_text(
+                    "".join(f"{word} {i}\n" for i in range(count)))
+        config.data.dataset, config.data.vocab_size = f"folder:{corpus}", 300
+        config.decode.bleu_every_steps = 1  # nor BLEU, which reads the same split
+    train(config, str(tmp_path / "run"))
+    assert [sorted(r) for r in records(tmp_path / "run")] == [
+        ["accuracy", "grad_norm", "learning_rate", "loss", "step", "tokens_per_sec"]]
+    printed = "".join(capsys.readouterr())
+    assert printed.count(f"nothing to evaluate ({why})") == 1
 
 
 needs_gpu = pytest.mark.skipif(jax.default_backend() != "gpu",

@@ -1,6 +1,7 @@
 """translate.py and evaluate.py on a tiny trained run; checkpoint averaging; sacreBLEU."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -51,10 +52,33 @@ def test_translate_errors_are_one_line(workdir, tmp_path):
                            "average:5 needs 5 checkpoints; there are 2"),
                           ([f"--workdir={workdir}", "--checkpoint=3"], "use latest, a step (2, 4)"),
                           ([f"--workdir={workdir}", f"--input={tmp_path / 'missing.txt'}"],
-                           "missing.txt")):
+                           "missing.txt"),
+                          ([f"--workdir={workdir}", "--checkpoint=average:x"],
+                           "average:N needs a number of checkpoints N"),
+                          ([f"--workdir={workdir}", f"--output={tmp_path}"],
+                           f"--output {tmp_path} is a folder"),
+                          ([f"--workdir={workdir}", "--beam_size=0"], "--beam_size=0"),
+                          ([f"--workdir={workdir}", "--batch_size=0"], "--batch_size=0"),
+                          ([f"--workdir={workdir}", "--max_extra_length=-100"],
+                           "--max_extra_length=-100")):
         result = run("translate.py", *args, stdin="")
         assert result.returncode == 1 and message in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+    bad_utf8 = subprocess.run([sys.executable, "translate.py", f"--workdir={workdir}"], cwd=ROOT,
+                              input=b"drei\nzw\xffei\n", capture_output=True, timeout=300)
+    assert bad_utf8.returncode == 1 and b"Traceback" not in bad_utf8.stderr
+    assert bad_utf8.stderr.decode().strip() == ("error: stdin, line 2: not valid UTF-8 "
+                                                "(invalid start byte at byte 7)")
+
+
+def test_translate_keeps_output_lines_aligned_with_input_lines(workdir):
+    """Lines end at "\\n" only (\\r\\n too); a BOM is not part of the first sentence."""
+    lines = ["einundzwanzig", "zwei\x85drei", "vier\u2028fünf\x0bsechs\x1c"]
+    text = "\ufeff" + lines[0] + "\r\n" + "\n".join(lines[1:]) + "\n"
+    result = run("translate.py", f"--workdir={workdir}", "--beam_size=1", stdin=text)
+    assert result.returncode == 0, result.stderr
+    expected = Translator.from_workdir(str(workdir)).translate(lines, beam_size=1)
+    assert result.stdout.split("\n") == expected + [""]
 
 
 def test_average_of_the_last_two_checkpoints(workdir):
@@ -118,6 +142,18 @@ def test_evaluate_writes_hypotheses_and_scores(workdir):
     assert record["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
     assert record["beam_size"] == 2 and record["direction"] == "de-en" and record["step"] == 4
     assert record["sentences_per_sec"] > 0
+
+
+def test_evaluate_checks_its_results_folder_before_translating(workdir, tmp_path):
+    """An `eval` that is a file stops evaluate.py at once, with one line, before any search."""
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy)
+    shutil.rmtree(copy / "eval", ignore_errors=True)
+    (copy / "eval").write_text("")
+    result = run("evaluate.py", f"--workdir={copy}", "--split=validation")
+    assert result.returncode != 0
+    expected = f"error: the results folder {copy / 'eval'} is a file, not a folder"
+    assert result.stderr.strip() == expected
 
 
 def test_score_is_cased_sacrebleu():

@@ -104,6 +104,26 @@ def parse_flags(argv: list[str]) -> list[str]:
 
     try:
         return app.parse_flags_with_usage(argv)  # absl's own errors: one line and exit 1
-    except (AttributeError, KeyError, TypeError, ValueError) as error:
-        message = str(error).strip("'\"").replace("\\n", " ").replace("\\'", "'")
+    except (AttributeError, KeyError, TypeError, ValueError, SyntaxError) as error:
+        # A SyntaxError is a config file's own: its str() names the file and the line.
+        message = str(error)
+        if len(message) > 1 and message[0] == message[-1] and message[0] in "'\"":
+            message = message[1:-1]  # a KeyError's str() is its repr, in quotes
+        message = message.replace("\\n", " ").replace("\\'", "'")
         raise SystemExit(f"error in the command line: {message}") from None
+    except OSError as error:  # a --config.key=value applied to a config file that did not load
+        raise SystemExit(_cannot_load(error)) from None
+
+
+def loaded_config(config):
+    """The ConfigDict that `--config` loaded, or a one-line SystemExit when its file did not
+    load (ml_collections defers that error to the config's first use, as a traceback)."""
+    try:
+        config.keys()
+    except OSError as error:
+        raise SystemExit(_cannot_load(error)) from None
+    return config
+
+
+def _cannot_load(error: OSError) -> str:
+    return f"error: cannot load --config: {str(error).strip().splitlines()[-1].strip()}"

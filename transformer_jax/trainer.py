@@ -22,47 +22,20 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.config_checks import ConfigError, check_config, writable_folder
 from transformer_jax.data import eval_batches, get_tokenizer, load_split, train_dataset
 from transformer_jax.data.vocabulary import tokenizer_path
 from transformer_jax.model import Transformer
 from transformer_jax.optim import learning_rate_schedule, optimizer_from_config
-from transformer_jax.parallel import STRATEGIES, Parallel
+from transformer_jax.parallel import Parallel
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
 from transformer_jax.steps import TrainState, eval_step, train_step
 from transformer_jax.translation import Translator, score
 
 
-class ConfigError(ValueError):
-    """A run config that cannot work; raised before anything compiles."""
-
-
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or infinite; nothing was saved for that step."""
-
-
-def check_config(config) -> None:
-    """Fails fast, naming the key, on values that could only fail later."""
-    positive = ("num_train_steps", "per_device_batch_size", "accumulation_steps",
-                "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
-                "checkpoints_to_keep")
-    for key in positive:
-        if not isinstance(config[key], int) or config[key] < 1:
-            raise ConfigError(f"config.{key} must be a positive integer, got {config[key]!r}")
-    if config.per_device_batch_size % config.accumulation_steps:
-        raise ConfigError(f"config.per_device_batch_size={config.per_device_batch_size} must "
-                          f"split into config.accumulation_steps={config.accumulation_steps}")
-    if config.parallelism not in STRATEGIES:
-        raise ConfigError(f"config.parallelism must be one of {STRATEGIES}, "
-                          f"got {config.parallelism!r}")
-    if config.data.too_long not in ("truncate", "drop"):
-        raise ConfigError(f"config.data.too_long must be 'truncate' or 'drop', "
-                          f"got {config.data.too_long!r}")
-    try:
-        build_model_config(config.model, vocab_size=config.data.vocab_size)
-        optimizer_from_config(config.optim, config.model.d_model)
-    except ValueError as error:
-        raise ConfigError(f"config.model / config.optim: {error}") from None
 
 
 def _refuse_other_model(checkpointer: Checkpointer, step: int, model_config, workdir) -> None:
@@ -147,8 +120,7 @@ class TrainResult:
 def train(config, workdir: str) -> TrainResult:
     """Trains (or resumes training) the run of `config` in `workdir`."""
     check_config(config)
-    workdir = os.path.abspath(workdir)
-    os.makedirs(workdir, exist_ok=True)
+    workdir = writable_folder(workdir)
     parallel = Parallel(config.parallelism)
     # Process 0 prepares the dataset and trains the tokenizer; the others then read both.
     train_split, tokenizer = _first_process_then_others(
@@ -207,6 +179,12 @@ class _Loop:
         log = RunLog(self.workdir, total_steps=self.config.num_train_steps, first_step=first,
                      enabled=jax.process_index() == 0)
         stop, records, stopped = _StopSignal(), [], False
+        if not self.eval_pairs:
+            log.message("nothing to evaluate (the validation split is empty): "
+                        "the run logs no evaluation records")
+        elif self.config.num_eval_batches == 0:
+            log.message("nothing to evaluate (num_eval_batches=0): "
+                        "the run logs no eval_loss, eval_accuracy or eval_perplexity")
         try:
             window, window_start = [], time.perf_counter()
             while step < self.config.num_train_steps:
@@ -222,8 +200,8 @@ class _Loop:
                     log.write(step, record)
                     log.progress(step, record)
                     window = []
-                if self._due(step, "eval") or self._bleu_due(step):
-                    record = self._evaluate(placed) if self._due(step, "eval") else {}
+                if self._eval_due(step) or self._bleu_due(step):
+                    record = self._evaluate(placed) if self._eval_due(step) else {}
                     if self._bleu_due(step):
                         record.update(self._bleu(placed, step))
                     log.write(step, record)
@@ -247,9 +225,14 @@ class _Loop:
         every = self.config[f"{what}_every_steps"]
         return step % every == 0 or step == self.config.num_train_steps
 
+    def _eval_due(self, step: int) -> bool:
+        return (self._due(step, "eval") and self.config.num_eval_batches != 0
+                and bool(self.eval_pairs))
+
     def _bleu_due(self, step: int) -> bool:
         every = self.config.decode.bleu_every_steps
-        return every > 0 and (step % every == 0 or step == self.config.num_train_steps)
+        return (every > 0 and bool(self.eval_pairs)
+                and (step % every == 0 or step == self.config.num_train_steps))
 
     def _bleu(self, placed, step: int) -> dict[str, float]:
         """sacreBLEU of beam search on the first `decode.bleu_examples` validation pairs."""

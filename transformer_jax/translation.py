@@ -46,7 +46,11 @@ def _checkpoint_steps(checkpointer: Checkpointer, which: str) -> list[int]:
     if which == "latest":
         return steps[-1:]
     if which.startswith("average:"):
-        n = int(which.split(":", 1)[1])
+        count = which.removeprefix("average:")
+        if not count.isdigit():
+            raise TranslationError(f"checkpoint {which!r}: average:N needs a number of "
+                                   f"checkpoints N, e.g. average:5")
+        n = int(count)
         if not 1 <= n <= len(steps):
             raise TranslationError(f"average:{n} needs {n} checkpoints; there are "
                                    f"{len(steps)} ({', '.join(map(str, steps))})")

@@ -184,14 +184,19 @@ def read_folder_split(folder: str, split: str, source_lang: str, target_lang: st
 
 
 def _read_lines(path: str) -> list[str]:
-    """Lines of a UTF-8 file, split on "\\n" only (so other separators keep files aligned)."""
     with open(path, "rb") as f:
-        data = f.read()
+        return decode_lines(f.read(), path)
+
+
+def decode_lines(data: bytes, where: str) -> list[str]:
+    """Lines of UTF-8 text, split on "\\n" only, so that other separators (\\x0b, \\x85,
+    U+2028, ...) keep files line-aligned; a leading byte-order mark is dropped, and "\\r\\n"
+    ends a line like "\\n". `where` names the text in the DataError for invalid UTF-8."""
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
-        raise DataError(f"{path}, line {line}: not valid UTF-8 ({error.reason} at byte "
+        raise DataError(f"{where}, line {line}: not valid UTF-8 ({error.reason} at byte "
                         f"{error.start})") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":

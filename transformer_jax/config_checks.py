@@ -1,0 +1,100 @@
+"""A run config's values checked before anything is read or compiled, each error naming its key.
+
+    check_config(config)         # raises ConfigError("config.decode.beam_size must be ...")
+    writable_folder("runs/x")    # the absolute path, created; ConfigError unless writable
+"""
+
+import os
+import tempfile
+
+from transformer_jax.attention import cudnn_unsupported
+from transformer_jax.data.numbers import CONFIG_SIZES as NUMBERS_SIZES
+from transformer_jax.optim import optimizer_from_config
+from transformer_jax.parallel import STRATEGIES
+from transformer_jax.run_config import build_model_config
+
+
+class ConfigError(ValueError):
+    """A run config that cannot work; raised before anything compiles."""
+
+
+
+def check_config(config) -> None:
+    """Fails fast, naming the key, on values that could only fail later (before data is read)."""
+    positive = ("num_train_steps", "per_device_batch_size", "accumulation_steps",
+                "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
+                "checkpoints_to_keep", "data.num_threads", "decode.beam_size",
+                "decode.bleu_examples")
+    for key in positive:
+        _require_int(config, key, 1, "a positive integer")
+    _require_int(config, "seed", 0, "an integer >= 0")
+    _require_int(config, "num_eval_batches", -1, "-1 (the whole split) or an integer >= 0")
+    _require_int(config, "decode.bleu_every_steps", 0, "an integer >= 0 (0: off)")
+    _require_int(config, "decode.max_extra_length", 0, "an integer >= 0")
+    for side in ("source", "target"):  # a row holds at least one token and EOS
+        _require_int(config, f"data.max_{side}_length", 2, "an integer >= 2")
+    if not isinstance(config.decode.alpha, (int, float)) or config.decode.alpha < 0:
+        raise ConfigError(f"config.decode.alpha must be a number >= 0, got {config.decode.alpha!r}")
+    if config.per_device_batch_size % config.accumulation_steps:
+        raise ConfigError(f"config.per_device_batch_size={config.per_device_batch_size} must "
+                          f"split into config.accumulation_steps={config.accumulation_steps}")
+    _require_choice(config, "parallelism", STRATEGIES)
+    _require_choice(config, "data.too_long", ("truncate", "drop"))
+    if config.data.dataset == "numbers":
+        _require_choice(config, "data.numbers_size", tuple(NUMBERS_SIZES))
+    try:
+        model_config = build_model_config(config.model, vocab_size=config.data.vocab_size)
+        optimizer_from_config(config.optim, config.model.d_model)
+    except ValueError as error:
+        raise ConfigError(f"config.model / config.optim: {error}") from None
+    _check_model_fits_the_run(model_config, config.data)
+
+
+def _check_model_fits_the_run(model_config, data) -> None:
+    """The model against the rows it will read and the machine it will run on."""
+    longest = max(data.max_source_length, data.max_target_length)
+    if model_config.positional_encoding == "learned" and model_config.max_length < longest:
+        raise ConfigError(f"config.model.max_length={model_config.max_length} (the learned "
+                          f"position table) is shorter than the rows ({longest} tokens); raise "
+                          f"it or lower config.data.max_source_length / max_target_length")
+    if model_config.attention_implementation == "cudnn":
+        reason = cudnn_unsupported(model_config.compute_dtype, head_dim=model_config.head_dim)
+        if reason:
+            raise ConfigError(f"config.model.attention_implementation='cudnn' {reason}; "
+                              f"use 'auto', which falls back where cuDNN cannot run")
+
+
+def _lookup(config, key: str):
+    *groups, name = key.split(".")
+    for group in groups:
+        config = config[group]
+    return config[name]
+
+
+def _require_int(config, key: str, low: int, rule: str) -> None:
+    value = _lookup(config, key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"config.{key} must be {rule}, got {value!r}")
+
+
+def _require_choice(config, key: str, choices) -> None:
+    value = _lookup(config, key)
+    if value not in choices:
+        raise ConfigError(f"config.{key} must be one of {', '.join(map(repr, choices))}, "
+                          f"got {value!r}")
+
+
+def writable_folder(path: str, what: str = "--workdir") -> str:
+    """`path` made absolute and created; a ConfigError naming `what` unless it is a writable
+    folder (checked before any work whose results would go there)."""
+    path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{what} {path} is a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise ConfigError(f"{what} {path} is not a writable folder: "
+                          f"{error.strerror or error}") from None
+    return path
