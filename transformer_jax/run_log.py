@@ -1,6 +1,7 @@
 """Where a run's metrics go: DIR/metrics.jsonl, TensorBoard event files, a progress bar.
 
-Only process 0 writes; the others get a RunLog that does nothing.
+Only process 0 writes; the others get a RunLog that does nothing. On resume,
+metrics.jsonl loses the records past the restored step (they are logged again).
 """
 
 import json
@@ -17,7 +18,9 @@ class RunLog:
         self.enabled = enabled
         if not enabled:
             return
-        self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+        path = os.path.join(workdir, "metrics.jsonl")
+        drop_records_after(path, first_step)
+        self._jsonl = open(path, "a", encoding="utf-8")
         self._tensorboard = SummaryWriter(workdir)
         self._progress = tqdm.tqdm(total=total_steps, initial=first_step, unit="step",
                                    dynamic_ncols=True, desc="train")
@@ -52,3 +55,21 @@ class RunLog:
             self._progress.close()
             self._tensorboard.close()
             self._jsonl.close()
+
+
+def drop_records_after(path: str, step: int) -> None:
+    """Removes the records of steps after `step` from a metrics.jsonl, if any.
+
+    A run killed after logging step N but before its checkpoint resumes from an
+    earlier step and logs those steps again; without this they would be there twice.
+    """
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    if len(kept) == len(lines):
+        return
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    os.replace(path + ".tmp", path)  # atomic: a crash here leaves the old file or the new one
