@@ -11,6 +11,7 @@ import pytest
 from num2words import num2words
 
 from transformer_jax.data.pipeline import Tokenize, eval_batches, train_dataset
+from transformer_jax.data.sources import DataError
 from transformer_jax.data.tokenizer import EOS_ID, train_tokenizer
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import get_model_config
@@ -58,6 +59,16 @@ def test_tokenize_cuts_or_drops_long_pairs(tokenizer):
     assert cut["targets"].tolist() == full["targets"][:2].tolist()
     assert Tokenize(tokenizer, 3, 2, "drop")(pair) is None
     assert Tokenize(tokenizer, 100, 100, "drop")(pair)["targets"].tolist() == full["targets"].tolist()
+
+
+def test_no_pair_that_fits_is_an_error_not_a_hang(tokenizer):
+    """too_long="drop" with every pair too long for the rows: a DataError after one epoch."""
+    dataset = train_dataset(PAIRS, tokenizer, batch_size=4, max_source_length=1,  # EOS alone
+                            max_target_length=1, too_long="drop", num_threads=1)
+    with pytest.raises(DataError, match=f"all {len(PAIRS)} examples of an epoch were dropped"):
+        next(iter(dataset))
+    with pytest.raises(DataError, match="the training split is empty"):
+        train_dataset([], tokenizer, batch_size=4, **LENGTHS)
 
 
 def test_packed_rows_hold_whole_pairs_with_restarting_positions(tokenizer):

@@ -15,6 +15,8 @@ next example is: the parent's state before its chunk and an offset into it.
 import grain
 import numpy as np
 
+from transformer_jax.data.sources import DataError
+
 SUFFIXES = ("", "_segmentation", "_positions")
 
 
@@ -28,20 +30,27 @@ class PackedBatchIterDataset(grain.IterDataset):
     and the same for `targets`.
     """
 
-    def __init__(self, chunks: grain.IterDataset, *, batch_size: int, lengths: dict[str, int]):
+    def __init__(self, chunks: grain.IterDataset, *, batch_size: int, lengths: dict[str, int],
+                 examples_per_epoch: int | None = None):
+        """`examples_per_epoch`: with it, a run of that many dropped examples (an epoch
+        where none fits) raises a DataError instead of looking for one forever."""
         super().__init__(chunks)
         self._batch_size = batch_size
         self._lengths = dict(lengths)
+        self._examples_per_epoch = examples_per_epoch
 
     def __iter__(self):
-        return _PackedBatchIterator(self._parent.__iter__(), self._batch_size, self._lengths)
+        return _PackedBatchIterator(self._parent.__iter__(), self._batch_size, self._lengths,
+                                    self._examples_per_epoch)
 
 
 class _PackedBatchIterator(grain.DatasetIterator):
-    def __init__(self, chunks, batch_size: int, lengths: dict[str, int]):
+    def __init__(self, chunks, batch_size: int, lengths: dict[str, int],
+                 examples_per_epoch: int | None):
         super().__init__(chunks)
         self._batch_size = batch_size
         self._lengths = lengths
+        self._examples_per_epoch = examples_per_epoch
         self._chunk_state = chunks.get_state()  # the parent's state before self._chunk
         self._chunk, self._offset = [], 0  # the next example is self._chunk[self._offset]
 
@@ -78,11 +87,17 @@ class _PackedBatchIterator(grain.DatasetIterator):
 
     def _peek(self):
         """The next example that was not dropped; StopIteration when the parent ends."""
+        dropped = 0
         while True:
             while self._offset < len(self._chunk):
                 if self._chunk[self._offset] is not None:
                     return self._chunk[self._offset]
                 self._offset += 1
+                dropped += 1
+                if dropped == self._examples_per_epoch:
+                    raise DataError(f"all {dropped} examples of an epoch were dropped: none fits "
+                                    f"the rows {self._lengths}; cut them instead (too_long="
+                                    f"'truncate') or make the rows longer")
             self._chunk_state = self._parent.get_state()
             self._chunk, self._offset = next(self._parent), 0
 

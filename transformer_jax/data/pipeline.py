@@ -21,6 +21,7 @@ import grain
 import numpy as np
 
 from transformer_jax.data.packing import PackedBatchIterDataset
+from transformer_jax.data.sources import DataError
 from transformer_jax.data.tokenizer import Tokenizer
 
 TOO_LONG = ("truncate", "drop")
@@ -67,13 +68,16 @@ def train_dataset(pairs, tokenizer: Tokenizer, *, batch_size: int, max_source_le
     """
     if too_long not in TOO_LONG:
         raise ValueError(f"too_long must be one of {TOO_LONG}, got {too_long!r}")
+    if not len(pairs):
+        raise DataError("no training pairs: the training split is empty")
     tokenize = Tokenize(tokenizer, max_source_length, max_target_length, too_long)
     chunks = (grain.MapDataset.source(pairs).seed(seed).shuffle().repeat()
               .batch(CHUNK, batch_fn=list).map(tokenize.many)
               .to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4)))
     return PackedBatchIterDataset(
         chunks, batch_size=batch_size,
-        lengths={"inputs": max_source_length, "targets": max_target_length})
+        lengths={"inputs": max_source_length, "targets": max_target_length},
+        examples_per_epoch=len(pairs))
 
 
 def eval_batches(pairs, tokenizer: Tokenizer, *, batch_size: int, max_source_length: int,
