@@ -118,8 +118,7 @@ def cudnn_unsupported(dtype, *, head_dim=None, query_len=None, key_len=None, mas
     bfloat16 or float16, a head dim that is a multiple of 8 and at most 128 (256
     from Hopper, compute capability 9.0, on), and even lengths when a mask (a
     bias to cuDNN) is given: its backward pass refuses odd ones. Shapes left None
-    are not checked. `backend` and
-    `compute_capability` default to this machine's.
+    are not checked; `backend` and `compute_capability` default to this machine's.
     """
     backend = backend or jax.default_backend()
     if backend not in ("gpu", "cuda"):

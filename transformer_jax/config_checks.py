@@ -9,6 +9,7 @@ import tempfile
 
 from transformer_jax.attention import cudnn_unsupported
 from transformer_jax.data.numbers import CONFIG_SIZES as NUMBERS_SIZES
+from transformer_jax.data.pipeline import TOO_LONG
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import STRATEGIES
 from transformer_jax.run_config import build_model_config
@@ -16,7 +17,6 @@ from transformer_jax.run_config import build_model_config
 
 class ConfigError(ValueError):
     """A run config that cannot work; raised before anything compiles."""
-
 
 
 def check_config(config) -> None:
@@ -39,7 +39,7 @@ def check_config(config) -> None:
         raise ConfigError(f"config.per_device_batch_size={config.per_device_batch_size} must "
                           f"split into config.accumulation_steps={config.accumulation_steps}")
     _require_choice(config, "parallelism", STRATEGIES)
-    _require_choice(config, "data.too_long", ("truncate", "drop"))
+    _require_choice(config, "data.too_long", TOO_LONG)
     if config.data.dataset == "numbers":
         _require_choice(config, "data.numbers_size", tuple(NUMBERS_SIZES))
     try:
