@@ -43,6 +43,8 @@ def main(argv) -> None:
             lines = decode_lines(sys.stdin.buffer.read(), "stdin")
     except (TranslationError, DataError, ConfigError, OSError) as error:
         sys.exit(f"error: {error}")
+    steps = ", ".join(map(str, translator.steps))
+    print(f"checkpoint {steps} of {_WORKDIR.value}", file=sys.stderr)  # stdout: translations
     translations = translator.translate(
         lines, beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_length=_EXTRA.value,
         batch_size=_BATCH.value, progress=_INPUT.value is not None)

@@ -184,6 +184,33 @@ def test_fully_masked_rows_are_uniform_and_finite(impl):
         assert_allclose(np.asarray(g), e, rtol=1e-5, atol=1e-5)
 
 
+def test_opening_empty_rows_changes_nothing_the_reference_computes():
+    """cuDNN gets rows that see no key opened to every key with a zero query: the output and
+    gradients equal the float64 reference's, and rows that see a key keep query and mask."""
+    from transformer_jax.attention import open_empty_rows, reference_attention
+
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=5)
+    mask_B1TS = causal_padding_mask_B1TS()
+    mask_B1TS[0, 0, 1, :] = False
+    opened_q, opened = (np.asarray(x) for x in open_empty_rows(q_BTNH, jnp.asarray(mask_B1TS)))
+    seen_B1T = mask_B1TS.any(-1)
+    assert opened[0, 0, 1].all() and (opened_q[0, 1] == 0).all()
+    assert (opened[seen_B1T] == mask_B1TS[seen_B1T]).all() and seen_B1T.sum() == seen_B1T.size - 1
+    assert (np.delete(opened_q[0], 1, axis=0) == np.delete(q_BTNH[0], 1, axis=0)).all()
+
+    def attend(q, k, v):
+        q, mask = open_empty_rows(q, jnp.asarray(mask_B1TS))
+        return reference_attention(q, k, v, mask)
+
+    dout_BTNH = np.random.default_rng(5).standard_normal((B, T, N, H)).astype(np.float32)
+    out, vjp = jax.vjp(attend, q_BTNH, k_BSNH, v_BSNH)
+    assert_allclose(np.asarray(out), np_attention(q_BTNH, k_BSNH, v_BSNH, mask_B1TS),
+                    rtol=1e-5, atol=1e-5)
+    for g, e in zip(vjp(jnp.asarray(dout_BTNH)),
+                    np_attention_grads(q_BTNH, k_BSNH, v_BSNH, mask_B1TS, dout_BTNH)):
+        assert_allclose(np.asarray(g), e, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("impl", (*available_implementations(jnp.bfloat16), "auto"))
 def test_bfloat16_inputs(impl):
     """bfloat16 inputs give bfloat16 output close to the float64 reference of those inputs."""

@@ -92,6 +92,18 @@ def test_forward_flops_match_xla_cost_analysis():
     assert ours <= xla <= 1.15 * ours
 
 
+def test_flops_without_attention_drop_exactly_the_three_attentions():
+    """What `attention=False` leaves out is eq. 1 in each layer: encoder self-attention
+    (S × S), decoder self-attention (T × T, the full square) and cross-attention (T × S)."""
+    config = get_model_config("base")
+    b, s, t, n, h = 4, 30, 20, config.num_heads, config.d_model // config.num_heads
+    per_layer = (flops.attention_flops(b, s, s, n, h) + flops.attention_flops(b, t, t, n, h)
+                 + flops.attention_flops(b, t, s, n, h))
+    gap = (flops.train_step_flops(config, b, s, t)
+           - flops.train_step_flops(config, b, s, t, attention=False))
+    assert gap == 3 * config.num_layers * per_layer
+
+
 def test_peak_table_lookup():
     assert machine.table_peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.0
     assert machine.table_peak_tflops("NVIDIA H100 PCIe", "bfloat16") == 756.0
@@ -174,3 +186,52 @@ def test_profile_counts_only_the_timed_calls(tmp_path):
         assert [row["calls"] for row in rows if row["operation"] in ("dot", "ynn_fusion")] == [4]
     else:  # the GPU's kernels: the matmul's, once per timed call
         assert max(row["calls"] for row in rows) == 4
+
+
+def test_packed_batch_is_packed_as_the_pipeline_packs():
+    """Segments numbered 1, 2, ... then padding; positions restart at each example; ids are
+    zero exactly on padding; at most 95 % of each row is used."""
+    from transformer_jax.benchmark.model import packed_batch
+
+    config = model_configs()["tiny"]
+    batch = packed_batch(config, 4, 128, seed=3)
+    segments, positions = batch["targets_segmentation"], batch["targets_positions"]
+    for row_segments, row_positions in zip(segments, positions):
+        used = row_segments[row_segments > 0]
+        assert 0 < used.size <= int(128 * 0.95) and (row_segments[used.size:] == 0).all()
+        ids, sizes = np.unique(used, return_counts=True)
+        assert (ids == np.arange(1, ids.size + 1)).all() and (sizes >= 5).all()
+        expected = np.concatenate([np.arange(size) for size in sizes])
+        assert (row_positions[:used.size] == expected).all()
+    for key in ("inputs", "targets"):
+        assert ((batch[key] != 0) == (segments != 0)).all()
+
+
+def test_auto_is_compared_with_the_fastest_other_implementation_of_its_shape():
+    from transformer_jax.benchmark.attention import compare_auto
+
+    shape = {"pass": "forward", "dtype": "bfloat16", "causal": False, "num_heads": 2,
+             "head_dim": 64}
+    rows = [{"implementation": name, "seq_len": t, "ms": ms, **shape} for name, t, ms in (
+        ("auto", 128, 2.0), ("xla", 128, 1.0), ("cudnn", 128, 3.0),
+        ("auto", 256, 4.0), ("cudnn", 256, 4.0), ("auto", 512, 1.0))]
+    assert compare_auto(rows) == 0.5
+    assert [row.get("vs_fastest") for row in rows] == [0.5, None, None, 1.0, None, None]
+
+
+def test_back_to_back_queues_calls_and_waits_for_the_last():
+    from transformer_jax.benchmark.timing import back_to_back
+
+    calls = []
+    back_to_back(lambda: calls.append(jnp.ones(2)) or calls[-1], 7)()
+    assert len(calls) == 7
+
+
+def test_pipeline_adds_the_gpu_batch_on_hosts_of_many_cores(monkeypatch):
+    from transformer_jax.benchmark import pipeline
+
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 16)
+    assert [case for case in pipeline.cases(False) if case[1] == 256] == [
+        (96, 256, 256, threads) for threads in (1, 4, 8, 16)]
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 2)
+    assert all(case[1] == 16 for case in pipeline.cases(False))

@@ -1,5 +1,6 @@
 """Checkpointer: round trips, retention, async visibility, resharding on restore."""
 
+import shutil
 import threading
 
 import jax
@@ -207,3 +208,74 @@ def test_donating_state_right_after_async_save_keeps_saved_values(open_checkpoin
     checkpointer.wait()
     restored, _, _ = checkpointer.restore(1, new_state)
     assert_trees_equal(restored, expected)
+
+
+def _biggest_array_file(step_dir):
+    return max((p for p in step_dir.glob("state/ocdbt.process_0/d/*")), key=lambda p: p.stat().st_size)
+
+
+def _empty(folder):
+    for child in folder.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
+DAMAGE = {
+    "truncated array file": lambda d: _biggest_array_file(d).write_bytes(
+        _biggest_array_file(d).read_bytes()[:100]),
+    "deleted array file": lambda d: _biggest_array_file(d).unlink(),
+    "overwritten array file": lambda d: _biggest_array_file(d).write_bytes(b"\0" * 4096),
+    "truncated metadata item": lambda d: (d / "metadata" / "metadata").write_text("{"),
+    "deleted data-state item": lambda d: (d / "data" / "metadata").unlink(),
+    "overwritten data-state item": lambda d: (d / "data" / "metadata").write_text("[]]"),
+    "truncated array manifest": lambda d: (d / "state" / "manifest.ocdbt").write_bytes(b"x"),
+    "emptied step folder": _empty,
+}
+
+
+def large_state(step):
+    """Arrays too large for orbax to inline in its index: each has a data file to damage."""
+    return {"w": jnp.arange(3000.0) * step, "b": jnp.full((40, 50), step, jnp.bfloat16)}
+
+
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+    """Checkpoints 2 and 4 of large_state(2) and large_state(4), written once per module."""
+    directory = tmp_path_factory.mktemp("two") / "ckpt"
+    with Checkpointer(str(directory), keep=3) as checkpointer:
+        for step in (2, 4):
+            checkpointer.save(step, large_state(step), data_states=[{"at": step}],
+                              metadata={"step": step})
+    return directory
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_newest_step_is_moved_aside_and_the_one_before_restores(
+        damage, two_steps, tmp_path, open_checkpointer):
+    directory = tmp_path / "ckpt"
+    shutil.copytree(two_steps, directory)
+    DAMAGE[damage](directory / "4")
+    checkpointer = open_checkpointer(directory=directory)
+    with pytest.warns(UserWarning, match=r"checkpoint 4 cannot be read, using an earlier one: "
+                                         r".*ckpt/4 \(moved to .*ckpt-damaged/4-\d+\)") as caught:
+        step, (state, data_states, metadata) = checkpointer.newest(
+            lambda s: checkpointer.restore(s, large_state(0)))
+    assert len([w for w in caught if "cannot be read" in str(w.message)]) == 1
+    assert (step, data_states, metadata) == (2, [{"at": 2}], {"step": 2})
+    assert_trees_equal(state, large_state(2))
+    assert checkpointer.all_steps() == [2] and not (directory / "4").exists()
+    (aside,) = (tmp_path / "ckpt-damaged").iterdir()  # kept, not deleted
+    assert aside.name.startswith("4-")
+
+
+def test_readers_fall_back_without_moving_and_none_is_none(two_steps, tmp_path, open_checkpointer):
+    directory = tmp_path / "ckpt"
+    shutil.copytree(two_steps, directory)
+    DAMAGE["deleted array file"](directory / "4")
+    checkpointer = open_checkpointer(directory=directory)
+    with pytest.warns(UserWarning, match=r"checkpoint 4 cannot be read.*ckpt/4: Exception"):
+        assert checkpointer.newest(checkpointer.metadata, move_aside=False)[0] == 4
+        assert checkpointer.newest(lambda s: checkpointer.restore(s, large_state(0)),
+                                   move_aside=False)[0] == 2
+    assert (directory / "4").exists() and not (tmp_path / "ckpt-damaged").exists()
+    with pytest.warns(UserWarning):
+        assert checkpointer.newest(lambda s: 1 / 0, move_aside=False) is None

@@ -191,3 +191,29 @@ def test_a_run_with_gradient_clipping_restores(tmp_path):
     (tmp_path / "run").rename(tmp_path / "moved")  # the workdir's tokenizer is found anyway
     translator = Translator.from_workdir(str(tmp_path / "moved"))
     assert translator.steps == [1] and len(translator.translate(SENTENCES, beam_size=1)) == 3
+
+
+def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(workdir, tmp_path):
+    """Step 4's array data deleted: translate.py names the damaged step once and translates
+    with step 2; training moves step 4 aside, resumes from step 2 and finishes."""
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy)
+    arrays = sorted((copy / "checkpoints" / "4").glob("state/ocdbt.process_0/d/*"),
+                    key=lambda p: p.stat().st_size)
+    arrays[-1].unlink()
+    result = run("translate.py", f"--workdir={copy}", stdin="null\n")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout.count("\n") == 1
+    assert result.stderr.count("checkpoint 4 cannot be read, using an earlier one") == 1
+    assert f"checkpoint 2 of {copy}" in result.stderr
+    assert (copy / "checkpoints" / "4").exists()  # readers move nothing
+    named = run("translate.py", f"--workdir={copy}", "--checkpoint=4", stdin="null\n")
+    assert named.returncode == 1 and "Traceback" not in named.stderr
+    assert named.stderr.strip() .startswith("error: checkpoint 4 cannot be read: ")
+    with pytest.warns(UserWarning, match="checkpoint 4 cannot be read"):
+        resumed = train(tiny_run(num_train_steps=6, checkpoint_every_steps=2), str(copy))
+    assert [r["step"] for r in resumed.records] == [4, 6]
+    assert sorted(int(p.name) for p in (copy / "checkpoints").iterdir()
+                  if p.name.isdigit()) == [2, 4, 6]
+    (aside,) = (copy / "checkpoints-damaged").iterdir()
+    assert aside.name.startswith("4-")

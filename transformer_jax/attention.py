@@ -98,8 +98,22 @@ def cudnn_attention(query, key, value, mask=None, *, dropout_rate=0.0, dropout_r
         raise ValueError(f"attention implementation 'cudnn' {reason}; use 'auto' or 'xla'")
     if mask is not None:  # cuDNN takes the mask as a bias with full T and S axes
         b, t, s = query.shape[0], query.shape[1], key.shape[1]
-        mask = jnp.broadcast_to(mask, (b, mask.shape[1], t, s))
+        query, mask = open_empty_rows(query, jnp.broadcast_to(mask, (b, mask.shape[1], t, s)))
     return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="cudnn")
+
+
+def open_empty_rows(query_BTNH, mask_BNTS):
+    """(query, mask) with every query row that sees no key turned into one that sees all
+    keys with a zero query: uniform weights, as the reference gives such a row (its
+    logits are all equally low), and zero gradients into Q and K from it, as there.
+
+    cuDNN 9.19 on an H100 returned NaN query gradients for such rows at T = S = 64
+    (the padding queries of packed rows), and NaN times a zero cotangent still
+    poisons the weight gradients.
+    """
+    empty_BNT1 = ~mask_BNTS.any(axis=-1, keepdims=True)
+    empty_BTN1 = jnp.transpose(empty_BNT1, (0, 2, 1, 3))
+    return jnp.where(empty_BTN1, 0, query_BTNH).astype(query_BTNH.dtype), mask_BNTS | empty_BNT1
 
 
 def _refuse_dropout(name: str, dropout_rate: float) -> None:

@@ -21,12 +21,51 @@ orbax 0.12 notes: `reached_preemption` is always False without
 `CheckpointManager.save` first waits for the previous async save to finish.
 """
 
+import contextlib
+import gc
 import os
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import TypeVar
 
 import jax
 import orbax.checkpoint as ocp
 
+T = TypeVar("T")
+
 _STATE, _DATA, _METADATA = "state", "data", "metadata"
+
+
+class DamagedCheckpointError(Exception):
+    """A checkpoint step whose files cannot be read."""
+
+    def __init__(self, step: int, where: str):
+        super().__init__(f"checkpoint {step} cannot be read: {where}")
+        self.step, self.where = step, where
+
+
+@contextlib.contextmanager
+def _quiet_orphaned_reads(grace_s: float = 0.5):
+    """When one array of a damaged checkpoint fails, orbax raises that error at once and
+    closes its event loop while the reads of the other arrays are still in flight; as
+    they finish, each would print a traceback ("Event loop is closed") through Python's
+    hooks. On a failure this waits `grace_s` (they finish within milliseconds) with
+    those hooks silenced, and collects the abandoned coroutines, so that the one
+    warning or error naming the step is all a user sees."""
+    hooks = sys.unraisablehook, sys.excepthook
+    sys.unraisablehook = lambda unraisable: None
+    sys.excepthook = lambda *exc_info: None
+    try:
+        yield
+    except BaseException:
+        time.sleep(grace_s)
+        gc.collect()
+        raise
+    finally:
+        sys.unraisablehook, sys.excepthook = hooks
 
 
 class Checkpointer:
@@ -72,6 +111,42 @@ class Checkpointer:
 
     def all_steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
+
+    def read(self, step: int, read: Callable[[int], T]) -> T:
+        """read(step), with any way damaged files fail (a truncated, deleted or overwritten
+        file, an emptied folder) raised as one DamagedCheckpointError naming the step."""
+        try:
+            with _quiet_orphaned_reads():
+                return read(step)
+        except RuntimeError:  # the device's errors (out of memory, ...): not the files'
+            raise
+        # orbax and tensorstore fail on damaged files in many ways (a bare Exception,
+        # OSError, ValueError, KeyError, JSON errors, ...): this step cannot be used.
+        except Exception as error:  # noqa: BLE001
+            cause = " ".join(f"{type(error).__name__}: {error}".split())
+            cause = cause.split(" See full TensorStore details")[0][:300]
+            raise DamagedCheckpointError(step, f"{self.directory}/{step}: {cause}") from None
+
+    def newest(self, read: Callable[[int], T], *, move_aside: bool = True) -> tuple[int, T] | None:
+        """(step, read(step)) for the newest step that `read` can read, or None if none.
+
+        A step that fails to read is named in a warning and, with `move_aside`, moved to
+        DIR-damaged/ (not deleted) so that the run goes on from the step before it.
+        """
+        for step in reversed(self.all_steps()):
+            try:
+                return step, self.read(step, read)
+            except DamagedCheckpointError as error:
+                where = error.where
+                if move_aside and jax.process_index() == 0:
+                    aside = os.path.join(f"{self.directory}-damaged", f"{step}-{int(time.time())}")
+                    os.makedirs(os.path.dirname(aside), exist_ok=True)
+                    shutil.move(f"{self.directory}/{step}", aside)
+                    self._manager.reload()
+                    where = where.replace(f"/{step}: ", f"/{step} (moved to {aside}): ", 1)
+                warnings.warn(f"checkpoint {step} cannot be read, using an earlier one: {where}",
+                              stacklevel=2)
+        return None
 
     def restore(self, step: int, abstract_state) -> tuple:
         """(state, data_states, metadata) of `step`, the state placed like `abstract_state`.

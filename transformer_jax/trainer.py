@@ -4,10 +4,13 @@
 
 Restarting the same command resumes from the latest checkpoint in
 DIR/checkpoints, exactly: the state, the data iterator and the dropout keys
-(derived from seed and step) continue where they stopped. SIGTERM or Ctrl-C
-finishes the current step, saves, and returns.
+(derived from seed and step) continue where they stopped; a damaged latest
+checkpoint is moved aside and the one before it used. SIGTERM or Ctrl-C
+finishes the current step, saves, and returns. DIR/train.lock keeps a second
+run off the same workdir.
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -32,14 +35,14 @@ from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
 from transformer_jax.steps import TrainState, eval_step, train_step
 from transformer_jax.translation import Translator, score
+from transformer_jax.workdir_lock import workdir_lock
 
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or infinite; nothing was saved for that step."""
 
 
-def _refuse_other_model(checkpointer: Checkpointer, step: int, model_config, workdir) -> None:
-    saved = checkpointer.metadata(step)["model"]
+def _refuse_other_model(saved: dict, model_config, workdir) -> None:
     wanted = dataclasses.asdict(model_config)
     changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
     if changed:
@@ -121,6 +124,13 @@ def train(config, workdir: str) -> TrainResult:
     """Trains (or resumes training) the run of `config` in `workdir`."""
     check_config(config)
     workdir = writable_folder(workdir)
+    # One run per workdir; in a multi-host run, process 0 holds the lock for all.
+    lock = workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
+    with lock:
+        return _train(config, workdir)
+
+
+def _train(config, workdir: str) -> TrainResult:
     parallel = Parallel(config.parallelism)
     # Process 0 prepares the dataset and trains the tokenizer; the others then read both.
     train_split, tokenizer = _first_process_then_others(
@@ -129,12 +139,13 @@ def train(config, workdir: str) -> TrainResult:
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
                                 keep=config.checkpoints_to_keep)
     try:
-        latest = checkpointer.latest_step()
-        if latest is not None:
-            _refuse_other_model(checkpointer, latest, model_config, workdir)
+        # The newest checkpoint whose metadata reads; damaged ones are moved aside.
+        found = checkpointer.newest(checkpointer.metadata)
+        if found is not None:
+            _refuse_other_model(found[1]["model"], model_config, workdir)
         loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer,
                      train_split.pairs)
-        return loop.run(latest)
+        return loop.run()
     finally:
         checkpointer.close()
 
@@ -168,10 +179,10 @@ class _Loop:
         tx = optimizer_from_config(config.optim, model_config.d_model)
         self.state = _initial_state(self.model, tx, config)
 
-    def run(self, latest: int | None) -> TrainResult:
-        if latest is not None:
-            state, data_states, _ = self.checkpointer.restore(latest, self.state)
-            self.state = state
+    def run(self) -> TrainResult:
+        found = self.checkpointer.newest(lambda step: self.checkpointer.restore(step, self.state))
+        if found is not None:
+            self.state, data_states, _ = found[1]
             self.data.set_state(data_states[jax.process_index()])
         placed = self.parallel.put_state(self.state)
         self.state = None  # the placed copy is the live one (its buffers are donated)

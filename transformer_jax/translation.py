@@ -21,7 +21,7 @@ import numpy as np
 import sacrebleu
 import tqdm
 
-from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.checkpoint import Checkpointer, DamagedCheckpointError
 from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
 from transformer_jax.data.vocabulary import tokenizer_path
 from transformer_jax.decoding import beam_search, greedy_search
@@ -92,12 +92,24 @@ class Translator:
             raise TranslationError(f"{workdir} has no checkpoints; train first "
                                    f"(python train.py --workdir={workdir})")
         checkpointer = Checkpointer(directory, keep=1_000_000)
+        def read(step):
+            metadata = checkpointer.metadata(step)
+            model = Transformer(ModelConfig(**metadata["model"]))
+            return metadata, model, _restore_params(checkpointer, step, model, metadata)
+
         try:
             steps = _checkpoint_steps(checkpointer, checkpoint)
-            metadata = checkpointer.metadata(steps[-1])
-            model = Transformer(ModelConfig(**metadata["model"]))
-            params = average_params(
-                [_restore_params(checkpointer, s, model, metadata) for s in steps])
+            if checkpoint == "latest":  # the newest that restores; training moves damaged ones
+                found = checkpointer.newest(read, move_aside=False)
+                if found is None:
+                    raise TranslationError(f"no checkpoint in {directory} can be read")
+                steps, (metadata, model, params) = [found[0]], found[1]
+            else:
+                reads = [checkpointer.read(s, read) for s in steps]
+                (metadata, model, _), params = reads[-1], average_params([r[2] for r in reads])
+        except DamagedCheckpointError as error:
+            raise TranslationError(f"{error}; --checkpoint=latest falls back to the newest "
+                                   f"that restores") from None
         finally:
             checkpointer.close()
         try:  # the workdir's own copy: the path saved at training time may have moved

@@ -35,18 +35,6 @@ from transformer_jax.benchmark.flops import train_step_flops
 from transformer_jax.benchmark.timing import median_seconds
 
 
-def packed_segments_BT(rng, batch, length, min_len=5, max_len=60, fill=0.95):
-    """Segment ids of rows packed with examples of min_len..max_len-1 tokens, padding at the end."""
-    segments = np.zeros((batch, length), np.int32)
-    for row in range(batch):
-        used, segment = 0, 0
-        while (size := int(rng.integers(min_len, max_len))) + used <= int(length * fill):
-            segment += 1
-            segments[row, used:used + size] = segment
-            used += size
-    return segments
-
-
 def packed_mask_B1TS(query_segments_BT, key_segments_BS, causal):
     mask = ((query_segments_BT[:, None, :, None] == key_segments_BS[:, None, None, :])
             & (key_segments_BS[:, None, None, :] != 0))
@@ -92,7 +80,7 @@ def implementations(query_segments_BT, key_segments_BS, causal, max_segments):
 def attention_errors(t=128, s=None, causal=False, max_segments=32, seed=1):
     """Relative errors against float32 (forward, dq, dk, dv) over the real queries."""
     rng = np.random.default_rng(seed)
-    query_segments = jnp.asarray(packed_segments_BT(rng, 4, t))
+    query_segments = jnp.asarray(model_suite.packed_segments_BT(rng, 4, t))
     key_segments = query_segments
     if s is not None:  # encoder-decoder: the same examples, 3..9 source tokens each
         keys = np.zeros((4, s), np.int32)
@@ -127,7 +115,7 @@ def attention_errors(t=128, s=None, causal=False, max_segments=32, seed=1):
 
 def attention_times(batch, length, heads, causal, max_segments):
     """ms of one jitted call (wall clock, dispatch included), forward and forward+backward."""
-    segments = jnp.asarray(packed_segments_BT(np.random.default_rng(0), batch, length))
+    segments = jnp.asarray(model_suite.packed_segments_BT(np.random.default_rng(0), batch, length))
     fns, _ = implementations(segments, segments, causal, max_segments)
     fns["cudnn_no_mask"] = lambda q, k, v: jax.nn.dot_product_attention(
         q, k, v, is_causal=causal, implementation="cudnn")
@@ -157,18 +145,6 @@ def masks() -> dict:
 
 
 # --- the train step ------------------------------------------------------------------------
-
-
-def packed_batch(config, batch, length):
-    """Random ids in packed rows: segments, positions restarting per example, padding 0."""
-    rows = model_suite.synthetic_batch(config, batch, length)
-    segments = packed_segments_BT(np.random.default_rng(0), batch, length)
-    starts = np.maximum.accumulate(np.where(np.diff(segments, prepend=-1) != 0,
-                                            np.arange(length)[None], 0), axis=1)
-    positions = (np.arange(length)[None] - starts) * (segments != 0)
-    return {"inputs": rows["inputs"] * (segments != 0), "targets": rows["targets"] * (segments != 0),
-            "inputs_segmentation": segments, "targets_segmentation": segments,
-            "inputs_positions": positions, "targets_positions": positions}
 
 
 def before_changes():
@@ -202,7 +178,7 @@ def train_step(name="base", *, patches=(), prng=None, trace_dir=None, batch=96, 
         jax.config.update("jax_default_prng_impl", prng)
     try:
         config = dataclasses.replace(model_suite.model_configs()[name], dtype="bfloat16")
-        rows = packed_batch(config, batch, length)
+        rows = model_suite.packed_batch(config, batch, length)
         step, state, placed, compile_s = model_suite.train_setup(config, "sharded", rows)
         holder = [state]
 

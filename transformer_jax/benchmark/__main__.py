@@ -2,6 +2,7 @@
 
 import argparse
 import importlib
+import os
 import sys
 
 from transformer_jax.benchmark import SUITES, machine, report, timing
@@ -30,6 +31,10 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.suite == "compare":
+        # torch shares the GPU: JAX must not take 75 % of its memory up front (read when
+        # the backend starts, which is below).
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     about = machine.describe()
     print(f"{args.suite} on {about['device_count']}x {about['device_kind']} "
           f"({about['backend']}, {about['cpu_count']} CPUs, {about['processor']}), "

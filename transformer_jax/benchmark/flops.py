@@ -23,7 +23,8 @@ def attention_flops(batch: int, q_len: int, kv_len: int, num_heads: int, head_di
     return forward * 3.5 if backward else forward
 
 
-def forward_flops(config: ModelConfig, batch: int, source_len: int, target_len: int) -> float:
+def forward_flops(config: ModelConfig, batch: int, source_len: int, target_len: int, *,
+                  attention: bool = True) -> float:
     """Matmul FLOPs of one forward pass of the encoder-decoder over (B, S) and (B, T) tokens.
 
     Per source token, each encoder layer: Q, K, V, O projections 2·4D², the
@@ -31,16 +32,20 @@ def forward_flops(config: ModelConfig, batch: int, source_len: int, target_len: 
     layer: self-attention 2·4D² + 2·2TD (the full square, as computed), cross-attention
     Q and O 2·2D² + 2·2SD, its K and V 2·2D² per source token, the feed-forward
     2·2DF; then the tied output projection 2DV. Embedding lookups are gathers: 0.
+    `attention=False` leaves out the 2·2SD and 2·2TD terms (softmax(Q Kᵀ) V itself),
+    the count of MFU "without attention".
     """
     d, f, v, layers = config.d_model, config.d_ff, config.vocab_size, config.num_layers
     s_tokens, t_tokens = batch * source_len, batch * target_len
-    encoder = s_tokens * (8 * d * d + 4 * d * f + 4 * source_len * d)
-    decoder = (t_tokens * (8 * d * d + 4 * target_len * d + 4 * d * d + 4 * source_len * d
-                           + 4 * d * f)
+    keys = 1 if attention else 0
+    encoder = s_tokens * (8 * d * d + 4 * d * f + keys * 4 * source_len * d)
+    decoder = (t_tokens * (8 * d * d + keys * 4 * target_len * d + 4 * d * d
+                           + keys * 4 * source_len * d + 4 * d * f)
                + s_tokens * 4 * d * d)
     return layers * (encoder + decoder) + t_tokens * 2 * d * v
 
 
-def train_step_flops(config: ModelConfig, batch: int, source_len: int, target_len: int) -> float:
+def train_step_flops(config: ModelConfig, batch: int, source_len: int, target_len: int, *,
+                     attention: bool = True) -> float:
     """A train step is the forward plus a backward of twice its matmuls: 3× forward."""
-    return 3.0 * forward_flops(config, batch, source_len, target_len)
+    return 3.0 * forward_flops(config, batch, source_len, target_len, attention=attention)

@@ -1,9 +1,12 @@
 """The `model` suite: the whole train step (forward, backward, Adam) per preset and strategy.
 
-Synthetic full rows of random token ids (no padding), the paper's optimizer and
-label smoothing; target tokens/s = B·T / the median step time. MFU is
-`train_step_flops` (flops.py) per second over the device peak (on CPUs, the
-matmul rate measured in the same run).
+Random token ids, the paper's optimizer and label smoothing. CPUs time full rows
+(no padding); accelerators time rows packed as the pipeline packs them (examples
+of 5-59 tokens, segment masks, about 5 % padding at the end of each row).
+Target tokens/s = B·T / the median step time; `real_tokens_per_sec` counts only
+the non-padding target tokens. MFU is `train_step_flops` (flops.py) per second
+over the device peak (on CPUs, the matmul rate measured in the same run), with
+and without the FLOPs of softmax(Q Kᵀ) V itself.
 """
 
 import dataclasses
@@ -48,14 +51,15 @@ def model_configs() -> dict[str, ModelConfig]:
 
 def cases(quick: bool) -> list[Case]:
     """CPUs get short rows and no big model (a step takes seconds there, and the suite should
-    take minutes); accelerators get rows near the paper's 25k-token batches."""
+    take minutes); accelerators get the paper's batch: 96 rows of 256 tokens, about 25k
+    target tokens (§5.1), for base and big."""
     configs = model_configs()
     if quick:
         return [Case("tiny", configs["tiny"], 8, 16)]
     if jax.default_backend() == "cpu":
         sizes = {"tiny": (16, 32), "small": (16, 32), "base": (8, 32)}
     else:
-        sizes = {"tiny": (256, 64), "small": (128, 128), "base": (64, 256), "big": (32, 256)}
+        sizes = {"base": (96, 256), "big": (96, 256)}
     return [Case(name, configs[name], *shape) for name, shape in sizes.items()]
 
 
@@ -65,6 +69,33 @@ def synthetic_batch(config: ModelConfig, batch: int, length: int, seed: int = 0)
     low = min(4, config.vocab_size - 1)
     return {key: rng.integers(low, config.vocab_size, (batch, length), dtype=np.int32)
             for key in ("inputs", "targets")}
+
+
+def packed_segments_BT(rng, batch: int, length: int, sizes=(5, 60), fill=0.95) -> np.ndarray:
+    """Segment ids 1, 2, ... of examples of sizes[0]..sizes[1]-1 tokens packed into each row
+    until `fill` of it is used; 0 (padding) after them."""
+    segments = np.zeros((batch, length), np.int32)
+    for row in range(batch):
+        used, segment = 0, 0
+        while (size := int(rng.integers(*sizes))) + used <= int(length * fill):
+            segment += 1
+            segments[row, used:used + size] = segment
+            used += size
+    return segments
+
+
+def packed_batch(config: ModelConfig, batch: int, length: int, seed: int = 0) -> dict:
+    """Random ids in packed rows, with the segment ids and the positions (restarting at each
+    example) of the pipeline's packed batches; the same segments for source and target."""
+    rows = synthetic_batch(config, batch, length, seed)
+    segments = packed_segments_BT(np.random.default_rng(seed), batch, length)
+    starts = np.maximum.accumulate(np.where(np.diff(segments, prepend=-1) != 0,
+                                            np.arange(length)[None], 0), axis=1)
+    positions = ((np.arange(length)[None] - starts) * (segments != 0)).astype(np.int32)
+    real = segments != 0
+    return {"inputs": rows["inputs"] * real, "targets": rows["targets"] * real,
+            "inputs_segmentation": segments, "targets_segmentation": segments,
+            "inputs_positions": positions, "targets_positions": positions}
 
 
 def train_setup(config: ModelConfig, strategy: str, batch: dict):
@@ -82,9 +113,13 @@ def train_setup(config: ModelConfig, strategy: str, batch: dict):
     return step, state, placed, seconds
 
 
-def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool) -> dict:
+def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
+                    packed: bool | None = None) -> dict:
+    """One row; `packed` rows by default on accelerators, full rows on CPUs."""
     config = dataclasses.replace(case.config, dtype=dtype)
-    batch = synthetic_batch(config, case.batch, case.length)
+    packed = jax.default_backend() != "cpu" if packed is None else packed
+    make = packed_batch if packed else synthetic_batch
+    batch = make(config, case.batch, case.length)
     step, state, placed, compile_s = train_setup(config, strategy, batch)
     holder = [state]
 
@@ -94,18 +129,35 @@ def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool) -> di
 
     seconds = median_seconds(run_once, warmup=1 if quick else 2, iters=3 if quick else 10)
     flops = train_step_flops(config, case.batch, case.length, case.length)
+    matmuls = train_step_flops(config, case.batch, case.length, case.length, attention=False)
     peak, _ = peak_tflops(dtype, quick=quick)
     tflops = flops / seconds / 1e12
     return {"model": case.name, "dtype": dtype, "strategy": strategy, "batch": case.batch,
-            "length": case.length, "step_ms": seconds * 1e3,
-            "tokens_per_sec": case.batch * case.length / seconds,
-            "compile_s": compile_s, "tflops": tflops, "mfu": tflops / peak if peak else None}
+            "length": case.length, "rows": "packed" if packed else "full",
+            "step_ms": seconds * 1e3, "tokens_per_sec": case.batch * case.length / seconds,
+            "real_tokens_per_sec": int(np.count_nonzero(batch["targets"])) / seconds,
+            "compile_s": compile_s, "tflops": tflops, "mfu": tflops / peak if peak else None,
+            "mfu_no_attention": matmuls / seconds / 1e12 / peak if peak else None}
+
+
+def default_strategies() -> tuple[str, ...]:
+    """Both strategies, except on a single accelerator, where they compile one program."""
+    one_accelerator = jax.default_backend() != "cpu" and jax.device_count() == 1
+    return ("sharded",) if one_accelerator else STRATEGIES
+
+
+def default_dtypes(quick: bool) -> tuple[str, ...]:
+    """float32 on CPUs (bfloat16 beside it); bfloat16 alone on accelerators, how they train."""
+    if quick:
+        return ("float32",)
+    return ("float32", "bfloat16") if jax.default_backend() == "cpu" else ("bfloat16",)
 
 
 def run(quick: bool = False, *, models=None, dtypes=None,
-        strategies=STRATEGIES) -> tuple[list[dict], list[str]]:
+        strategies=None) -> tuple[list[dict], list[str]]:
     """(one row per model × dtype × strategy, notes); `models` picks among `cases(quick)`."""
-    dtypes = dtypes or (("float32",) if quick else ("float32", "bfloat16"))
+    dtypes = dtypes or default_dtypes(quick)
+    strategies = strategies or default_strategies()
     chosen = [case for case in cases(quick) if models is None or case.name in models]
     if not chosen:
         raise ValueError(f"no model among {models}; this backend times "
@@ -116,4 +168,6 @@ def run(quick: bool = False, *, models=None, dtypes=None,
             for case in tqdm.tqdm(grid, desc="model", disable=quick)]
     _, source = peak_tflops("float32", quick=quick)
     return rows, [f"peak: {source}", "tokens_per_sec: target tokens (B·T) per second",
-                  "tflops: train_step_flops() in transformer_jax/benchmark/flops.py"]
+                  "real_tokens_per_sec: non-padding target tokens per second",
+                  "tflops, mfu: train_step_flops() in transformer_jax/benchmark/flops.py; "
+                  "mfu_no_attention leaves out softmax(Q Kᵀ) V"]

@@ -7,6 +7,7 @@ LayerNorm to the encoder and to the decoder stack (2 of ~30 norms).
 Needs the `bench` extra (torch); imported only by the compare suite.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -52,12 +53,20 @@ def build(config: ModelConfig, length: int, device: str = "cpu"):
     return Seq2Seq().to(device)
 
 
-def train_step_fn(config: ModelConfig, batch: dict, device: str = "cpu"):
-    """A zero-argument function doing one training step (and waiting for it)."""
+def train_step_fn(config: ModelConfig, batch: dict, device: str = "cpu", *,
+                  autocast: bool = False, compile: bool = False):
+    """A zero-argument function doing one training step (and waiting for it); `autocast`
+    runs the forward and the loss under bfloat16 autocast (float32 weights and Adam, as
+    ours), `compile` wraps the model in torch.compile."""
+    import contextlib
+
     import torch
 
     length = batch["targets"].shape[1]
     model = build(config, length, device)
+    forward = torch.compile(model) if compile else model
+    cast = (functools.partial(torch.autocast, device, dtype=torch.bfloat16) if autocast
+            else contextlib.nullcontext)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1, ignore_index=0)
     inputs = torch.from_numpy(batch["inputs"].astype(np.int64)).to(device)
@@ -66,11 +75,39 @@ def train_step_fn(config: ModelConfig, batch: dict, device: str = "cpu"):
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        logits = model(inputs, decoder_inputs)
-        loss = loss_fn(logits.reshape(-1, config.vocab_size), targets.reshape(-1))
+        with cast():
+            logits = forward(inputs, decoder_inputs)
+            loss = loss_fn(logits.reshape(-1, config.vocab_size), targets.reshape(-1))
         loss.backward()
         optimizer.step()
         if device == "cuda":
             torch.cuda.synchronize()
 
     return step
+
+
+def sdpa_fn(batch: int, seq_len: int, num_heads: int, head_dim: int, *, causal: bool,
+            backward: bool, calls: int):
+    """A zero-argument function running `calls` bfloat16 calls of
+    torch.nn.functional.scaled_dot_product_attention on the CUDA device, flash backend
+    only, back to back, then waiting: forward, or forward and the gradients of Q, K, V."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    shape = (batch, num_heads, seq_len, head_dim)  # torch's layout: B, N, T, H
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=backward) for _ in range(3))
+    grad_out = torch.ones(shape, device="cuda", dtype=torch.bfloat16)
+
+    def once():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        if backward:
+            torch.autograd.grad(out, (q, k, v), grad_out)
+
+    def run():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            for _ in range(calls):
+                once()
+        torch.cuda.synchronize()
+
+    return run

@@ -1,0 +1,59 @@
+"""One training run per workdir: a second is refused at once, a dead run's lock is taken over."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from run_configs import ROOT, tiny_run
+from transformer_jax.config_checks import ConfigError
+from transformer_jax.trainer import train
+from transformer_jax.workdir_lock import LOCK_FILE, workdir_lock
+
+HOLD = ("import sys, time; from transformer_jax.workdir_lock import workdir_lock\n"
+        "with workdir_lock(sys.argv[1]):\n"
+        "    print('held', flush=True); time.sleep(120)")
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """A process holding tmp_path's lock (python alone, no JAX work); killed afterwards."""
+    process = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "held"
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_a_second_run_is_refused_naming_the_first(tmp_path, holder):
+    expected = (rf"{tmp_path} is in use by another training run \(host "
+                rf"{socket.gethostname()}, pid {holder.pid}, started .*\); wait for it")
+    with pytest.raises(ConfigError, match=expected):
+        train(tiny_run(), str(tmp_path))
+    done = subprocess.run([sys.executable, "train.py", "--config=configs/default.py",
+                           f"--workdir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path} is in use")
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_the_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, holder):
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    with pytest.warns(UserWarning, match=rf"taking over the lock of a run that ended without "
+                                         rf"releasing it \(host .*, pid {holder.pid},"):
+        with workdir_lock(str(tmp_path)):
+            mine = json.loads((tmp_path / LOCK_FILE).read_text())
+    assert mine["pid"] == os.getpid() and mine["host"] == socket.gethostname()
+    assert (tmp_path / LOCK_FILE).read_text() == ""  # released cleanly: empty
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a clean release leaves nothing to take over
+        with workdir_lock(str(tmp_path)):
+            pass
