@@ -32,7 +32,8 @@ def main(argv) -> None:
     parallel.initialize_processes(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     try:
         trainer.train(loaded_config(_CONFIG.value), _WORKDIR.value)
-    except (trainer.ConfigError, DataError, trainer.NonFiniteLossError) as error:
+    except (trainer.ConfigError, DataError, trainer.NonFiniteLossError,
+            trainer.StoppedAtOnce) as error:
         sys.exit(f"error: {error}")
 
 

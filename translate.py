@@ -25,6 +25,9 @@ _EXTRA = flags.DEFINE_integer("max_extra_length", 50, "output tokens beyond the 
                               lower_bound=0)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, a step, or average:N")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "sentences per search", lower_bound=1)
+_MAX_INPUT = flags.DEFINE_integer(
+    "max_input_length", None, "the most tokens a sentence may have, EOS included (default: "
+    "the model's max_length); longer ones stop the run before any search", lower_bound=1)
 
 
 def main(argv) -> None:
@@ -45,9 +48,14 @@ def main(argv) -> None:
         sys.exit(f"error: {error}")
     steps = ", ".join(map(str, translator.steps))
     print(f"checkpoint {steps} of {_WORKDIR.value}", file=sys.stderr)  # stdout: translations
-    translations = translator.translate(
-        lines, beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_length=_EXTRA.value,
-        batch_size=_BATCH.value, progress=_INPUT.value is not None)
+    try:
+        translations = translator.translate(
+            lines, beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_length=_EXTRA.value,
+            batch_size=_BATCH.value,
+            max_input_length=_MAX_INPUT.value or translator.model.config.max_length,
+            progress=_INPUT.value is not None)
+    except TranslationError as error:
+        sys.exit(f"error: {error}")
     text = "".join(t + "\n" for t in translations)
     if _OUTPUT.value:
         with open(_OUTPUT.value, "w", encoding="utf-8") as f:

@@ -6,6 +6,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -150,6 +151,48 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     step = int(stopped[0].split("stopped at step ")[1].split(";")[0])
     assert f"saved to {tmp_path / 'checkpoints'}/{step}" in stopped[0]
     assert step in Checkpointer(str(tmp_path / "checkpoints"), keep=5).all_steps()
+
+
+def test_a_signal_before_training_or_a_second_one_stops_at_once(capsys):
+    """The first signal once training runs only asks for a save; one during setup, or a
+    second, raises StoppedAtOnce; the handlers before are restored afterwards."""
+    from transformer_jax.trainer import StoppedAtOnce, _StopSignal
+
+    before = signal.getsignal(signal.SIGTERM)
+    stop = _StopSignal()
+    try:
+        with pytest.raises(StoppedAtOnce, match="SIGTERM before the first step: stopped at once"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs between bytecodes; this is never reached
+        stop.training = True
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+        assert stop.requested and "SIGINT: saving after the current step" in capsys.readouterr().err
+        with pytest.raises(StoppedAtOnce, match="SIGTERM a second time: stopped at once"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigterm_while_reading_data_stops_at_once_with_one_line(tmp_path):
+    """SIGTERM while the full numbers split is read (before any step): exit 1, one line."""
+    process = run_train_py(tmp_path, "--config.data.numbers_size=full")
+    err = []
+    reader = threading.Thread(target=lambda: err.extend(iter(lambda: process.stderr.read(1), "")))
+    reader.start()
+    deadline = time.time() + 120
+    while "reading numbers train" not in "".join(err):
+        assert process.poll() is None and time.time() < deadline, "".join(err)
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+    reader.join(timeout=10)
+    last = "".join(err).replace("\r", "\n").strip().splitlines()[-1]
+    assert process.returncode == 1 and "Traceback" not in "".join(err)
+    assert last.startswith("error: SIGTERM before the first step: stopped at once")
+    assert not (tmp_path / "checkpoints").exists() or not os.listdir(tmp_path / "checkpoints")
 
 
 def test_train_py_rejects_bad_config_before_compiling(tmp_path):

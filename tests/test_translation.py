@@ -64,6 +64,11 @@ def test_translate_errors_are_one_line(workdir, tmp_path):
         result = run("translate.py", *args, stdin="")
         assert result.returncode == 1 and message in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+    too_long = run("translate.py", f"--workdir={workdir}", "--max_input_length=12",
+                   stdin="null\n" + "dreihundertzweiundvierzigtausendeinhundertelf " * 4 + "\nnull\n")
+    assert too_long.returncode == 1 and "Traceback" not in too_long.stderr
+    assert too_long.stderr.strip().splitlines()[-1].startswith("error: sentence 2 has ")
+    assert "more than max_input_length=12 (1 sentence(s) too long)" in too_long.stderr
     bad_utf8 = subprocess.run([sys.executable, "translate.py", f"--workdir={workdir}"], cwd=ROOT,
                               input=b"drei\nzw\xffei\n", capture_output=True, timeout=300)
     assert bad_utf8.returncode == 1 and b"Traceback" not in bad_utf8.stderr
@@ -79,6 +84,25 @@ def test_translate_keeps_output_lines_aligned_with_input_lines(workdir):
     assert result.returncode == 0, result.stderr
     expected = Translator.from_workdir(str(workdir)).translate(lines, beam_size=1)
     assert result.stdout.split("\n") == expected + [""]
+
+
+def test_searches_have_no_more_rows_than_sentences(workdir, monkeypatch):
+    """3 sentences in batches of 32 search 4 rows (3 rounded up to a power of two), in
+    batches of 2: 2 rows, then 1; the translations do not depend on the batching."""
+    import transformer_jax.translation as translation
+
+    shapes, search = [], translation._search
+    monkeypatch.setattr(translation, "_search", lambda model, params, inputs_BS, **kw: (
+        shapes.append(inputs_BS.shape[0]), search(model, params, inputs_BS, **kw))[1])
+    translator = Translator.from_workdir(str(workdir))
+    together = translator.translate(SENTENCES, beam_size=2)
+    assert shapes == [4]
+    assert translator.translate(SENTENCES, beam_size=2, batch_size=2) == together
+    assert shapes == [4, 2, 1]
+    with pytest.raises(TranslationError, match="sentence 1 has .* tokens, more than "
+                                               "max_input_length=2"):
+        translator.translate(SENTENCES, max_input_length=2)
+    assert shapes == [4, 2, 1]  # refused before any search
 
 
 def test_average_of_the_last_two_checkpoints(workdir):

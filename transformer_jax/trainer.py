@@ -17,6 +17,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 
 import jax
@@ -58,17 +59,32 @@ def _initial_state(model, tx, config) -> TrainState:
     return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
+class StoppedAtOnce(Exception):
+    """A stop signal before training started, or a second one: the run ended unsaved."""
+
+
 class _StopSignal:
-    """SIGTERM and Ctrl-C set a flag; the loop saves and stops after the current step."""
+    """SIGTERM and Ctrl-C. Once training runs, the first sets a flag: the loop finishes the
+    current step, saves and stops. One before the first step (data, tokenizer, compiling),
+    or a second one (a save or a data wait taking too long), stops at once: StoppedAtOnce,
+    nothing saved, and a restart resumes from the last checkpoint."""
 
     def __init__(self):
-        self.requested = False
+        self.requested = self.training = False
         self._previous = {s: signal.signal(s, self._handle)
                           for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
         del frame
-        self.requested = True
+        name = signal.Signals(signum).name
+        if self.training and not self.requested:
+            self.requested = True
+            print(f"{name}: saving after the current step (send it again to stop at once)",
+                  file=sys.stderr, flush=True)
+            return
+        when = "a second time" if self.requested else "before the first step"
+        raise StoppedAtOnce(f"{name} {when}: stopped at once; nothing saved since the last "
+                            f"checkpoint, where a restart resumes")
 
     def agreed(self) -> bool:
         """True if any process was asked to stop (all must save together)."""
@@ -127,10 +143,14 @@ def train(config, workdir: str) -> TrainResult:
     # One run per workdir; in a multi-host run, process 0 holds the lock for all.
     lock = workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
     with lock:
-        return _train(config, workdir)
+        stop = _StopSignal()  # from here on: during data loading too
+        try:
+            return _train(config, workdir, stop)
+        finally:
+            stop.restore()
 
 
-def _train(config, workdir: str) -> TrainResult:
+def _train(config, workdir: str, stop: _StopSignal) -> TrainResult:
     parallel = Parallel(config.parallelism)
     # Process 0 prepares the dataset and trains the tokenizer; the others then read both.
     train_split, tokenizer = _first_process_then_others(
@@ -145,7 +165,7 @@ def _train(config, workdir: str) -> TrainResult:
             _refuse_other_model(found[1]["model"], model_config, workdir)
         loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer,
                      train_split.pairs)
-        return loop.run()
+        return loop.run(stop)
     finally:
         checkpointer.close()
 
@@ -179,7 +199,7 @@ class _Loop:
         tx = optimizer_from_config(config.optim, model_config.d_model)
         self.state = _initial_state(self.model, tx, config)
 
-    def run(self) -> TrainResult:
+    def run(self, stop: _StopSignal) -> TrainResult:
         found = self.checkpointer.newest(lambda step: self.checkpointer.restore(step, self.state))
         if found is not None:
             self.state, data_states, _ = found[1]
@@ -189,7 +209,7 @@ class _Loop:
         step = first = int(self.parallel.get_state(placed).step)
         log = RunLog(self.workdir, total_steps=self.config.num_train_steps, first_step=first,
                      enabled=jax.process_index() == 0)
-        stop, records, stopped = _StopSignal(), [], False
+        records, stopped = [], False
         if not self.eval_pairs:
             log.message("nothing to evaluate (the validation split is empty): "
                         "the run logs no evaluation records")
@@ -198,6 +218,7 @@ class _Loop:
                         "the run logs no eval_loss, eval_accuracy or eval_perplexity")
         try:
             window, window_start = [], time.perf_counter()
+            stop.training = True
             while step < self.config.num_train_steps:
                 placed, metrics = self.p_train(placed, self.parallel.put_batch(next(self.data)))
                 step += 1
@@ -227,7 +248,7 @@ class _Loop:
                                 f"{self.checkpointer.directory}/{step}")
                     break
         finally:
-            stop.restore()
+            stop.training = False
             self.checkpointer.wait()
             log.close()
         return TrainResult(step, records, stopped)

@@ -120,16 +120,31 @@ class Translator:
 
     def translate(self, sentences: list[str], *, beam_size: int = 4, alpha: float = 0.6,
                   max_extra_length: int = 50, batch_size: int = 32,
-                  progress: bool = False) -> list[str]:
-        """Translations of `sentences`, in their order; beam_size 1 is greedy search."""
+                  max_input_length: int | None = None, progress: bool = False) -> list[str]:
+        """Translations of `sentences`, in their order; beam_size 1 is greedy search.
+
+        Sentences are searched in batches of similar length, each of at most `batch_size`
+        rows and no more rows than it has sentences (rounded up to a power of two, so few
+        shapes compile). A sentence of more than `max_input_length` tokens (EOS included;
+        None: no limit) is a TranslationError before any search: the search's memory
+        grows with the input's length times its output's.
+        """
+        cap = max_input_length or float("inf")
         ids = self.tokenizer.encode_batch(sentences, add_eos=True)
+        too_long = [(i, len(x)) for i, x in enumerate(ids) if len(x) > cap]
+        if too_long:
+            line, length = too_long[0]
+            raise TranslationError(
+                f"sentence {line + 1} has {length} tokens, more than max_input_length={cap} "
+                f"({len(too_long)} sentence(s) too long); split it or raise the limit")
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out = [""] * len(ids)
         batches = range(0, len(order), batch_size)
         for start in tqdm.tqdm(batches, desc="translating", unit="batch", disable=not progress):
             chosen = order[start:start + batch_size]
             length = -(-max(len(ids[i]) for i in chosen) // BUCKET) * BUCKET
-            inputs_BS = np.zeros((batch_size, length), np.int32)
+            rows = min(batch_size, 1 << (len(chosen) - 1).bit_length())
+            inputs_BS = np.zeros((rows, length), np.int32)
             for row, i in enumerate(chosen):
                 inputs_BS[row, :len(ids[i])] = ids[i]
             outputs_BT = _search(self.model, self.params, inputs_BS, beam_size=beam_size,
