@@ -12,6 +12,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer_jax import parallel, trainer
+from transformer_jax.checkpoint import CheckpointWriteError
 from transformer_jax.data import DataError
 from transformer_jax.run_config import loaded_config, parse_flags
 
@@ -33,7 +34,7 @@ def main(argv) -> None:
     try:
         trainer.train(loaded_config(_CONFIG.value), _WORKDIR.value)
     except (trainer.ConfigError, DataError, trainer.NonFiniteLossError,
-            trainer.StoppedAtOnce) as error:
+            trainer.StoppedAtOnce, CheckpointWriteError) as error:
         sys.exit(f"error: {error}")
 
 

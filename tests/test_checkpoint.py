@@ -1,6 +1,8 @@
 """Checkpointer: round trips, retention, async visibility, resharding on restore."""
 
 import shutil
+import subprocess
+import sys
 import threading
 
 import jax
@@ -279,3 +281,39 @@ def test_readers_fall_back_without_moving_and_none_is_none(two_steps, tmp_path, 
     assert (directory / "4").exists() and not (tmp_path / "ckpt-damaged").exists()
     with pytest.warns(UserWarning):
         assert checkpointer.newest(lambda s: 1 / 0, move_aside=False) is None
+
+
+FULL_DISK = """
+import resource, signal, sys
+import jax.numpy as jnp
+from transformer_jax.checkpoint import Checkpointer, CheckpointWriteError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails as on a full disk
+checkpointer = Checkpointer(sys.argv[1], keep=3)
+state = {f"w{i}": jnp.arange(100_000.0) + i for i in range(8)}
+checkpointer.save(1, state, data_states=[{}], metadata={})
+checkpointer.wait()
+resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+try:
+    checkpointer.save(2, state, data_states=[{}], metadata={})
+    checkpointer.save(3, state, data_states=[{}], metadata={})  # reports step 2's failure
+except CheckpointWriteError as error:
+    print(f"error: {error}", file=sys.stderr)
+finally:
+    checkpointer.close()
+"""
+
+
+def test_a_failed_write_is_one_line_and_loses_nothing_saved(tmp_path, open_checkpointer):
+    """A full disk mid-run (files limited to 20 kB): the async save's failure reaches the
+    next call as one CheckpointWriteError naming its step and the OS error, none of orbax's
+    tracebacks are printed, and the step saved before restores."""
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, timeout=120)  # pipes: no size limit
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(f"error: checkpoint 2 could not be written to {tmp_path / 'ckpt'}: ")
+    assert "File too large" in lines[0]
+    checkpointer = open_checkpointer(directory=tmp_path / "ckpt")
+    assert checkpointer.all_steps() == [1]
+    state, _, _ = checkpointer.restore(1, {f"w{i}": jnp.zeros(100_000) for i in range(8)})
+    np.testing.assert_array_equal(np.asarray(state["w3"]), np.arange(100_000.0) + 3)

@@ -24,8 +24,10 @@ orbax 0.12 notes: `reached_preemption` is always False without
 import contextlib
 import gc
 import os
+import logging
 import shutil
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -47,25 +49,76 @@ class DamagedCheckpointError(Exception):
         self.step, self.where = step, where
 
 
+class CheckpointWriteError(Exception):
+    """A checkpoint could not be written (a full disk, a folder that became unwritable)."""
+
+
+def _is_orbax_noise(error: BaseException | None, where: object = None) -> bool:
+    """The errors orbax leaves behind once it has raised the one that matters: reads or
+    writes still in flight that find their event loop closed, and the abandoned
+    coroutines of a failed read."""
+    text = f"{error} {where}"
+    return ("Event loop is closed" in text or "Encountered error while reading array" in text
+            or "orbax" in repr(where))
+
+
+class _OrbaxNoiseFilter(logging.Filter):
+    """Drops orbax's own tracebacks of a failed background save: the error reaches the
+    caller as one CheckpointWriteError."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and "orbax" in record.pathname)
+
+
+class _QuietOrbax:
+    """While any Checkpointer is open, Python's hooks skip the noise above (each failed
+    checkpoint read or write otherwise prints dozens of tracebacks) and pass on all else."""
+
+    users = 0
+    saved: tuple = ()
+    log_filter = _OrbaxNoiseFilter()
+
+    @classmethod
+    def enter(cls) -> None:
+        cls.users += 1
+        if cls.users > 1:
+            return
+        cls.saved = sys.excepthook, threading.excepthook, sys.unraisablehook
+        hook, thread_hook, unraisable_hook = cls.saved
+        sys.excepthook = lambda kind, error, tb: (
+            None if _is_orbax_noise(error) else hook(kind, error, tb))
+        threading.excepthook = lambda args: (
+            None if _is_orbax_noise(args.exc_value) else thread_hook(args))
+        sys.unraisablehook = lambda u: (
+            None if _is_orbax_noise(u.exc_value, u.object) else unraisable_hook(u))
+        logging.getLogger("absl").addFilter(cls.log_filter)
+
+    @classmethod
+    def exit(cls) -> None:
+        cls.users -= 1
+        if cls.users == 0:
+            sys.excepthook, threading.excepthook, sys.unraisablehook = cls.saved
+            logging.getLogger("absl").removeFilter(cls.log_filter)
+
+
 @contextlib.contextmanager
-def _quiet_orphaned_reads(grace_s: float = 0.5):
-    """When one array of a damaged checkpoint fails, orbax raises that error at once and
-    closes its event loop while the reads of the other arrays are still in flight; as
-    they finish, each would print a traceback ("Event loop is closed") through Python's
-    hooks. On a failure this waits `grace_s` (they finish within milliseconds) with
-    those hooks silenced, and collects the abandoned coroutines, so that the one
-    warning or error naming the step is all a user sees."""
-    hooks = sys.unraisablehook, sys.excepthook
-    sys.unraisablehook = lambda unraisable: None
-    sys.excepthook = lambda *exc_info: None
+def _settled_on_failure(grace_s: float = 0.5):
+    """When one array fails, orbax raises at once while the other arrays' reads or writes
+    are still in flight (they end within milliseconds): on a failure, wait `grace_s` and
+    collect their coroutines, so their noise ends while it is still filtered."""
     try:
         yield
     except BaseException:
         time.sleep(grace_s)
         gc.collect()
         raise
-    finally:
-        sys.unraisablehook, sys.excepthook = hooks
+
+
+def _cause(error: BaseException) -> str:
+    """One line; long ones keep their start and end (where the OS error is named)."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    text = text.split(" See full TensorStore details")[0]
+    return text if len(text) <= 300 else f"{text[:150]} ... {text[-150:]}"
 
 
 class Checkpointer:
@@ -84,6 +137,25 @@ class Checkpointer:
             save_interval_steps=1,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._writing: int | None = None  # the step of the last save started
+        self._failed = self._failed_reads = False
+        _QuietOrbax.enter()
+
+    @contextlib.contextmanager
+    def _writes(self):
+        """A failed write (this one's, or an earlier async save's) as one CheckpointWriteError."""
+        try:
+            with _settled_on_failure():
+                yield
+        except CheckpointWriteError:  # from a nested wait()
+            raise
+        except Exception as error:  # noqa: BLE001 (orbax and tensorstore raise many kinds)
+            if self._failed:  # reported once; orbax raises it again on every later call
+                return
+            self._failed = True
+            raise CheckpointWriteError(
+                f"checkpoint {self._writing} could not be written to {self.directory}: "
+                f"{_cause(error)}") from None
 
     def save(self, step: int, state, *, data_states: list[dict], metadata: dict) -> None:
         """Starts writing checkpoint `step`; returns once arrays are copied off device.
@@ -100,11 +172,14 @@ class Checkpointer:
                 _METADATA: ocp.args.JsonSave(metadata),
             }
         )
-        try:
-            # force: save steps below the latest too (orbax would skip them silently).
-            self._manager.save(step, args=args, force=True)
-        except ocp.checkpoint_manager.StepAlreadyExistsError:
-            pass
+        with self._writes():
+            self.wait()  # an earlier async save's failure is reported under its own step
+            self._writing = step
+            try:
+                # force: save steps below the latest too (orbax would skip them silently).
+                self._manager.save(step, args=args, force=True)
+            except ocp.checkpoint_manager.StepAlreadyExistsError:
+                pass
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -116,16 +191,15 @@ class Checkpointer:
         """read(step), with any way damaged files fail (a truncated, deleted or overwritten
         file, an emptied folder) raised as one DamagedCheckpointError naming the step."""
         try:
-            with _quiet_orphaned_reads():
+            with _settled_on_failure():
                 return read(step)
         except RuntimeError:  # the device's errors (out of memory, ...): not the files'
             raise
         # orbax and tensorstore fail on damaged files in many ways (a bare Exception,
         # OSError, ValueError, KeyError, JSON errors, ...): this step cannot be used.
         except Exception as error:  # noqa: BLE001
-            cause = " ".join(f"{type(error).__name__}: {error}".split())
-            cause = cause.split(" See full TensorStore details")[0][:300]
-            raise DamagedCheckpointError(step, f"{self.directory}/{step}: {cause}") from None
+            self._failed_reads = True
+            raise DamagedCheckpointError(step, f"{self.directory}/{step}: {_cause(error)}") from None
 
     def newest(self, read: Callable[[int], T], *, move_aside: bool = True) -> tuple[int, T] | None:
         """(step, read(step)) for the newest step that `read` can read, or None if none.
@@ -177,12 +251,21 @@ class Checkpointer:
         return restored[_METADATA]
 
     def wait(self) -> None:
-        """Blocks until every async save is written and old steps are deleted."""
-        self._manager.wait_until_finished()
+        """Blocks until every async save is written and old steps are deleted; a save that
+        failed raises CheckpointWriteError (once)."""
+        with self._writes():
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Waits for pending saves and stops orbax's background threads."""
-        self._manager.close()
+        try:
+            with self._writes():
+                self._manager.close()
+        finally:
+            # After a failure, orbax's abandoned reads or writes may end later still (later
+            # on a loaded machine): their noise stays filtered for the rest of the process.
+            if not (self._failed or self._failed_reads):
+                _QuietOrbax.exit()
 
     def __enter__(self):
         return self
