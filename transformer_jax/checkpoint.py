@@ -23,8 +23,9 @@ orbax 0.12 notes: `reached_preemption` is always False without
 
 import contextlib
 import gc
-import os
 import logging
+import os
+import re
 import shutil
 import sys
 import threading
@@ -115,10 +116,15 @@ def _settled_on_failure(grace_s: float = 0.5):
 
 
 def _cause(error: BaseException) -> str:
-    """One line; long ones keep their start and end (where the OS error is named)."""
+    """One line: the start of the message and, in a long one, the OS error it names
+    (tensorstore's messages end with pages of JSON spec)."""
     text = " ".join(f"{type(error).__name__}: {error}".split())
     text = text.split(" See full TensorStore details")[0]
-    return text if len(text) <= 300 else f"{text[:150]} ... {text[-150:]}"
+    if len(text) <= 300:
+        return text
+    code = re.search(r"\[os_error_code='?(\d+)'?\]", text)
+    tail = f"{os.strerror(int(code.group(1)))} (OS error {code.group(1)})" if code else text[-150:]
+    return f"{text[:200]} ... {tail}"
 
 
 class Checkpointer:
