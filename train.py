@@ -6,6 +6,7 @@ Several hosts: start one process per host with --coordinator_address, --num_proc
 and --process_id (or let JAX read them from a cluster environment such as SLURM).
 """
 
+import functools
 import sys
 
 from absl import app, flags, logging
@@ -16,8 +17,9 @@ from transformer_jax.checkpoint import CheckpointWriteError
 from transformer_jax.data import DataError
 from transformer_jax.run_config import loaded_config, parse_flags
 
+DEFAULT_CONFIG = "configs/default.py"
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", "configs/default.py", "a config file (configs/*.py)", lock_config=True)
+    "config", None, f"a config file (configs/*.py; default {DEFAULT_CONFIG})", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, logs and the tokenizer go",
                                required=True)
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
@@ -39,4 +41,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=functools.partial(parse_flags, default_config=DEFAULT_CONFIG))

@@ -6,7 +6,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import jax
@@ -176,23 +175,27 @@ def test_a_signal_before_training_or_a_second_one_stops_at_once(capsys):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_sigterm_while_reading_data_stops_at_once_with_one_line(tmp_path):
-    """SIGTERM while the full numbers split is read (before any step): exit 1, one line."""
-    process = run_train_py(tmp_path, "--config.data.numbers_size=full")
-    err = []
-    reader = threading.Thread(target=lambda: err.extend(iter(lambda: process.stderr.read(1), "")))
-    reader.start()
+def test_sigterm_during_setup_stops_at_once_with_one_line(tmp_path):
+    """SIGTERM once the run holds its workdir, before any step (data, tokenizer and the
+    step's compilation take seconds more): exit 1, one line, nothing saved."""
+    process = run_train_py(tmp_path)
     deadline = time.time() + 120
-    while "reading numbers train" not in "".join(err):
-        assert process.poll() is None and time.time() < deadline, "".join(err)
-        time.sleep(0.05)
+    while str(process.pid) not in _read(tmp_path / "train.lock"):
+        assert process.poll() is None and time.time() < deadline, process.communicate()
+        time.sleep(0.02)
     process.send_signal(signal.SIGTERM)
-    process.wait(timeout=60)
-    reader.join(timeout=10)
-    last = "".join(err).replace("\r", "\n").strip().splitlines()[-1]
-    assert process.returncode == 1 and "Traceback" not in "".join(err)
-    assert last.startswith("error: SIGTERM before the first step: stopped at once")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 1 and "Traceback" not in err, err
+    last = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("error: SIGTERM before the first step: stopped at once"), err
     assert not (tmp_path / "checkpoints").exists() or not os.listdir(tmp_path / "checkpoints")
+
+
+def _read(path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
 
 
 def test_train_py_rejects_bad_config_before_compiling(tmp_path):
@@ -206,6 +209,13 @@ def test_train_py_rejects_bad_config_before_compiling(tmp_path):
         assert process.returncode != 0 and message in err, err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()  # nothing was started
+    # Without --config (configs/default.py), where ml_collections applies overrides at import.
+    done = subprocess.run([sys.executable, "train.py", f"--workdir={tmp_path / 'run'}",
+                           "--config.num_train_stepz=5"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == ("error in the command line: 'num_train_stepz' Did you mean "
+                                   '"num_train_steps" instead of "num_train_stepz"?')
 
 
 def test_workdir_must_be_a_writable_folder(tmp_path):

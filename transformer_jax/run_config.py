@@ -94,34 +94,50 @@ def decode_fields(**overrides) -> ml_collections.ConfigDict:
     return decode.unlock()
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str], default_config: str | None = None) -> list[str]:
     """absl's flag parsing, with a one-line error for a bad `--config.key=value`.
 
     Pass as `app.run(main, flags_parser=parse_flags)`: ml_collections raises a
     KeyError (with a "did you mean") or a type error from deep in the parser.
+    `default_config` is the `--config` of a command line that names none; a config
+    flag defined with that default would apply the overrides while the flag is
+    defined, at import, where no error can be caught.
     """
     from absl import app
 
+    named = any(a == "--config" or a.startswith("--config=") for a in argv[1:])
+    if default_config and not named:
+        argv = [argv[0], f"--config={default_config}", *argv[1:]]
     try:
         return app.parse_flags_with_usage(argv)  # absl's own errors: one line and exit 1
-    except (AttributeError, KeyError, TypeError, ValueError, SyntaxError) as error:
-        # A SyntaxError is a config file's own: its str() names the file and the line.
-        message = str(error)
-        if len(message) > 1 and message[0] == message[-1] and message[0] in "'\"":
-            message = message[1:-1]  # a KeyError's str() is its repr, in quotes
-        message = message.replace("\\n", " ").replace("\\'", "'")
-        raise SystemExit(f"error in the command line: {message}") from None
+    except _OVERRIDE_ERRORS as error:
+        raise SystemExit(_bad_override(error)) from None
     except OSError as error:  # a --config.key=value applied to a config file that did not load
         raise SystemExit(_cannot_load(error)) from None
 
 
+_OVERRIDE_ERRORS = (AttributeError, KeyError, TypeError, ValueError, SyntaxError)
+
+
+def _bad_override(error: Exception) -> str:
+    # A SyntaxError is a config file's own: its str() names the file and the line.
+    message = str(error)
+    if len(message) > 1 and message[0] == message[-1] and message[0] in "'\"":
+        message = message[1:-1]  # a KeyError's str() is its repr, in quotes
+    message = message.replace("\\n", " ").replace("\\'", "'")
+    return f"error in the command line: {message}"
+
+
 def loaded_config(config):
     """The ConfigDict that `--config` loaded, or a one-line SystemExit when its file did not
-    load (ml_collections defers that error to the config's first use, as a traceback)."""
+    load or an override does not apply (ml_collections defers both, for a --config left at
+    its default, to the config's first use, as a traceback)."""
     try:
         config.keys()
     except OSError as error:
         raise SystemExit(_cannot_load(error)) from None
+    except _OVERRIDE_ERRORS as error:
+        raise SystemExit(_bad_override(error)) from None
     return config
 
 

@@ -142,12 +142,12 @@ def train(config, workdir: str) -> TrainResult:
     workdir = writable_folder(workdir)
     # One run per workdir; in a multi-host run, process 0 holds the lock for all.
     lock = workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
-    with lock:
-        stop = _StopSignal()  # from here on: during data loading too
-        try:
+    stop = _StopSignal()  # from here on: while data is read and the step compiles too
+    try:
+        with lock:
             return _train(config, workdir, stop)
-        finally:
-            stop.restore()
+    finally:
+        stop.restore()
 
 
 def _train(config, workdir: str, stop: _StopSignal) -> TrainResult:

@@ -18,11 +18,12 @@ from transformer_jax.run_config import parse_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a config file, e.g. configs/default.py",
                                           lock_config=True)
 _SPLIT = flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], "the split")
-_SHOW = flags.DEFINE_integer("show", 5, "how many examples to print")
+_SHOW = flags.DEFINE_integer("show", 5, "how many examples to print", lower_bound=0)
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "a run's directory: its tokenizer is used, or trained and saved there; "
     "without one a tokenizer is trained in a temporary directory")
-_MAX_PAIRS = flags.DEFINE_integer("max_pairs", 100_000, "scan at most this many pairs")
+_MAX_PAIRS = flags.DEFINE_integer("max_pairs", 100_000, "scan at most this many pairs",
+                                  lower_bound=1)
 
 
 def main(argv) -> None:

@@ -1,0 +1,113 @@
+"""Bad configs and bad inputs through the command lines: is each one clear line, exit != 0?
+
+    python tests/bad_input_matrix.py
+
+Each case runs train.py, translate.py, evaluate.py or `python -m transformer_jax.data`
+with one bad value and passes when the command exits non-zero within 120 s, prints no
+traceback, and its last stderr line starts with "error" (absl's flag errors: "FATAL
+Flags parsing error: ..." and a line pointing at --helpshort). Bad inputs to translate.py and evaluate.py use a tiny run trained
+first. Not part of the test suite (a minute of process starts); its result is in the README.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_layers=2",
+        "--config.data.numbers_size=small", "--config.data.num_threads=1",
+        "--config.decode.bleu_every_steps=0"]
+
+BAD_CONFIGS = [f"--config.{c}" for c in (
+    "num_train_steps=0", "num_train_steps=-5", "per_device_batch_size=0",
+    "per_device_batch_size=-1", "accumulation_steps=0", "log_every_steps=0",
+    "eval_every_steps=0", "checkpoint_every_steps=0", "checkpoints_to_keep=0", "seed=-1",
+    "num_eval_batches=-2", "parallelism=mpi", "data.too_long=wrap", "data.numbers_size=medium",
+    "data.max_source_length=0", "data.max_target_length=1", "data.num_threads=0",
+    "decode.beam_size=0", "decode.alpha=-0.5", "decode.bleu_every_steps=-1",
+    "decode.max_extra_length=-1", "decode.bleu_examples=0", "model.num_heads=5",
+    "model.d_model=0", "model.num_layers=0", "model.dropout_rate=1.5",
+    "model.attention_implementation=cudnn", "model.attention_implementation=flash",
+    "optim.warmup_steps=0", "num_train_stepz=5")] + ["--config=configs/missing.py"]
+
+
+def bad_inputs(workdir, scratch):
+    """(name, command, stdin) of translate.py, evaluate.py and the data CLI."""
+    with open(os.path.join(scratch, "bad.txt"), "wb") as f:
+        f.write(b"drei\nzw\xffei\n")
+    t = [sys.executable, "translate.py", f"--workdir={workdir}"]
+    e = [sys.executable, "evaluate.py", f"--workdir={workdir}"]
+    d = [sys.executable, "-m", "transformer_jax.data", "--config=configs/default.py",
+         "--config.data.numbers_size=small"]
+    return [
+        ("no checkpoints", [*t[:2], f"--workdir={scratch}"], ""),
+        ("missing input", [*t, f"--input={scratch}/missing.txt"], ""),
+        ("invalid UTF-8 file", [*t, f"--input={scratch}/bad.txt"], ""),
+        ("invalid UTF-8 stdin", t, b"zw\xffei\n"),
+        ("output is a folder", [*t, f"--output={scratch}"], "null\n"),
+        ("checkpoint 3", [*t, "--checkpoint=3"], ""), ("checkpoint x", [*t, "--checkpoint=x"], ""),
+        ("average:5", [*t, "--checkpoint=average:5"], ""),
+        ("average:x", [*t, "--checkpoint=average:x"], ""),
+        ("beam 0", [*t, "--beam_size=0"], ""), ("batch 0", [*t, "--batch_size=0"], ""),
+        ("alpha -1", [*t, "--alpha=-1"], ""), ("extra -100", [*t, "--max_extra_length=-100"], ""),
+        ("max input 0", [*t, "--max_input_length=0"], ""),
+        ("too long", [*t, "--max_input_length=3"], "dreihundertzweiundvierzig " * 8 + "\n"),
+        ("unknown flag", [*t, "--beam=4"], ""),
+        ("workdir missing", t[:2], ""),
+        ("evaluate: no checkpoints", [*e[:2], f"--workdir={scratch}"], ""),
+        ("evaluate: split", [*e, "--split=nonsense"], ""),
+        ("evaluate: average 0", [*e, "--average_last=0"], ""),
+        ("evaluate: average 5", [*e, "--average_last=5"], ""),
+        ("evaluate: beam 0", [*e, "--beam_size=0"], ""),
+        ("data: missing folder", [*d, "--config.data.dataset=folder:/nonexistent"], ""),
+        ("data: empty folder", [*d, f"--config.data.dataset=folder:{scratch}/empty"], ""),
+        ("data: unknown TFDS", [*d, "--config.data.dataset=tfds:no_such_dataset"], ""),
+        ("data: unknown kind", [*d, "--config.data.dataset=ftp:x"], ""),
+        ("data: numbers medium", [*d, "--config.data.numbers_size=medium"], ""),
+        ("data: bad split", [*d, "--split=nonsense"], ""),
+        ("data: show -1", [*d, "--show=-1"], ""),
+        ("data: unknown flag", [*d, "--sauce=numbers"], ""),
+    ]
+
+
+def check(name, command, stdin) -> str:
+    """"" when the case passes, else why not."""
+    try:
+        done = subprocess.run(command, cwd=ROOT, input=stdin, capture_output=True, timeout=120,
+                              text=not isinstance(stdin, bytes))
+    except subprocess.TimeoutExpired:
+        return "hung (120 s)"
+    err = done.stderr if isinstance(done.stderr, str) else done.stderr.decode(errors="replace")
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    if done.returncode == 0:
+        return "exit 0"
+    if "Traceback" in err:
+        return "traceback: " + last[:150]
+    flag_error = "FATAL Flags parsing error" in err and last.startswith("Pass --helpshort")
+    if not (last.startswith("error") or flag_error):  # absl's flag errors: 2 lines
+        return "last line: " + last[:150]
+    return ""
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as scratch:
+        os.makedirs(os.path.join(scratch, "empty"))
+        workdir = os.path.join(scratch, "run")
+        subprocess.run([sys.executable, "train.py", "--config=configs/default.py",
+                        f"--workdir={workdir}", *TINY, "--config.num_train_steps=2"],
+                       cwd=ROOT, capture_output=True, check=True)
+        cases = [(flag, [sys.executable, "train.py", f"--workdir={scratch}/bad", *TINY, flag], "")
+                 for flag in BAD_CONFIGS] + bad_inputs(workdir, scratch)
+        failed = [(name, why) for name, command, stdin in cases
+                  if (why := check(name, command, stdin))]
+    configs = len(BAD_CONFIGS)
+    print(f"{configs} bad configs, {len(cases) - configs} bad inputs: "
+          f"{len(cases) - len(failed)} of {len(cases)} one clear line, exit != 0, none hangs")
+    for name, why in failed:
+        print(f"  FAILED {name}: {why}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
