@@ -1,4 +1,5 @@
-"""Small run configs for the training tests: configs/default.py shrunk to seconds."""
+"""Small run configs for the training tests: configs/default.py shrunk to seconds; and the
+file of a checkpoint step that the damage tests break."""
 
 import importlib.util
 import pathlib
@@ -39,3 +40,8 @@ def tiny_run(**overrides):
             target = target[group]
         target[name] = value
     return config
+
+
+def biggest_array_file(step_dir: pathlib.Path) -> pathlib.Path:
+    """The largest array data file of checkpoint folder `step_dir` (orbax's OCDBT layout)."""
+    return max(step_dir.glob("state/ocdbt.process_0/d/*"), key=lambda p: p.stat().st_size)

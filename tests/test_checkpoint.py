@@ -13,6 +13,7 @@ import pytest
 from flax.training import train_state
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from run_configs import biggest_array_file
 from transformer_jax.checkpoint import Checkpointer
 
 DATA_STATES = [{"next_index": 7, "worker": 0}, {"next_index": 9, "worker": 1}]
@@ -212,20 +213,16 @@ def test_donating_state_right_after_async_save_keeps_saved_values(open_checkpoin
     assert_trees_equal(restored, expected)
 
 
-def _biggest_array_file(step_dir):
-    return max((p for p in step_dir.glob("state/ocdbt.process_0/d/*")), key=lambda p: p.stat().st_size)
-
-
 def _empty(folder):
     for child in folder.iterdir():
         shutil.rmtree(child) if child.is_dir() else child.unlink()
 
 
 DAMAGE = {
-    "truncated array file": lambda d: _biggest_array_file(d).write_bytes(
-        _biggest_array_file(d).read_bytes()[:100]),
-    "deleted array file": lambda d: _biggest_array_file(d).unlink(),
-    "overwritten array file": lambda d: _biggest_array_file(d).write_bytes(b"\0" * 4096),
+    "truncated array file": lambda d: biggest_array_file(d).write_bytes(
+        biggest_array_file(d).read_bytes()[:100]),
+    "deleted array file": lambda d: biggest_array_file(d).unlink(),
+    "overwritten array file": lambda d: biggest_array_file(d).write_bytes(b"\0" * 4096),
     "truncated metadata item": lambda d: (d / "metadata" / "metadata").write_text("{"),
     "deleted data-state item": lambda d: (d / "data" / "metadata").unlink(),
     "overwritten data-state item": lambda d: (d / "data" / "metadata").write_text("[]]"),

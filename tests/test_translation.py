@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from run_configs import ROOT, tiny_run
+from run_configs import ROOT, biggest_array_file, tiny_run
 from transformer_jax.data import load_split
 from transformer_jax.trainer import train
 from transformer_jax.attention import attention_weights
@@ -222,9 +222,7 @@ def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(work
     with step 2; training moves step 4 aside, resumes from step 2 and finishes."""
     copy = tmp_path / "run"
     shutil.copytree(workdir, copy)
-    arrays = sorted((copy / "checkpoints" / "4").glob("state/ocdbt.process_0/d/*"),
-                    key=lambda p: p.stat().st_size)
-    arrays[-1].unlink()
+    biggest_array_file(copy / "checkpoints" / "4").unlink()
     result = run("translate.py", f"--workdir={copy}", stdin="null\n")
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and result.stdout.count("\n") == 1

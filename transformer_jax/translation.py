@@ -92,6 +92,7 @@ class Translator:
             raise TranslationError(f"{workdir} has no checkpoints; train first "
                                    f"(python train.py --workdir={workdir})")
         checkpointer = Checkpointer(directory, keep=1_000_000)
+
         def read(step):
             metadata = checkpointer.metadata(step)
             model = Transformer(ModelConfig(**metadata["model"]))

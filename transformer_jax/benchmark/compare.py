@@ -12,6 +12,7 @@
    timed as 10 calls back to back. `ratio`: our TFLOP/s over the peer's.
 """
 
+import itertools
 import os
 import traceback
 
@@ -91,25 +92,23 @@ def sdpa_rows(num_heads: int = 16, tokens: int = 32768, calls: int = 10) -> list
     import torch
 
     rows = []
-    for backward in (False, True):
-        for causal in (False, True):
-            for head_dim in (64, 128):
-                for seq_len in (256, 512, 1024, 2048, 4096):
-                    batch = tokens // seq_len
-                    shape = dict(batch=batch, seq_len=seq_len, num_heads=num_heads,
-                                 head_dim=head_dim, causal=causal, backward=backward)
-                    ours = attention.time_case("auto", dtype="bfloat16", quick=False, **shape)
-                    run = torch_peer.sdpa_fn(**shape, calls=calls)
-                    seconds = median_seconds(run, warmup=3, iters=10) / calls
-                    peer_tflops = attention_flops(batch, seq_len, seq_len, num_heads, head_dim,
-                                                  causal=causal, backward=backward) / seconds / 1e12
-                    common = {"batch": batch, "length": seq_len, "head_dim": head_dim,
-                              "causal": causal, "pass": ours["pass"]}
-                    rows += [{"framework": "transformer_jax attention (auto)", **common,
-                              "step_ms": ours["ms"], "tflops": ours["tflops"],
-                              "ratio": ours["tflops"] / peer_tflops},
-                             {"framework": f"torch {torch.__version__} SDPA (flash)", **common,
-                              "step_ms": seconds * 1e3, "tflops": peer_tflops}]
+    for backward, causal, head_dim, seq_len in itertools.product(
+            (False, True), (False, True), (64, 128), (256, 512, 1024, 2048, 4096)):
+        batch = tokens // seq_len
+        shape = dict(batch=batch, seq_len=seq_len, num_heads=num_heads, head_dim=head_dim,
+                     causal=causal, backward=backward)
+        ours = attention.time_case("auto", dtype="bfloat16", quick=False, **shape)
+        seconds = median_seconds(torch_peer.sdpa_fn(**shape, calls=calls), warmup=3,
+                                 iters=10) / calls
+        peer_tflops = attention_flops(batch, seq_len, seq_len, num_heads, head_dim,
+                                      causal=causal, backward=backward) / seconds / 1e12
+        common = {"batch": batch, "length": seq_len, "head_dim": head_dim, "causal": causal,
+                  "pass": ours["pass"]}
+        rows += [{"framework": "transformer_jax attention (auto)", **common,
+                  "step_ms": ours["ms"], "tflops": ours["tflops"],
+                  "ratio": ours["tflops"] / peer_tflops},
+                 {"framework": f"torch {torch.__version__} SDPA (flash)", **common,
+                  "step_ms": seconds * 1e3, "tflops": peer_tflops}]
     return rows
 
 
