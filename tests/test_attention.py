@@ -184,6 +184,36 @@ def test_fully_masked_rows_are_uniform_and_finite(impl):
         assert_allclose(np.asarray(g), e, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_is_causal_hides_later_keys_on_top_of_the_mask(impl):
+    """is_causal=True with a padding mask equals the float64 reference under the padding and
+    causal masks combined (§3.2.3), forward and gradients; row t ignores keys after t."""
+    rng = np.random.default_rng(6)
+    q_BTNH, k_BTNH, v_BTNH = (rng.standard_normal((B, S, N, H)).astype(np.float32)
+                              for _ in range(3))
+    padding_B11S = padding_mask_B11S()
+    combined_B1SS = padding_B11S & np.tril(np.ones((S, S), bool))[None, None]
+    attend = lambda q, k, v: dot_product_attention(  # noqa: E731
+        q, k, v, jnp.asarray(padding_B11S), is_causal=True, implementation=impl)
+    out = np.asarray(attend(q_BTNH, k_BTNH, v_BTNH))
+    assert_allclose(out, np_attention(q_BTNH, k_BTNH, v_BTNH, combined_B1SS),
+                    rtol=1e-5, atol=1e-5)
+    later = v_BTNH.copy()
+    later[:, 3:] += 100.0  # keys 3, 4 are after queries 0..2
+    assert_allclose(np.asarray(attend(q_BTNH, k_BTNH, later))[:, :3], out[:, :3], atol=1e-5)
+    dout_BTNH = rng.standard_normal((B, S, N, H)).astype(np.float32)
+    _, vjp = jax.vjp(attend, q_BTNH, k_BTNH, v_BTNH)
+    for g, e in zip(vjp(jnp.asarray(dout_BTNH)), np_attention_grads(
+            q_BTNH, k_BTNH, v_BTNH, combined_B1SS, dout_BTNH)):
+        assert_allclose(np.asarray(g), e, rtol=1e-4, atol=1e-5)
+
+
+def test_is_causal_needs_as_many_queries_as_keys():
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=7)
+    with pytest.raises(ValueError, match="is_causal needs as many queries as keys, got T=3, S=5"):
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, is_causal=True)
+
+
 def test_opening_empty_rows_changes_nothing_the_reference_computes():
     """cuDNN gets rows that see no key opened to every key with a zero query: the output and
     gradients equal the float64 reference's, and rows that see a key keep query and mask."""
@@ -379,8 +409,10 @@ def test_register_custom_implementation():
     name = "test_reference_plus_one"
 
     @register_attention(name)
-    def plus_one(query, key, value, mask=None, *, dropout_rate=0.0, dropout_rng=None):
-        return attention_module.reference_attention(query, key, value, mask) + 1.0
+    def plus_one(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
+                 dropout_rng=None):
+        return attention_module.reference_attention(query, key, value, mask,
+                                                    is_causal=is_causal) + 1.0
 
     try:
         assert name in attention_implementations()
@@ -484,8 +516,12 @@ def packed_segments_BT(rng, batch, length):
 
 
 def gpu_masks(kind, rng, batch, t, s):
-    """(query segments, mask_B1TS) for each kind of mask the model builds (masks.py)."""
-    from transformer_jax.masks import causal_mask, combine_masks, padding_mask, segment_mask
+    """(query segments, mask_B1TS, is_causal) for each kind of mask the model builds
+    (masks.py); causal kinds leave causality to `is_causal`, as the decoder does."""
+    from transformer_jax.masks import combine_masks, padding_mask, segment_mask
+
+    if kind == "causal_only":  # as the attention benchmark calls it: no mask at all
+        return np.ones((batch, t), np.int32), None, True
 
     if kind in ("padding", "causal"):
         lengths = rng.integers(t // 2, t + 1, batch)
@@ -502,22 +538,20 @@ def gpu_masks(kind, rng, batch, t, s):
                 sizes = np.minimum(rng.integers(2, 6, len(ids)), s // len(ids))
                 key_segments[row, :sizes.sum()] = np.repeat(ids, sizes)
         mask = combine_masks(segment_mask(segments, key_segments), padding_mask(key_segments))
-    if kind in ("causal", "packed_causal"):
-        mask = combine_masks(mask, causal_mask(t))
-    return segments, jnp.asarray(mask)
+    return segments, jnp.asarray(mask), kind in ("causal", "packed_causal")
 
 
 @needs_gpu
 @pytest.mark.parametrize("kind, t, s", [
     ("padding", 46, 46), ("causal", 46, 46), ("padding", 46, 34),
-    ("packed", 64, 64), ("packed_causal", 64, 64), ("packed", 64, 40),
+    ("packed", 64, 64), ("packed_causal", 64, 64), ("packed", 64, 40), ("causal_only", 128, 128),
 ])
 def test_cudnn_equals_reference_on_gpu(kind, t, s):
     """bfloat16 cuDNN against the float32 reference on the same (rounded) inputs, forward and
     gradients, relative error <= 1e-2 over the real query positions; fresh random inputs."""
     rng = np.random.default_rng(hash((kind, t, s)) % 2**32)
     batch, heads, head_dim = 3, 4, 64
-    segments, mask = gpu_masks(kind, rng, batch, t, s)
+    segments, mask, is_causal = gpu_masks(kind, rng, batch, t, s)
     q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.bfloat16) for shape in
                ((batch, t, heads, head_dim), (batch, s, heads, head_dim),
                 (batch, s, heads, head_dim)))
@@ -527,7 +561,7 @@ def test_cudnn_equals_reference_on_gpu(kind, t, s):
     def loss(impl, dtype):
         def f(q, k, v):
             q, k, v = (x.astype(dtype) for x in (q, k, v))
-            out = dot_product_attention(q, k, v, mask, implementation=impl)
+            out = dot_product_attention(q, k, v, mask, is_causal=is_causal, implementation=impl)
             return jnp.sum(out.astype(jnp.float32) * dout), out
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))
 

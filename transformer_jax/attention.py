@@ -2,7 +2,8 @@
 
 Pure JAX, no Flax. Every implementation has one signature,
 
-    fn(query_BTNH, key_BSNH, value_BSNH, mask, *, dropout_rate, dropout_rng) -> out_BTNH
+    fn(query_BTNH, key_BSNH, value_BSNH, mask, *, is_causal, dropout_rate, dropout_rng)
+        -> out_BTNH
 
 and is chosen by name in one place, `ModelConfig.attention_implementation`:
 
@@ -19,6 +20,8 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+
+from transformer_jax.masks import causal_mask, combine_masks
 
 AttentionFn = Callable[..., jax.Array]
 
@@ -59,12 +62,16 @@ def attention_weights(query_BTNH, key_BSNH, mask=None):
 
 
 @register_attention("reference")
-def reference_attention(query, key, value, mask=None, *, dropout_rate=0.0, dropout_rng=None):
+def reference_attention(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
+                        dropout_rng=None):
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V (eq. 1), written as two einsums."""
-    return _reference_with_weights(query, key, value, mask, dropout_rate, dropout_rng)[0]
+    return _reference_with_weights(query, key, value, mask, is_causal, dropout_rate,
+                                   dropout_rng)[0]
 
 
-def _reference_with_weights(query, key, value, mask, dropout_rate, dropout_rng):
+def _reference_with_weights(query, key, value, mask, is_causal, dropout_rate, dropout_rng):
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(query.shape[1]))
     weights_BNTS = attention_weights(query, key, mask)
     probs_BNTS = weights_BNTS
     if dropout_rate > 0.0:
@@ -76,20 +83,25 @@ def _reference_with_weights(query, key, value, mask, dropout_rate, dropout_rng):
 
 
 @register_attention("xla")
-def xla_attention(query, key, value, mask=None, *, dropout_rate=0.0, dropout_rng=None):
+def xla_attention(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
+                  dropout_rng=None):
     """jax.nn.dot_product_attention with XLA's own lowering."""
     _refuse_dropout("xla", dropout_rate)
-    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="xla")
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=is_causal,
+                                        implementation="xla")
 
 
 @register_attention("cudnn")
-def cudnn_attention(query, key, value, mask=None, *, dropout_rate=0.0, dropout_rng=None):
+def cudnn_attention(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
+                    dropout_rng=None):
     """cuDNN's fused (flash) attention through jax.nn.dot_product_attention.
 
-    A mask reaches cuDNN as an additive bias `(B, 1, T, S)`: padding, causal and
-    packed-segment masks alike. On an H100 (BENCHMARKS.md) that cost 1.16-1.26x the
-    unmasked kernel; cuDNN's packed layout (segment offsets, a private JAX API) was
-    3.6x slower and gave NaN gradients with jax 0.11.2 and cuDNN 9.19.
+    Causality goes to cuDNN as its causal mask type, which skips the blocks above
+    the diagonal. Any other mask reaches it as an additive bias `(B, 1, T, S)`:
+    padding and packed-segment masks. On an H100 (BENCHMARKS.md) the bias cost
+    1.16-1.26x the unmasked kernel; cuDNN's packed layout (segment offsets, a
+    private JAX API) was 3.6x slower and gave NaN gradients with jax 0.11.2 and
+    cuDNN 9.19.
     """
     _refuse_dropout("cudnn", dropout_rate)
     # Lengths are left to JAX: odd ones with a mask fail only when differentiated.
@@ -98,8 +110,11 @@ def cudnn_attention(query, key, value, mask=None, *, dropout_rate=0.0, dropout_r
         raise ValueError(f"attention implementation 'cudnn' {reason}; use 'auto' or 'xla'")
     if mask is not None:  # cuDNN takes the mask as a bias with full T and S axes
         b, t, s = query.shape[0], query.shape[1], key.shape[1]
+        if is_causal:  # so that rows the causal mask empties are found too
+            mask = combine_masks(mask, causal_mask(t))
         query, mask = open_empty_rows(query, jnp.broadcast_to(mask, (b, mask.shape[1], t, s)))
-    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="cudnn")
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=is_causal,
+                                        implementation="cudnn")
 
 
 def open_empty_rows(query_BTNH, mask_BNTS):
@@ -109,7 +124,8 @@ def open_empty_rows(query_BTNH, mask_BNTS):
 
     cuDNN 9.19 on an H100 returned NaN query gradients for such rows at T = S = 64
     (the padding queries of packed rows), and NaN times a zero cotangent still
-    poisons the weight gradients.
+    poisons the weight gradients. With cuDNN's causal mask type an opened row t
+    still sees only keys 0..t: it gives their mean, not the mean of all values.
     """
     empty_BNT1 = ~mask_BNTS.any(axis=-1, keepdims=True)
     empty_BTN1 = jnp.transpose(empty_BNT1, (0, 2, 1, 3))
@@ -198,6 +214,7 @@ def dot_product_attention(
     value,
     mask=None,
     *,
+    is_causal: bool = False,
     implementation: str = "reference",
     dropout_rate: float = 0.0,
     dropout_rng=None,
@@ -212,6 +229,9 @@ def dot_product_attention(
       key, value: `(B, S, N, H)`.
       mask: bool, broadcastable to `(B, 1, T, S)`, True where attention is allowed
         (see `transformer_jax.masks`).
+      is_causal: also hide from query t every key after t (§3.2.3), as
+        `combine_masks(mask, causal_mask(T))` would; needs T == S. cuDNN then
+        skips the hidden blocks instead of reading them from a bias.
       implementation: a name from `attention_implementations()`.
       dropout_rate: dropout on the attention weights (not in the paper).
       dropout_rng: PRNG key, needed when dropout_rate > 0.
@@ -224,19 +244,25 @@ def dot_product_attention(
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     mask = None if mask is None else jnp.asarray(mask)
     _check_inputs(query, key, value, mask)
+    if is_causal and query.shape[1] != key.shape[1]:
+        raise ValueError(f"is_causal needs as many queries as keys, got T={query.shape[1]}, "
+                         f"S={key.shape[1]}")
     if not 0.0 <= dropout_rate < 1.0:
         raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
     name = resolve_implementation(implementation, query.dtype, dropout_rate,
                                   head_dim=query.shape[-1], query_len=query.shape[1],
-                                  key_len=key.shape[1], masked=mask is not None)
+                                  key_len=key.shape[1],
+                                  masked=mask is not None or is_causal)
     if return_weights:
         if implementation not in ("reference", "auto"):
             raise ValueError(f"only 'reference' returns weights, not {implementation!r}")
-        return _reference_with_weights(query, key, value, mask, dropout_rate, dropout_rng)
+        return _reference_with_weights(query, key, value, mask, is_causal, dropout_rate,
+                                       dropout_rng)
     fn = _IMPLEMENTATIONS[name]
-    return fn(query, key, value, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+    return fn(query, key, value, mask, is_causal=is_causal, dropout_rate=dropout_rate,
+              dropout_rng=dropout_rng)
 
 
 def _check_inputs(query, key, value, mask) -> None:

@@ -35,9 +35,12 @@ class MultiHeadAttention(nn.Module):
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, inputs_q_BTD, inputs_kv_BSD, mask=None, *, deterministic: bool = True,
-                 cache=None):
+    def __call__(self, inputs_q_BTD, inputs_kv_BSD, mask=None, *, is_causal: bool = False,
+                 deterministic: bool = True, cache=None):
         """Attention of the queries over the keys/values; with `cache`, returns (out, cache).
+
+        `is_causal` hides later keys too (self-attention of a full decoder pass); see
+        `dot_product_attention`.
 
         A decoding cache is an explicit pytree, one of two kinds:
           self-attention  {"key", "value": (B, L, N, H), "index": (B,)}: this call's keys
@@ -72,14 +75,14 @@ class MultiHeadAttention(nn.Module):
         rng = self.make_rng("dropout") if rate > 0.0 else None
         if self.is_mutable_collection("intermediates"):
             out_BTNH, weights_BNTS = dot_product_attention(
-                q_BTNH, k_BSNH, v_BSNH, mask, implementation="reference",
+                q_BTNH, k_BSNH, v_BSNH, mask, is_causal=is_causal, implementation="reference",
                 dropout_rate=rate, dropout_rng=rng, return_weights=True,
             )
             self.sow("intermediates", "attention_weights", weights_BNTS)
         else:
             out_BTNH = dot_product_attention(
-                q_BTNH, k_BSNH, v_BSNH, mask, implementation=self.implementation,
-                dropout_rate=rate, dropout_rng=rng,
+                q_BTNH, k_BSNH, v_BSNH, mask, is_causal=is_causal,
+                implementation=self.implementation, dropout_rate=rate, dropout_rng=rng,
             )
         out_BTD = nn.DenseGeneral(
             features=d_model, axis=(-2, -1), dtype=self.dtype, param_dtype=jnp.float32,
@@ -151,6 +154,8 @@ class EncoderLayer(_Layer):
 class DecoderLayer(_Layer):
     """Masked self-attention, encoder-decoder attention, feed-forward (§3.1).
 
+    A full pass makes its self-attention causal itself (`is_causal`, so cuDNN can
+    skip the hidden blocks): `self_mask_B1TT` holds only padding and segments.
     With `cache` ({"self": ..., "cross": ...}, see MultiHeadAttention) it decodes
     one step from cached keys and values and returns (y, new cache).
     """
@@ -167,7 +172,7 @@ class DecoderLayer(_Layer):
             def sublayer(y):
                 if cache is None:
                     return module(y, y if kv_BSD is None else kv_BSD, mask,
-                                  deterministic=deterministic)
+                                  is_causal=kind == "self", deterministic=deterministic)
                 out, new_cache[kind] = module(y, y if kv_BSD is None else kv_BSD, mask,
                                               deterministic=deterministic, cache=cache[kind])
                 return out

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import flax.linen as nn
 
 from transformer_jax.layers import DecoderLayer, EncoderLayer
-from transformer_jax.masks import causal_mask, combine_masks, padding_mask, segment_mask
+from transformer_jax.masks import combine_masks, padding_mask, segment_mask
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.positional import sinusoidal_encoding
 
@@ -160,8 +160,8 @@ class Decoder(nn.Module):
         if packed != (inputs_segments_BS is not None):
             raise ValueError("packed rows need both inputs_segmentation and targets_segmentation")
         # Key j of the shifted input is valid when target j is: mask by the targets.
+        # The causal part (§3.2.3) is added by the decoder layers (`is_causal`).
         self_mask_B1TT = combine_masks(
-            causal_mask(targets_BT.shape[1]),
             padding_mask(targets_BT),
             segment_mask(targets_segments_BT) if packed else None,
         )

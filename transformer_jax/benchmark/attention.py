@@ -14,13 +14,12 @@ import jax
 import tqdm
 import jax.numpy as jnp
 
-from transformer_jax.attention import (available_implementations, dot_product_attention,
-                                      resolve_implementation)
+from transformer_jax.attention import (attention_implementations, available_implementations,
+                                      dot_product_attention, resolve_implementation)
 from transformer_jax.benchmark.flops import attention_flops
 from transformer_jax.benchmark.machine import peak_tflops
 from transformer_jax.benchmark.timing import (back_to_back, compile_seconds, median_seconds,
                                               memory_bytes)
-from transformer_jax.masks import causal_mask
 
 DTYPES = ("float32", "bfloat16")
 
@@ -38,11 +37,11 @@ def grid(quick: bool) -> dict:
 
 
 def attention_call(attend, *, causal: bool, backward: bool):
-    """A jitted function of (q, k, v): `attend(q, k, v, mask)`, or the gradients of its sum."""
+    """A jitted function of (q, k, v): `attend(q, k, v, is_causal=causal)`, or the gradients
+    of its sum."""
 
     def forward(q_BTNH, k_BSNH, v_BSNH):
-        mask = causal_mask(q_BTNH.shape[1]) if causal else None
-        return attend(q_BTNH, k_BSNH, v_BSNH, mask)
+        return attend(q_BTNH, k_BSNH, v_BSNH, is_causal=causal)
 
     if not backward:
         return jax.jit(forward)
@@ -52,8 +51,8 @@ def attention_call(attend, *, causal: bool, backward: bool):
 
 def time_case(implementation: str, *, batch, seq_len, num_heads, head_dim, dtype, causal,
               backward, quick, attend=None) -> dict:
-    """One row: `implementation` of `dot_product_attention`, or a peer's `attend(q, k, v,
-    mask)` reported under that name."""
+    """One row: `implementation` of `dot_product_attention`, or a peer's `attend(q, k, v, *,
+    is_causal)` reported under that name."""
     if attend is None:
         attend = functools.partial(dot_product_attention, implementation=implementation)
     keys = jax.random.split(jax.random.key(0), 3)
@@ -69,7 +68,11 @@ def time_case(implementation: str, *, batch, seq_len, num_heads, head_dim, dtype
                             backward=backward)
     peak, _ = peak_tflops(dtype, quick=quick)
     tflops = flops / seconds / 1e12
-    return {"implementation": implementation, "pass": "fwd+bwd" if backward else "forward",
+    runs = (implementation if implementation not in attention_implementations() else
+            resolve_implementation(implementation, jnp.dtype(dtype), head_dim=head_dim,
+                                   query_len=seq_len, key_len=seq_len, masked=causal))
+    return {"implementation": implementation, "runs": runs,
+            "pass": "fwd+bwd" if backward else "forward",
             "dtype": dtype, "causal": causal, "batch": batch, "seq_len": seq_len,
             "num_heads": num_heads, "head_dim": head_dim, "ms": seconds * 1e3, "tflops": tflops,
             "peak_tflops": peak, "peak_fraction": tflops / peak if peak else None,
@@ -80,18 +83,22 @@ SHAPE_KEYS = ("pass", "dtype", "causal", "seq_len", "num_heads", "head_dim")
 
 
 def compare_auto(rows: list[dict]) -> float | None:
-    """Adds `vs_fastest` to each "auto" row (the fastest other row of its shape: its ms over
-    auto's) and returns the lowest, or None when no shape has another implementation."""
+    """Adds to each "auto" row `vs_fastest` (the fastest other row of its shape: its ms over
+    auto's) and `fastest` (that row's implementation); returns the lowest ratio, or None
+    when no shape has another implementation. Where auto runs the fastest one, the ratio
+    is one program timed twice: its spread is the timing's noise."""
     fastest = {}
     for row in rows:
         if row["implementation"] != "auto":
             shape = tuple(row[key] for key in SHAPE_KEYS)
-            fastest[shape] = min(fastest.get(shape, float("inf")), row["ms"])
+            if row["ms"] < fastest.get(shape, (float("inf"),))[0]:
+                fastest[shape] = (row["ms"], row["implementation"])
     ratios = []
     for row in rows:
         shape = tuple(row[key] for key in SHAPE_KEYS)
         if row["implementation"] == "auto" and shape in fastest:
-            row["vs_fastest"] = fastest[shape] / row["ms"]
+            row["vs_fastest"] = fastest[shape][0] / row["ms"]
+            row["fastest"] = fastest[shape][1]
             ratios.append(row["vs_fastest"])
     return min(ratios, default=None)
 
@@ -117,11 +124,14 @@ def run(quick: bool = False, **overrides) -> tuple[list[dict], list[str]]:
                       num_heads=g["num_heads"], quick=quick)
             for case in tqdm.tqdm(grid_cases, desc="attention", disable=quick)]
     slowest = compare_auto(rows)
+    autos = [row for row in rows if "fastest" in row]
+    picked = sum(row["runs"] == row["fastest"] for row in autos)
     _, source = peak_tflops("float32", quick=quick)
     auto = ", ".join(f"{d} -> {resolve_implementation('auto', jnp.dtype(d))}" for d in DTYPES)
     return rows, [f"peak: {source}", f"auto: {auto} (where valid at the shape)",
                   f"vs_fastest: the fastest other implementation's ms over auto's; lowest "
-                  f"{slowest:.3f}" if slowest else "vs_fastest: no other implementation",
+                  f"{slowest:.3f}; auto runs the fastest at {picked} of {len(autos)} shapes"
+                  if slowest else "vs_fastest: no other implementation",
                   "tflops: attention_flops() in transformer_jax/benchmark/flops.py "
                   "(causal counts half the square)",
                   "memory_bytes: arguments + outputs + temporaries in XLA's buffer plan"]

@@ -23,6 +23,7 @@ from transformer_jax.benchmark import attention, model, torch_peer
 from transformer_jax.benchmark.flops import attention_flops, train_step_flops
 from transformer_jax.benchmark.machine import peak_tflops
 from transformer_jax.benchmark.timing import median_seconds
+from transformer_jax.masks import causal_mask
 
 
 def on_gpu() -> bool:
@@ -72,7 +73,11 @@ def jax_row(case: model.Case, *, quick: bool) -> dict:
 def flax_attention_rows(quick: bool) -> list[dict]:
     rows = []
     num_heads, head_dim = (2, 64) if quick else (8, 64)
-    flax_attend = lambda q, k, v, mask: nn.dot_product_attention(q, k, v, mask=mask)  # noqa: E731
+
+    def flax_attend(q, k, v, is_causal):
+        return nn.dot_product_attention(q, k, v, mask=causal_mask(q.shape[1]) if is_causal
+                                        else None)
+
     for seq_len in (16, 32) if quick else (128, 256, 512):
         shape = dict(batch=max(1, (64 if quick else 2048) // seq_len), seq_len=seq_len,
                      num_heads=num_heads, head_dim=head_dim, dtype="float32", causal=False,
