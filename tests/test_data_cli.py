@@ -5,7 +5,8 @@ import re
 import subprocess
 import sys
 
-from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.token_ids import EOS_ID
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GERMAN = ["eins", "zwei", "", "einundzwanzig", "dreihundertzweiundvierzig", "tausend"]

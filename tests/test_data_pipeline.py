@@ -12,7 +12,8 @@ from num2words import num2words
 
 from transformer_jax.data.pipeline import Tokenize, eval_batches, train_dataset
 from transformer_jax.data.sources import DataError
-from transformer_jax.data.tokenizer import EOS_ID, train_tokenizer
+from transformer_jax.data.tokenizer import train_tokenizer
+from transformer_jax.token_ids import EOS_ID
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import get_model_config
 

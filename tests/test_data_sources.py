@@ -8,7 +8,8 @@ import tensorflow_datasets as tfds
 from transformer_jax.data.pipeline import eval_batches, train_dataset
 from transformer_jax.data.sources import (DataError, decode_lines, load_split,
                                           translation_datasets)
-from transformer_jax.data.tokenizer import EOS_ID, train_tokenizer
+from transformer_jax.data.tokenizer import train_tokenizer
+from transformer_jax.token_ids import EOS_ID
 from transformer_jax.run_config import data_fields
 
 

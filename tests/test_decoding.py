@@ -123,11 +123,15 @@ TRAP_TABLE = probability_rows(
 # ---------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("length", [1, 5, 10])
-def test_length_penalty_matches_hand_values(length):
-    expected = ((5 + length) / 6) ** 0.6
-    assert_allclose(float(length_penalty(length, 0.6)), expected, rtol=1e-6)
-    assert float(length_penalty(1, 0.6)) == 1.0
+@pytest.mark.parametrize("length, alpha, expected", [
+    (1, 0.6, 1.0),                  # (6/6)^α: one token is not penalised
+    (7, 0.6, 1.5157165665103982),   # (12/6)^0.6 = 2^0.6
+    (25, 0.6, 2.6265278044037674),  # (30/6)^0.6 = 5^0.6
+    (13, 1.0, 3.0),                 # (18/6)^1
+    (40, 0.0, 1.0),                 # α = 0: no penalty at any length
+])
+def test_length_penalty_matches_hand_values(length, alpha, expected):
+    assert_allclose(float(length_penalty(length, alpha)), expected, rtol=1e-6)
 
 
 def test_beam_search_finds_the_brute_force_best_that_greedy_misses():

@@ -128,16 +128,21 @@ def test_rows_must_split_over_devices():
 
 
 @pytest.mark.parametrize("strategy", ["pmap", "sharded"])
-def test_no_recompilation_after_the_first_step(strategy):
+def test_no_recompilation_after_the_first_step(strategy, request):
     """Steps 2..4 reuse step 1's executable: the state's types do not drift between steps."""
     model, state = initial_state()
     parallel = Parallel(strategy, CPUS)
     placed = parallel.put_state(state)
     step = parallel.compile_train_step(step_fn(model))
     compiles = []
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, duration, **kw: compiles.append(event)
-        if event == "/jax/core/compile/backend_compile_duration" else None)
+
+    def count_compiles(event, duration, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(count_compiles)
+    request.addfinalizer(lambda: jax.monitoring.unregister_event_duration_listener(
+        count_compiles))
     data = batches(4)
     placed, metrics = step(placed, parallel.put_batch(data[0]))
     jax.block_until_ready(metrics)

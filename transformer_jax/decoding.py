@@ -6,7 +6,7 @@ over one callback,
     tokens_to_logits(ids_N1, cache) -> (logits_NV, cache)
 
 which reads the previous token of every row (`(N, 1)` int32; the first call
-gets 0, the decoder's shifted-right start symbol) and returns the logits of
+gets `DECODER_START_ID`, 0, the decoder's shifted-right start symbol) and returns the logits of
 the next one (`(N, V)`; a length axis of 1, `(N, 1, V)`, is accepted too),
 with its own state (key/value cache, position counter, encoder memory, ...)
 threaded through `lax.while_loop` unchanged in shape. N is B in greedy search
@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from transformer_jax.token_ids import DECODER_START_ID, EOS_ID, PAD_ID
+
 TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
 _NEG_INF = float("-inf")
@@ -40,9 +42,9 @@ def length_penalty(length, alpha: float) -> jax.Array:
 
 
 def _previous_tokens(seqs, step):
-    """The token generated at `step - 1` (last axis), or the start symbol 0 at step 0."""
+    """The token generated at `step - 1` (last axis), or the decoder's start symbol at step 0."""
     last = lax.dynamic_index_in_dim(seqs, jnp.maximum(step - 1, 0), axis=-1, keepdims=False)
-    return jnp.where(step > 0, last, 0)
+    return jnp.where(step > 0, last, DECODER_START_ID)
 
 
 def greedy_search(
@@ -51,7 +53,7 @@ def greedy_search(
     *,
     batch_size: int,
     max_length: int,
-    eos_id: int = 1,
+    eos_id: int = EOS_ID,
 ) -> jax.Array:
     """The most likely next token at every step: sequences `(B, max_length)` int32.
 
@@ -68,13 +70,13 @@ def greedy_search(
         ids_B1 = _previous_tokens(seqs_BT, step)[:, None]
         logits, cache = tokens_to_logits(ids_B1, cache)
         next_B = jnp.argmax(logits.reshape(batch_size, -1), axis=-1).astype(jnp.int32)
-        next_B = jnp.where(ended_B, 0, next_B)
+        next_B = jnp.where(ended_B, PAD_ID, next_B)
         seqs_BT = seqs_BT.at[:, step].set(next_B)
         return step + 1, seqs_BT, ended_B | (next_B == eos_id), cache
 
     state = (
         jnp.int32(0),
-        jnp.zeros((batch_size, max_length), jnp.int32),
+        jnp.full((batch_size, max_length), PAD_ID, jnp.int32),
         jnp.zeros((batch_size,), bool),
         cache,
     )
@@ -99,7 +101,7 @@ def beam_search(
     beam_size: int,
     max_length: int,
     alpha: float = 0.6,
-    eos_id: int = 1,
+    eos_id: int = EOS_ID,
     return_all: bool = False,
 ):
     """Beam search with the GNMT length penalty (§6): best `(sequences, scores)`.
@@ -136,9 +138,9 @@ def beam_search(
     live_logp_1K = jnp.where(jnp.arange(k) == 0, 0.0, _NEG_INF)[None, :]
     state = _BeamState(
         step=jnp.int32(0),
-        live_seqs_BKT=jnp.zeros((batch_size, k, max_length), jnp.int32),
+        live_seqs_BKT=jnp.full((batch_size, k, max_length), PAD_ID, jnp.int32),
         live_logp_BK=jnp.broadcast_to(live_logp_1K, (batch_size, k)).astype(jnp.float32),
-        finished_seqs_BKT=jnp.zeros((batch_size, k, max_length), jnp.int32),
+        finished_seqs_BKT=jnp.full((batch_size, k, max_length), PAD_ID, jnp.int32),
         finished_scores_BK=jnp.full((batch_size, k), _NEG_INF, jnp.float32),
         finished_BK=jnp.zeros((batch_size, k), bool),
         cache=jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), cache),

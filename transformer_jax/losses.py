@@ -2,13 +2,15 @@
 
 Pure JAX, no Flax. Both functions return `(sum, weight_sum)` rather than a mean,
 so that sums from several devices or batches can be added and divided once.
-Token id 0 is padding: by default it gets weight 0.
+Padding targets (`token_ids.PAD_ID`, 0) get weight 0 by default.
 """
 
 import math
 
 import jax
 import jax.numpy as jnp
+
+from transformer_jax.token_ids import PAD_ID
 
 
 def label_smoothed_cross_entropy(
@@ -85,7 +87,7 @@ def _checked(logits_BTV, targets_BT, weights_BT):
             f"logits shape {logits_BTV.shape} must be targets shape {targets_BT.shape} + (V,)"
         )
     if weights_BT is None:
-        return logits_BTV, targets_BT, (targets_BT != 0).astype(jnp.float32)
+        return logits_BTV, targets_BT, (targets_BT != PAD_ID).astype(jnp.float32)
     weights_BT = jnp.asarray(weights_BT, jnp.float32)
     if weights_BT.shape != targets_BT.shape:
         raise ValueError(

@@ -7,8 +7,10 @@ set to the most negative value before the softmax (§3.2.1, §3.2.3).
 
 import jax.numpy as jnp
 
+from transformer_jax.token_ids import PAD_ID
 
-def padding_mask(key_tokens_BS, *, pad_id: int = 0):
+
+def padding_mask(key_tokens_BS, *, pad_id: int = PAD_ID):
     """Hides padding keys from every query. Returns `(B, 1, 1, S)`.
 
     For keys `[[7, 3, 0, 0]]` (0 is padding), every query row sees:

@@ -11,12 +11,14 @@ import flax.linen as nn
 
 from transformer_jax.layers import DecoderLayer, EncoderLayer
 from transformer_jax.masks import combine_masks, padding_mask, segment_mask
+from transformer_jax.token_ids import DECODER_START_ID
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.positional import sinusoidal_encoding
 
 
 def shift_right(targets_BT, segments_BT=None):
-    """The decoder input: targets moved one step right, 0 at the start of each sequence.
+    """The decoder input: targets moved one step right, `DECODER_START_ID` (0) at the start
+    of each sequence.
 
     With packed rows the shift restarts in every segment, so no example sees the
     previous example's last token:
@@ -25,11 +27,11 @@ def shift_right(targets_BT, segments_BT=None):
         shifted  [[0, 5, 6, 0, 8, 0]]
     """
     targets_BT = jnp.asarray(targets_BT)
-    shifted_BT = jnp.pad(targets_BT, ((0, 0), (1, 0)))[:, :-1]
+    shifted_BT = jnp.pad(targets_BT, ((0, 0), (1, 0)), constant_values=DECODER_START_ID)[:, :-1]
     if segments_BT is not None:
         segments_BT = jnp.asarray(segments_BT)
         same_segment_BT = segments_BT == jnp.pad(segments_BT, ((0, 0), (1, 0)))[:, :-1]
-        shifted_BT = jnp.where(same_segment_BT, shifted_BT, 0)
+        shifted_BT = jnp.where(same_segment_BT, shifted_BT, DECODER_START_ID)
     return shifted_BT
 
 
@@ -231,7 +233,7 @@ class Transformer(nn.Module):
     def decode_step(self, ids_B1, cache):
         """One step of decoding: the logits `(B, V)` after the previous tokens `ids_B1`.
 
-        Start from `init_cache` and ids of 0 (the decoder's start symbol). This is
+        Start from `init_cache` and ids of `DECODER_START_ID` (0). This is
         the `tokens_to_logits(ids, cache)` that `decoding.py`'s searches call; the
         padding id gets the lowest logit, so no search emits it.
         """

@@ -22,13 +22,14 @@ import sacrebleu
 import tqdm
 
 from transformer_jax.checkpoint import Checkpointer, DamagedCheckpointError
-from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
+from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.vocabulary import tokenizer_path
 from transformer_jax.decoding import beam_search, greedy_search
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.steps import TrainState
+from transformer_jax.token_ids import EOS_ID, PAD_ID
 
 BUCKET = 8  # source lengths are rounded up to a multiple of this: fewer compilations
 
@@ -145,7 +146,7 @@ class Translator:
             chosen = order[start:start + batch_size]
             length = -(-max(len(ids[i]) for i in chosen) // BUCKET) * BUCKET
             rows = min(batch_size, 1 << (len(chosen) - 1).bit_length())
-            inputs_BS = np.zeros((rows, length), np.int32)
+            inputs_BS = np.full((rows, length), PAD_ID, np.int32)
             for row, i in enumerate(chosen):
                 inputs_BS[row, :len(ids[i])] = ids[i]
             outputs_BT = _search(self.model, self.params, inputs_BS, beam_size=beam_size,

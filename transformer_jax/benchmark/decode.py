@@ -16,7 +16,7 @@ from jax import lax
 
 from transformer_jax.benchmark.model import model_configs, synthetic_batch
 from transformer_jax.benchmark.timing import compile_seconds, median_seconds
-from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
+from transformer_jax.token_ids import EOS_ID, PAD_ID
 from transformer_jax.decoding import beam_search, greedy_search
 from transformer_jax.model import Transformer
 

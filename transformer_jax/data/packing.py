@@ -16,6 +16,7 @@ import grain
 import numpy as np
 
 from transformer_jax.data.sources import DataError
+from transformer_jax.token_ids import PAD_ID
 
 SUFFIXES = ("", "_segmentation", "_positions")
 
@@ -55,7 +56,9 @@ class _PackedBatchIterator(grain.DatasetIterator):
         self._chunk, self._offset = [], 0  # the next example is self._chunk[self._offset]
 
     def __next__(self):
-        batch = {key + suffix: np.zeros((self._batch_size, length), np.int32)
+        # Ids pad with PAD_ID; segment ids and positions with 0 (segment 0 is padding).
+        batch = {key + suffix: np.full((self._batch_size, length),
+                                       PAD_ID if suffix == "" else 0, np.int32)
                  for key, length in self._lengths.items() for suffix in SUFFIXES}
         used = {key: np.zeros((self._batch_size,), np.int64) for key in self._lengths}
         count = np.zeros((self._batch_size,), np.int32)

@@ -23,6 +23,7 @@ import numpy as np
 from transformer_jax.data.packing import PackedBatchIterDataset
 from transformer_jax.data.sources import DataError
 from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.token_ids import PAD_ID
 
 TOO_LONG = ("truncate", "drop")
 
@@ -96,8 +97,8 @@ def eval_batches(pairs, tokenizer: Tokenizer, *, batch_size: int, max_source_len
     for b in range(num_batches):
         indices = mine[b * batch_size:(b + 1) * batch_size]
         batch = {
-            "inputs": np.zeros((batch_size, max_source_length), np.int32),
-            "targets": np.zeros((batch_size, max_target_length), np.int32),
+            "inputs": np.full((batch_size, max_source_length), PAD_ID, np.int32),
+            "targets": np.full((batch_size, max_target_length), PAD_ID, np.int32),
             "example_mask": np.zeros((batch_size,), bool),
             "index": np.full((batch_size,), -1, np.int32),
         }

@@ -5,7 +5,8 @@ import dataclasses
 import numpy as np
 import tqdm
 
-from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 PERCENTILES = (50, 90, 99, 100)
 

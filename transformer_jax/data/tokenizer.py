@@ -5,12 +5,10 @@ vocabulary of about 37000 tokens. This module trains such a vocabulary in
 process on the training sentences (both languages) and wraps the
 `sentencepiece` model in a small `Tokenizer`.
 
-Every model has the same special ids, so batches and the model agree on them:
-
-    PAD_ID = 0  padding; the model and its masks treat 0 as padding
-    EOS_ID = 1  end of sentence, appended with `encode(..., add_eos=True)`
-    BOS_ID = 2  beginning of sentence; reserved (the decoder starts from 0)
-    UNK_ID = 3  unknown; never emitted for text, thanks to byte fallback
+Every model has the special ids of `transformer_jax.token_ids`, so batches and
+the model agree on them: PAD_ID 0, EOS_ID 1 (appended with
+`encode(..., add_eos=True)`), BOS_ID 2 (reserved) and UNK_ID 3 (never emitted
+for text, thanks to byte fallback).
 
 Training settings make encoding lossless, `decode(encode(s)) == s` for every
 string: identity normalization (no NFKC), whitespace kept as is, and byte
@@ -31,10 +29,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import sentencepiece as spm
 
-PAD_ID = 0
-EOS_ID = 1
-BOS_ID = 2
-UNK_ID = 3
+from transformer_jax.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 MODEL_TYPES = ("bpe", "unigram")
 # 4 specials + 256 byte pieces, plus one piece per distinct character of the corpus.
