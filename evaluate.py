@@ -1,9 +1,10 @@
 """Scores a trained run on a split with cased sacreBLEU and chrF.
 
-    python evaluate.py --workdir=runs/default [--split=test] [--average_last=N]
+    python evaluate.py --workdir=runs/default [--split=test] [--checkpoint=average:N]
 
-Writes DIR/eval/<split>-<step>.hyp.txt and DIR/eval/<split>-<step>.json (bleu, chrf,
-the sacreBLEU signature, the step, the decoding settings and sentences/s).
+Writes DIR/eval/<split>-<name>.hyp.txt and DIR/eval/<split>-<name>.json (bleu, chrf,
+the sacreBLEU signature, the checkpoints, the decoding settings and sentences/s);
+<name> is the step, or "<last step>-average<N>" for N averaged checkpoints.
 """
 
 import json
@@ -19,37 +20,54 @@ from transformer_jax.translation import TranslationError, Translator, evaluate
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
 _SPLIT = flags.DEFINE_enum("split", "test", ["train", "validation", "test"], "the split")
-_AVERAGE = flags.DEFINE_integer("average_last", 1, "average the last N checkpoints (§6.1)",
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "latest",
+                                  "latest, a step, or average:N (the last N averaged, §6.1)")
+_AVERAGE = flags.DEFINE_integer("average_last", None, "deprecated: --checkpoint=average:N",
                                 lower_bound=1)
-_BEAM = flags.DEFINE_integer("beam_size", 4, "beam size; 1 is greedy search", lower_bound=1)
-_ALPHA = flags.DEFINE_float("alpha", 0.6, "length penalty exponent (§6.1)", lower_bound=0.0)
-_EXTRA = flags.DEFINE_integer("max_extra_length", 50, "output tokens beyond the input length",
-                              lower_bound=0)
+_BEAM = flags.DEFINE_integer("beam_size", None, "beam size; 1 is greedy search (default: the "
+                             "run's config.decode, §6.1's 4)", lower_bound=1)
+_ALPHA = flags.DEFINE_float("alpha", None, "length penalty exponent (default: the run's, 0.6)",
+                            lower_bound=0.0)
+_EXTRA = flags.DEFINE_integer("max_extra_length", None, "output tokens beyond the input length "
+                              "(default: the run's, 50)", lower_bound=0)
+
+
+def checkpoint_spec() -> str:
+    """--checkpoint, or the deprecated --average_last=N as average:N."""
+    if _AVERAGE.value is None:
+        return _CHECKPOINT.value
+    if _CHECKPOINT.value != "latest":
+        raise ConfigError("give --checkpoint or the deprecated --average_last, not both")
+    print(f"warning: --average_last is deprecated; use --checkpoint=average:{_AVERAGE.value}",
+          file=sys.stderr)
+    return f"average:{_AVERAGE.value}"
 
 
 def main(argv) -> None:
     del argv
     logging.set_verbosity(logging.WARNING)
-    checkpoint = "latest" if _AVERAGE.value == 1 else f"average:{_AVERAGE.value}"
     try:
-        translator = Translator.from_workdir(_WORKDIR.value, checkpoint)
+        translator = Translator.from_workdir(_WORKDIR.value, checkpoint_spec())
         out = writable_folder(os.path.join(_WORKDIR.value, "eval"), "the results folder")
         pairs = load_split(translator.run_config.data, _SPLIT.value).pairs
     except (TranslationError, DataError, ConfigError) as error:
         sys.exit(f"error: {error}")
-    settings = {"beam_size": _BEAM.value, "alpha": _ALPHA.value,
-                "max_extra_length": _EXTRA.value}
+    settings = translator.search_settings(beam_size=_BEAM.value, alpha=_ALPHA.value,
+                                          max_extra_length=_EXTRA.value)
     result = evaluate(translator, pairs, **settings)
-    step = translator.steps[-1]
+    steps = translator.steps
+    name = f"{steps[-1]}" if len(steps) == 1 else f"{steps[-1]}-average{len(steps)}"
     d = translator.run_config.data
-    record = {"split": _SPLIT.value, "step": step, "checkpoints": translator.steps,
+    record = {"split": _SPLIT.value, "step": steps[-1], "checkpoints": steps,
               "direction": f"{d.source_lang}-{d.target_lang}", "sentences": len(pairs),
               **{k: v for k, v in result.items() if k != "hypotheses"}, **settings}
-    with open(os.path.join(out, f"{_SPLIT.value}-{step}.hyp.txt"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out, f"{_SPLIT.value}-{name}.hyp.txt"), "w", encoding="utf-8") as f:
         f.write("".join(h + "\n" for h in result["hypotheses"]))
-    with open(os.path.join(out, f"{_SPLIT.value}-{step}.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out, f"{_SPLIT.value}-{name}.json"), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=2)
-    print(f"{record['direction']} {_SPLIT.value} ({len(pairs)} sentences, step {step}): "
+    which = (f"step {steps[0]}" if len(steps) == 1
+             else f"steps {', '.join(map(str, steps))} averaged")
+    print(f"{record['direction']} {_SPLIT.value} ({len(pairs)} sentences, {which}): "
           f"BLEU {record['bleu']:.2f}, chrF {record['chrf']:.2f}\n"
           f"sacreBLEU signature: {record['signature']}")
 

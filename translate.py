@@ -19,10 +19,12 @@ from transformer_jax.translation import TranslationError, Translator
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
 _INPUT = flags.DEFINE_string("input", None, "a UTF-8 file, one sentence per line (default stdin)")
 _OUTPUT = flags.DEFINE_string("output", None, "where translations go (default stdout)")
-_BEAM = flags.DEFINE_integer("beam_size", 4, "beam size; 1 is greedy search", lower_bound=1)
-_ALPHA = flags.DEFINE_float("alpha", 0.6, "length penalty exponent (§6.1)", lower_bound=0.0)
-_EXTRA = flags.DEFINE_integer("max_extra_length", 50, "output tokens beyond the input length",
-                              lower_bound=0)
+_BEAM = flags.DEFINE_integer("beam_size", None, "beam size; 1 is greedy search (default: the "
+                             "run's config.decode, §6.1's 4)", lower_bound=1)
+_ALPHA = flags.DEFINE_float("alpha", None, "length penalty exponent (default: the run's, 0.6)",
+                            lower_bound=0.0)
+_EXTRA = flags.DEFINE_integer("max_extra_length", None, "output tokens beyond the input length "
+                              "(default: the run's, 50)", lower_bound=0)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, a step, or average:N")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "sentences per search", lower_bound=1)
 _MAX_INPUT = flags.DEFINE_integer(

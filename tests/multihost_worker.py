@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 
 from transformer_jax.model import Transformer  # noqa: E402
 from transformer_jax.model_config import get_model_config  # noqa: E402
-from transformer_jax.optim import learning_rate_schedule, make_optimizer  # noqa: E402
+from transformer_jax.optim import make_optimizer  # noqa: E402
 from transformer_jax.steps import TrainState, train_step  # noqa: E402
 
 ROWS, LENGTH = 8, 6
@@ -35,10 +35,9 @@ model = Transformer(config)
 tokens = jnp.ones((1, LENGTH), jnp.int32)
 params = jax.jit(model.init)(jax.random.key(0), tokens, tokens)["params"]
 # Adam's eps 1e-3: see tests/test_parallel.py (the key biases' gradient is rounding noise).
-tx = make_optimizer(d_model=config.d_model, warmup_steps=5, eps=1e-3)
-step_fn = functools.partial(
-    train_step, model=model, seed=0, label_smoothing=0.1,
-    learning_rate_fn=learning_rate_schedule(d_model=config.d_model, warmup_steps=5))
+optimizer = make_optimizer(d_model=config.d_model, warmup_steps=5, eps=1e-3)
+step_fn = functools.partial(train_step, model=model, seed=0, label_smoothing=0.1,
+                            learning_rate_fn=optimizer.learning_rate_fn)
 rng = np.random.default_rng(0)
 batches = [{k: rng.integers(1, 40, (ROWS, LENGTH)).astype(np.int32) for k in ("inputs", "targets")}
            for _ in range(3)]
@@ -46,7 +45,7 @@ mine = slice(pid * ROWS // nproc, (pid + 1) * ROWS // nproc)
 for strategy in ("pmap", "sharded"):
     p = parallel.Parallel(strategy)
     assert len(jax.devices()) == 4 and p.num_local_devices == 4 // nproc
-    placed = p.put_state(TrainState.create(apply_fn=model.apply, params=params, tx=tx))
+    placed = p.put_state(TrainState.create(apply_fn=model.apply, params=params, tx=optimizer.tx))
     step = p.compile_train_step(step_fn)
     for batch in batches:
         placed, _ = step(placed, p.put_batch({k: v[mine] for k, v in batch.items()}))

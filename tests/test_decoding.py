@@ -162,7 +162,7 @@ def test_beam_search_terminates_early():
         return markov_fn(TRAP_TABLE[None])(ids_N1, cache)
 
     seqs, _ = beam_search(
-        counting_fn, markov_cache([0]), batch_size=1, beam_size=2, max_length=10
+        counting_fn, markov_cache([0]), batch_size=1, beam_size=2, max_length=10, alpha=0.6
     )
     jax.effects_barrier()
     assert list(np.asarray(seqs[0, :3])) == [3, 4, EOS]
@@ -182,7 +182,7 @@ def test_beam_size_one_equals_greedy(alpha):
 def test_batch_equals_each_example_alone():
     tables = random_tables(seed=2, examples=4, vocab=7, eos_boost=0.5)
     fn = markov_fn(tables)
-    search = partial(beam_search, fn, beam_size=3, max_length=8, return_all=True)
+    search = partial(beam_search, fn, beam_size=3, max_length=8, alpha=0.6, return_all=True)
     seqs, scores = search(markov_cache(np.arange(4)), batch_size=4)
     greedy = greedy_search(fn, markov_cache(np.arange(4)), batch_size=4, max_length=8)
     for e in range(4):
@@ -273,15 +273,15 @@ def test_jit_compiles_once_per_shape_and_matches_eager():
     def decode(tables, examples):
         traces.append(1)
         return beam_search(
-            markov_fn(tables), markov_cache(examples), batch_size=3, beam_size=4, max_length=8
-        )
+            markov_fn(tables), markov_cache(examples), batch_size=3, beam_size=4, max_length=8,
+            alpha=0.6)
 
     tables = [random_tables(seed=s, examples=3, vocab=7, eos_boost=0.5) for s in (5, 6)]
     for t in tables:
         jitted = decode(t, np.arange(3))
         eager = beam_search(
-            markov_fn(t), markov_cache(np.arange(3)), batch_size=3, beam_size=4, max_length=8
-        )
+            markov_fn(t), markov_cache(np.arange(3)), batch_size=3, beam_size=4, max_length=8,
+            alpha=0.6)
         assert_array_equal(jitted[0], eager[0])
         assert_allclose(jitted[1], eager[1], rtol=1e-6)
     assert len(traces) == 1
@@ -290,7 +290,7 @@ def test_jit_compiles_once_per_shape_and_matches_eager():
 def test_return_all_is_sorted_and_its_best_is_the_default_answer():
     tables = random_tables(seed=7, examples=3, vocab=7, eos_boost=1.0)
     fn, cache = markov_fn(tables), markov_cache(np.arange(3))
-    search = partial(beam_search, fn, cache, batch_size=3, beam_size=3, max_length=8)
+    search = partial(beam_search, fn, cache, batch_size=3, beam_size=3, max_length=8, alpha=0.6)
     all_seqs, all_scores = search(return_all=True)
     best_seqs, best_scores = search()
     assert all_seqs.shape == (3, 3, 8) and all_scores.shape == (3, 3)

@@ -117,7 +117,7 @@ def test_adam_matches_numpy_on_a_quadratic():
     """Three steps on f(x) = ½ Σ a x² match NumPy Adam with the paper's β, ε and schedule."""
     a = np.array([1.0, 3.0, 0.5], np.float32)
     cfg = dict(d_model=16, warmup_steps=2)
-    opt = make_optimizer(**cfg)
+    opt = make_optimizer(**cfg).tx
     x = jnp.array([1.0, -2.0, 4.0])
     state = opt.init(x)
     grads, updates = [], []
@@ -142,9 +142,9 @@ def test_clipping_scales_the_gradient_to_the_norm():
     """
     small, big = np.array([0.3, -0.4], np.float32), np.array([6.0, 8.0], np.float32)
     cfg = dict(d_model=16, warmup_steps=2)
-    clipped = run_optax(make_optimizer(**cfg, grad_clip_norm=1.0), [small, big])
-    by_hand = run_optax(make_optimizer(**cfg), [small, big / 10])
-    unclipped = run_optax(make_optimizer(**cfg), [small, big])
+    clipped = run_optax(make_optimizer(**cfg, grad_clip_norm=1.0).tx, [small, big])
+    by_hand = run_optax(make_optimizer(**cfg).tx, [small, big / 10])
+    unclipped = run_optax(make_optimizer(**cfg).tx, [small, big])
     assert_allclose(clipped[1], by_hand[1], rtol=1e-6)
     assert np.abs(unclipped[1] - clipped[1]).max() > 1e-4 * np.abs(clipped[1]).max()
     lrs = [learning_rate(t, **cfg) for t in (1, 2)]
@@ -155,8 +155,23 @@ def test_paper_defaults():
     """The defaults are the paper's β1 0.9, β2 0.98, ε 1e-9: equal to an explicit optax.adam."""
     g = [np.array([0.2, -1.0], np.float32), np.array([0.5, 0.1], np.float32)]
     explicit = optax.adam(learning_rate_schedule(**BASE), b1=0.9, b2=0.98, eps=1e-9)
-    for got, want in zip(run_optax(make_optimizer(**BASE), g), run_optax(explicit, g)):
+    for got, want in zip(run_optax(make_optimizer(**BASE).tx, g), run_optax(explicit, g)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_the_logged_rate_is_the_rate_of_the_update():
+    """The schedule make_optimizer returns gives, at count c, the rate that moved the
+    parameters in update c + 1, which is eq. 3's rate at step c + 1."""
+    optimizer = make_optimizer(d_model=16, warmup_steps=3, learning_rate_scale=2.0)
+    x, state = jnp.array([1.0]), optimizer.tx.init(jnp.array([1.0]))
+    for count in range(4):
+        update, state = optimizer.tx.update(jnp.array([0.5]), state, x)
+        # With a constant gradient g, Adam's bias-corrected moments are g and g², so every
+        # update is -lr · g / (|g| + ε) = -lr here (g = 0.5, ε = 1e-9).
+        assert_allclose(float(update[0]), -float(optimizer.learning_rate_fn(count)), rtol=1e-6)
+        assert_allclose(float(optimizer.learning_rate_fn(count)),
+                        learning_rate(count + 1, d_model=16, warmup_steps=3, scale=2.0),
+                        rtol=1e-6)
 
 
 @pytest.mark.parametrize(

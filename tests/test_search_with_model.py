@@ -49,5 +49,6 @@ def test_cached_greedy_equals_uncached_greedy():
 def test_beam_of_one_equals_greedy_on_the_model():
     _, _, _, cache, step = setup()
     greedy = greedy_search(step, cache, batch_size=3, max_length=MAX_LENGTH)
-    beam, _ = beam_search(step, cache, batch_size=3, beam_size=1, max_length=MAX_LENGTH)
+    beam, _ = beam_search(step, cache, batch_size=3, beam_size=1, max_length=MAX_LENGTH,
+                          alpha=0.6)
     np.testing.assert_array_equal(beam, greedy)

@@ -168,6 +168,35 @@ def test_evaluate_writes_hypotheses_and_scores(workdir):
     assert record["sentences_per_sec"] > 0
 
 
+def test_evaluate_names_the_averaged_checkpoints(workdir):
+    """--checkpoint=average:2 averages steps 2 and 4, says so, and files the result under its
+    own name, not as step 4's; the deprecated --average_last cannot be given beside it."""
+    result = run("evaluate.py", f"--workdir={workdir}", "--split=validation",
+                 "--checkpoint=average:2", "--beam_size=1")
+    assert result.returncode == 0, result.stderr
+    assert "sentences, steps 2, 4 averaged): BLEU" in result.stdout
+    record = json.loads((workdir / "eval" / "validation-4-average2.json").read_text())
+    assert record["checkpoints"] == [2, 4] and record["beam_size"] == 1
+    assert (workdir / "eval" / "validation-4-average2.hyp.txt").exists()
+    both = run("evaluate.py", f"--workdir={workdir}", "--checkpoint=2", "--average_last=2")
+    assert both.returncode == 1
+    assert both.stderr.strip() == ("error: give --checkpoint or the deprecated --average_last, "
+                                   "not both")
+
+
+def test_search_settings_default_to_the_runs_decode_group(workdir):
+    """§6.1's settings live in config.decode: the CLIs and Translator take them from the run."""
+    translator = Translator.from_workdir(str(workdir))
+    decode = tiny_run().decode
+    assert translator.search_settings() == {"beam_size": decode.beam_size,
+                                            "alpha": decode.alpha,
+                                            "max_extra_length": decode.max_extra_length}
+    assert translator.search_settings(beam_size=1, alpha=None) == {
+        "beam_size": 1, "alpha": decode.alpha, "max_extra_length": decode.max_extra_length}
+    translator.run_config.decode.alpha = 0.25  # as if the run had been configured so
+    assert translator.search_settings()["alpha"] == 0.25
+
+
 def test_evaluate_checks_its_results_folder_before_translating(workdir, tmp_path):
     """An `eval` that is a file stops evaluate.py at once, with one line, before any search."""
     copy = tmp_path / "run"

@@ -100,7 +100,7 @@ def beam_search(
     batch_size: int,
     beam_size: int,
     max_length: int,
-    alpha: float = 0.6,
+    alpha: float,
     eos_id: int = EOS_ID,
     return_all: bool = False,
 ):

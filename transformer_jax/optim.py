@@ -1,12 +1,13 @@
 """The paper's optimizer (§5.3): Adam with warmup then inverse-square-root decay.
 
-The optimizer state does not carry the learning rate. The trainer logs it from
-the same schedule: the update that moves the step count from c to c + 1 uses
+The optimizer state does not carry the learning rate. `make_optimizer` returns
+the transformation with the one schedule object it follows, which the train step
+logs: the update that moves the step count from c to c + 1 uses
 
-    learning_rate_schedule(d_model=..., warmup_steps=...)(c) == learning_rate(c + 1, ...)
-
-built with the same arguments as `make_optimizer`.
+    make_optimizer(...).learning_rate_fn(c) == learning_rate(c + 1, ...)
 """
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,13 @@ def learning_rate_schedule(
     return schedule
 
 
+class Optimizer(NamedTuple):
+    """The paper's Adam (`tx`, an optax transformation) and the schedule it follows."""
+
+    tx: optax.GradientTransformation
+    learning_rate_fn: optax.Schedule
+
+
 def make_optimizer(
     *,
     d_model: int,
@@ -60,8 +68,9 @@ def make_optimizer(
     b2: float = 0.98,
     eps: float = 1e-9,
     grad_clip_norm: float = 0.0,
-) -> optax.GradientTransformation:
-    """Adam (β1 = 0.9, β2 = 0.98, ε = 1e-9) with `learning_rate_schedule` (§5.3).
+) -> Optimizer:
+    """Adam (β1 = 0.9, β2 = 0.98, ε = 1e-9) with `learning_rate_schedule` (§5.3), and that
+    schedule, built once: what the optimizer uses is what the trainer logs.
 
     grad_clip_norm > 0 clips the gradient to that global norm before Adam; the
     paper does not clip (0, the default, means no clipping).
@@ -73,8 +82,8 @@ def make_optimizer(
     )
     adam = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
     if grad_clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(grad_clip_norm), adam)
-    return adam
+        adam = optax.chain(optax.clip_by_global_norm(grad_clip_norm), adam)
+    return Optimizer(adam, schedule)
 
 
 def _check_schedule_args(d_model, warmup_steps, scale) -> None:
@@ -86,7 +95,7 @@ def _check_schedule_args(d_model, warmup_steps, scale) -> None:
         raise ValueError(f"scale (learning_rate_scale) must be > 0, got {scale}")
 
 
-def optimizer_from_config(optim_group, d_model: int) -> optax.GradientTransformation:
+def optimizer_from_config(optim_group, d_model: int) -> Optimizer:
     """`make_optimizer` from a run config's optim group (a ConfigDict or a plain dict).
 
     The trainer builds its optimizer here, and so does anything that restores a

@@ -30,7 +30,7 @@ from transformer_jax.config_checks import ConfigError, check_config, writable_fo
 from transformer_jax.data import eval_batches, get_tokenizer, load_split, train_dataset
 from transformer_jax.data.vocabulary import tokenizer_path
 from transformer_jax.model import Transformer
-from transformer_jax.optim import learning_rate_schedule, optimizer_from_config
+from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
@@ -180,13 +180,11 @@ class _Loop:
         self.model = Transformer(model_config)
         self.metadata = {"config": config.to_dict(), "model": dataclasses.asdict(model_config),
                          "tokenizer": tokenizer_path(workdir)}
-        self.learning_rate_fn = learning_rate_schedule(
-            d_model=model_config.d_model, warmup_steps=config.optim.warmup_steps,
-            scale=config.optim.learning_rate_scale)
+        optimizer = optimizer_from_config(config.optim, model_config.d_model)
         self.p_train = parallel.compile_train_step(functools.partial(
             train_step, model=self.model, seed=config.seed,
             label_smoothing=config.optim.label_smoothing,
-            learning_rate_fn=self.learning_rate_fn,
+            learning_rate_fn=optimizer.learning_rate_fn,
             accumulation_steps=config.accumulation_steps))
         self.p_eval = parallel.compile_eval_step(functools.partial(eval_step, model=self.model))
         d = config.data
@@ -196,8 +194,7 @@ class _Loop:
             train_pairs, tokenizer, batch_size=self.rows,
             max_source_length=d.max_source_length, max_target_length=d.max_target_length,
             too_long=d.too_long, seed=config.seed, num_threads=d.num_threads))
-        tx = optimizer_from_config(config.optim, model_config.d_model)
-        self.state = _initial_state(self.model, tx, config)
+        self.state = _initial_state(self.model, optimizer.tx, config)
 
     def run(self, stop: _StopSignal) -> TrainResult:
         found = self.checkpointer.newest(lambda step: self.checkpointer.restore(step, self.state))

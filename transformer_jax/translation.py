@@ -28,6 +28,7 @@ from transformer_jax.decoding import beam_search, greedy_search
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.optim import optimizer_from_config
+from transformer_jax.run_config import decode_fields
 from transformer_jax.steps import TrainState
 from transformer_jax.token_ids import EOS_ID, PAD_ID
 
@@ -68,7 +69,7 @@ def average_params(param_trees):
 
 
 def _restore_params(checkpointer: Checkpointer, step: int, model, metadata: dict):
-    tx = optimizer_from_config(metadata["config"]["optim"], model.config.d_model)
+    tx = optimizer_from_config(metadata["config"]["optim"], model.config.d_model).tx
     tokens = jnp.ones((1, 1), jnp.int32)
     abstract = jax.eval_shape(lambda: TrainState.create(
         apply_fn=model.apply, params=model.init(jax.random.key(0), tokens, tokens)["params"],
@@ -120,10 +121,20 @@ class Translator:
             raise TranslationError(str(error)) from None
         return cls(model, params, tokenizer, ml_collections.ConfigDict(metadata["config"]), steps)
 
-    def translate(self, sentences: list[str], *, beam_size: int = 4, alpha: float = 0.6,
-                  max_extra_length: int = 50, batch_size: int = 32,
-                  max_input_length: int | None = None, progress: bool = False) -> list[str]:
+    def search_settings(self, **given) -> dict:
+        """beam_size, alpha and max_extra_length: those `given` (not None), else the run's
+        `config.decode` (§6.1's beam 4, α 0.6, input length + 50, unless it was changed)."""
+        decode = self.run_config.get("decode") or decode_fields()
+        return {key: decode[key] if given.get(key) is None else given[key]
+                for key in ("beam_size", "alpha", "max_extra_length")}
+
+    def translate(self, sentences: list[str], *, beam_size: int | None = None,
+                  alpha: float | None = None, max_extra_length: int | None = None,
+                  batch_size: int = 32, max_input_length: int | None = None,
+                  progress: bool = False) -> list[str]:
         """Translations of `sentences`, in their order; beam_size 1 is greedy search.
+
+        Search settings left None are the run's (`search_settings`).
 
         Sentences are searched in batches of similar length, each of at most `batch_size`
         rows and no more rows than it has sentences (rounded up to a power of two, so few
@@ -131,6 +142,8 @@ class Translator:
         None: no limit) is a TranslationError before any search: the search's memory
         grows with the input's length times its output's.
         """
+        search = self.search_settings(beam_size=beam_size, alpha=alpha,
+                                      max_extra_length=max_extra_length)
         cap = max_input_length or float("inf")
         ids = self.tokenizer.encode_batch(sentences, add_eos=True)
         too_long = [(i, len(x)) for i, x in enumerate(ids) if len(x) > cap]
@@ -149,8 +162,9 @@ class Translator:
             inputs_BS = np.full((rows, length), PAD_ID, np.int32)
             for row, i in enumerate(chosen):
                 inputs_BS[row, :len(ids[i])] = ids[i]
-            outputs_BT = _search(self.model, self.params, inputs_BS, beam_size=beam_size,
-                                 max_length=length + max_extra_length, alpha=alpha)
+            outputs_BT = _search(self.model, self.params, inputs_BS,
+                                 beam_size=search["beam_size"], alpha=search["alpha"],
+                                 max_length=length + search["max_extra_length"])
             for row, text in zip(chosen, self.tokenizer.decode_batch(np.asarray(outputs_BT))):
                 out[row] = text
         return out

@@ -21,7 +21,7 @@ from transformer_jax.benchmark.machine import peak_tflops
 from transformer_jax.benchmark.timing import compile_seconds, median_seconds
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig, get_model_config
-from transformer_jax.optim import learning_rate_schedule, make_optimizer
+from transformer_jax.optim import make_optimizer
 from transformer_jax.parallel import STRATEGIES, Parallel
 from transformer_jax.steps import TrainState, train_step
 
@@ -102,12 +102,12 @@ def train_setup(config: ModelConfig, strategy: str, batch: dict):
     """(compiled step, placed state, placed batch, compile seconds) as the trainer runs them."""
     parallel = Parallel(strategy)
     model = Transformer(config)
-    tx = make_optimizer(d_model=config.d_model)
+    optimizer = make_optimizer(d_model=config.d_model)
     params = jax.jit(model.init)(jax.random.key(0), batch["inputs"][:1], batch["targets"][:1])
     state = parallel.put_state(TrainState.create(apply_fn=model.apply,
-                                                 params=params["params"], tx=tx))
+                                                 params=params["params"], tx=optimizer.tx))
     step_fn = functools.partial(train_step, model=model, seed=0, label_smoothing=0.1,
-                                learning_rate_fn=learning_rate_schedule(d_model=config.d_model))
+                                learning_rate_fn=optimizer.learning_rate_fn)
     placed = parallel.put_batch(batch)
     step, seconds = compile_seconds(parallel.compile_train_step(step_fn), state, placed)
     return step, state, placed, seconds
