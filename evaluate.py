@@ -15,7 +15,8 @@ from absl import app, flags, logging
 
 from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.data import DataError, load_split
-from transformer_jax.run_config import parse_flags
+from transformer_jax import run_config
+from transformer_jax.run_config import define_search_flags, parse_flags
 from transformer_jax.translation import TranslationError, Translator, evaluate
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
@@ -24,12 +25,8 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", "latest",
                                   "latest, a step, or average:N (the last N averaged, §6.1)")
 _AVERAGE = flags.DEFINE_integer("average_last", None, "deprecated: --checkpoint=average:N",
                                 lower_bound=1)
-_BEAM = flags.DEFINE_integer("beam_size", None, "beam size; 1 is greedy search (default: the "
-                             "run's config.decode, §6.1's 4)", lower_bound=1)
-_ALPHA = flags.DEFINE_float("alpha", None, "length penalty exponent (default: the run's, 0.6)",
-                            lower_bound=0.0)
-_EXTRA = flags.DEFINE_integer("max_extra_length", None, "output tokens beyond the input length "
-                              "(default: the run's, 50)", lower_bound=0)
+_BEAM, _ALPHA, _EXTRA = define_search_flags()
+flags.adopt_module_key_flags(run_config)  # so that --helpshort lists them
 
 
 def checkpoint_spec() -> str:

@@ -13,18 +13,15 @@ from absl import app, flags, logging
 from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.data import DataError
 from transformer_jax.data.sources import decode_lines
-from transformer_jax.run_config import parse_flags
+from transformer_jax import run_config
+from transformer_jax.run_config import define_search_flags, parse_flags
 from transformer_jax.translation import TranslationError, Translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
 _INPUT = flags.DEFINE_string("input", None, "a UTF-8 file, one sentence per line (default stdin)")
 _OUTPUT = flags.DEFINE_string("output", None, "where translations go (default stdout)")
-_BEAM = flags.DEFINE_integer("beam_size", None, "beam size; 1 is greedy search (default: the "
-                             "run's config.decode, §6.1's 4)", lower_bound=1)
-_ALPHA = flags.DEFINE_float("alpha", None, "length penalty exponent (default: the run's, 0.6)",
-                            lower_bound=0.0)
-_EXTRA = flags.DEFINE_integer("max_extra_length", None, "output tokens beyond the input length "
-                              "(default: the run's, 50)", lower_bound=0)
+_BEAM, _ALPHA, _EXTRA = define_search_flags()
+flags.adopt_module_key_flags(run_config)  # so that --helpshort lists them
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, a step, or average:N")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "sentences per search", lower_bound=1)
 _MAX_INPUT = flags.DEFINE_integer(

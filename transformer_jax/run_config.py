@@ -94,6 +94,19 @@ def decode_fields(**overrides) -> ml_collections.ConfigDict:
     return decode.unlock()
 
 
+def define_search_flags():
+    """translate.py's and evaluate.py's --beam_size, --alpha and --max_extra_length; left
+    unset (None), they are the run's `config.decode` (`Translator.search_settings`)."""
+    from absl import flags
+
+    return (flags.DEFINE_integer("beam_size", None, "beam size; 1 is greedy search (default: "
+                                 "the run's config.decode, §6.1's 4)", lower_bound=1),
+            flags.DEFINE_float("alpha", None, "length penalty exponent (default: the run's, "
+                               "0.6)", lower_bound=0.0),
+            flags.DEFINE_integer("max_extra_length", None, "output tokens beyond the input "
+                                 "length (default: the run's, 50)", lower_bound=0))
+
+
 def parse_flags(argv: list[str], default_config: str | None = None) -> list[str]:
     """absl's flag parsing, with a one-line error for a bad `--config.key=value`.
 
