@@ -11,9 +11,9 @@ import flax.linen as nn
 
 from transformer_jax.layers import DecoderLayer, EncoderLayer
 from transformer_jax.masks import combine_masks, padding_mask, segment_mask
-from transformer_jax.token_ids import DECODER_START_ID
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.positional import sinusoidal_encoding
+from transformer_jax.token_ids import DECODER_START_ID
 
 
 def shift_right(targets_BT, segments_BT=None):
