@@ -26,11 +26,13 @@ def get_config() -> ConfigDict:
         # A short run: warm up over 500 steps instead of the paper's 4000.
         optim=optim_fields(warmup_steps=500),
     )
-    config.num_train_steps = 3000
+    # 800 steps: test BLEU 99.6 after 4 min 10 s on a 2-core CPU (README); 3,000 steps
+    # reached 99.97 in 8 to 17 minutes.
+    config.num_train_steps = 800
     config.per_device_batch_size = 64
     config.log_every_steps = 50
-    config.eval_every_steps = 500
-    config.checkpoint_every_steps = 500
+    config.eval_every_steps = 400
+    config.checkpoint_every_steps = 400
     config.checkpoints_to_keep = 3
-    config.decode.bleu_every_steps = 1000  # BLEU of 256 validation pairs, logged as eval_bleu
+    config.decode.bleu_every_steps = 400  # BLEU of 256 validation pairs, logged as eval_bleu
     return config
