@@ -38,9 +38,9 @@ def segments(batch, side):
     """(row, segment id) -> that segment's token ids, from a packed batch."""
     out = {}
     for row in range(batch[side].shape[0]):
-        ids_L, seg_L = batch[side][row], batch[f"{side}_segmentation"][row]
-        for s in sorted(set(seg_L.tolist()) - {0}):
-            out[row, s] = ids_L[seg_L == s].tolist()
+        ids_T, seg_T = batch[side][row], batch[f"{side}_segmentation"][row]
+        for s in sorted(set(seg_T.tolist()) - {0}):
+            out[row, s] = ids_T[seg_T == s].tolist()
     return out
 
 

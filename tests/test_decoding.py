@@ -31,13 +31,13 @@ def lp_np(length, alpha):
 def markov_fn(tables_EVV):
     """Fake model: logits of the next token from the previous one, per example.
 
-    The cache is {"example": (N,) row of `tables_EVV` to use, "step": (N,) calls so far}.
+    The cache is {"example": (R,) row of `tables_EVV` to use, "step": (R,) calls so far}.
     """
     tables_EVV = jnp.asarray(tables_EVV, jnp.float32)
 
-    def tokens_to_logits(ids_N1, cache):
-        logits_NV = tables_EVV[cache["example"], ids_N1[:, 0]]
-        return logits_NV, {"example": cache["example"], "step": cache["step"] + 1}
+    def tokens_to_logits(ids_R1, cache):
+        logits_RV = tables_EVV[cache["example"], ids_R1[:, 0]]
+        return logits_RV, {"example": cache["example"], "step": cache["step"] + 1}
 
     return tokens_to_logits
 
@@ -157,9 +157,9 @@ def test_beam_search_terminates_early():
     """After 3 steps the finished set {[3 4 EOS], [2 EOS]} beats the bound on every live one."""
     calls = []
 
-    def counting_fn(ids_N1, cache):
+    def counting_fn(ids_R1, cache):
         jax.debug.callback(lambda: calls.append(1))
-        return markov_fn(TRAP_TABLE[None])(ids_N1, cache)
+        return markov_fn(TRAP_TABLE[None])(ids_R1, cache)
 
     seqs, _ = beam_search(
         counting_fn, markov_cache([0]), batch_size=1, beam_size=2, max_length=10, alpha=0.6
@@ -236,14 +236,14 @@ HISTORY_TABLES = np.stack(
 )
 
 
-def history_fn(ids_N1, cache):
-    """Fake model reading the whole prefix from a cache of emitted tokens `(N, T + 1)`."""
-    history_NT, step_N = cache
-    rows_N = jnp.arange(history_NT.shape[0])
-    history_NT = history_NT.at[rows_N, step_N].set(ids_N1[:, 0])
-    first_N = jnp.where(step_N >= 1, history_NT[:, 1], PAD)
-    logits_NV = jnp.asarray(HISTORY_TABLES, jnp.float32)[first_N, ids_N1[:, 0]]
-    return logits_NV, (history_NT, step_N + 1)
+def history_fn(ids_R1, cache):
+    """Fake model reading the whole prefix from a cache of emitted tokens `(R, T + 1)`."""
+    history_RT, step_R = cache
+    rows_R = jnp.arange(history_RT.shape[0])
+    history_RT = history_RT.at[rows_R, step_R].set(ids_R1[:, 0])
+    first_R = jnp.where(step_R >= 1, history_RT[:, 1], PAD)
+    logits_RV = jnp.asarray(HISTORY_TABLES, jnp.float32)[first_R, ids_R1[:, 0]]
+    return logits_RV, (history_RT, step_R + 1)
 
 
 def history_logp(prefix):

@@ -75,7 +75,7 @@ def np_layer_norm(p, x, eps=1e-6):
 
 def _init_mha(num_heads, d_model, seed=0, **kwargs):
     q_BTD, kv_BSD = _inputs(d_model, seed)
-    mha = MultiHeadAttention(num_heads=num_heads, **kwargs)
+    mha = MultiHeadAttention(num_heads=num_heads, d_model=d_model, **kwargs)
     variables = mha.init(jax.random.key(seed), q_BTD, kv_BSD)
     return mha, variables, q_BTD, kv_BSD
 
@@ -137,7 +137,7 @@ def test_every_available_attention_implementation_gives_the_same_output():
     mask = jnp.asarray(_mask_B1TS())
     expected_BTD = np_mha(variables["params"], q_BTD, kv_BSD, _mask_B1TS())
     for name in (*names, "auto"):
-        out_BTD = MultiHeadAttention(num_heads=3, implementation=name).apply(
+        out_BTD = MultiHeadAttention(num_heads=3, d_model=15, implementation=name).apply(
             variables, q_BTD, kv_BSD, mask)
         np.testing.assert_allclose(out_BTD, expected_BTD, atol=1e-5, rtol=1e-5, err_msg=name)
 
@@ -239,3 +239,32 @@ def test_encoder_layer_dropout_only_when_not_deterministic():
     dropped_BSD = layer.apply(variables, x_BSD, deterministic=False,
                               rngs={"dropout": jax.random.key(3)})
     assert np.abs(np.asarray(dropped_BSD) - np.asarray(first_BSD)).max() > 1e-3
+
+
+def test_mha_refuses_a_width_the_heads_do_not_divide():
+    """d_model = 10 over 3 heads has no whole head dim: a clear error, not a shape error."""
+    q_BTD, kv_BSD = _inputs(10)
+    with pytest.raises(ValueError, match="d_model=10 is not divisible by num_heads=3"):
+        MultiHeadAttention(num_heads=3, d_model=10).init(jax.random.key(0), q_BTD, kv_BSD)
+
+
+def test_mha_extend_writes_at_the_position_and_attends_to_the_written_slots():
+    """Two steps of `extend` over a 4-slot cache: slots 0 and 1 hold the projected keys and
+    values, 2 and 3 stay zero, and step 1's output is the full pass over both tokens'
+    keys with a causal mask (NumPy float64)."""
+    mha, variables, q_BTD, _ = _init_mha(3, 15)
+    x_B2D = q_BTD[:, :2]
+    cache = mha.apply(variables, B, 4, method=MultiHeadAttention.empty_cache)
+    outs = []
+    for t in range(2):
+        mask_B11C = jnp.asarray(np.arange(4) <= t)[None, None, None, :]
+        out_B1D, cache = mha.apply(variables, x_B2D[:, t:t + 1], cache, t, mask_B11C,
+                                   method=MultiHeadAttention.extend)
+        outs.append(out_B1D)
+    kv = mha.apply(variables, x_B2D, method=MultiHeadAttention.keys_values)
+    for cached_BCNH, projected_BTNH in zip(cache, kv):
+        np.testing.assert_allclose(cached_BCNH[:, :2], projected_BTNH, atol=1e-6)
+        assert np.all(np.asarray(cached_BCNH[:, 2:]) == 0.0)
+    causal_B1TT = np.tril(np.ones((2, 2), bool))[None, None]
+    full_BTD = np_mha(variables["params"], x_B2D, x_B2D, causal_B1TT)
+    np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full_BTD, atol=1e-5, rtol=1e-5)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.model import Transformer, count_parameters, shift_right
+from transformer_jax.model import DecodingCache, Transformer, count_parameters, shift_right
 from transformer_jax.model_config import get_model_config
 from transformer_jax.positional import sinusoidal_encoding
 
@@ -310,7 +310,8 @@ def test_cached_decoding_equals_the_full_decoder(pre_layer_norm):
     full_BTV = model.apply(variables, inputs_BS, targets_BT)
     memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
     cache = model.apply(variables, memory_BSD, inputs_BS, 6, method=Transformer.init_cache)
-    cross_before = jax.tree.map(np.asarray, [layer["cross"] for layer in cache["layers"]])
+    assert isinstance(cache, DecodingCache) and len(cache.self_kv) == config.num_layers
+    cross_before = jax.tree.map(np.asarray, cache.cross_kv)
     step = jax.jit(functools.partial(model.apply, method=Transformer.decode_step))
     ids_B1 = jnp.zeros((2, 1), jnp.int32)  # the decoder's start symbol
     for t in range(6):
@@ -320,10 +321,18 @@ def test_cached_decoding_equals_the_full_decoder(pre_layer_norm):
         np.testing.assert_allclose(np.asarray(logits_BV)[real_B][:, 1:],
                                    np.asarray(full_BTV[:, t])[real_B][:, 1:], atol=1e-5, rtol=1e-5)
         ids_B1 = targets_BT[:, t:t + 1]
-    np.testing.assert_array_equal(cache["index"], [6, 6])
+    np.testing.assert_array_equal(cache.position_B, [6, 6])
     # The encoder-decoder keys and values were computed once and never changed.
-    jax.tree.map(np.testing.assert_array_equal, cross_before,
-                 [layer["cross"] for layer in cache["layers"]])
+    jax.tree.map(np.testing.assert_array_equal, cross_before, cache.cross_kv)
+    # Every slot of the self-attention cache holds the keys the full pass projects.
+    bound = model.bind(variables)
+    decoder_inputs_BTD = bound.decoder.positions(
+        bound.embedder.encode(shift_right(targets_BT)))
+    layer = bound.decoder.layers[0]
+    if pre_layer_norm:  # the sublayer reads the normalised stream
+        decoder_inputs_BTD = layer.self_attention_norm(decoder_inputs_BTD)
+    keys_BTNH = layer.self_attention.keys_values(decoder_inputs_BTD).key_BSNH
+    np.testing.assert_allclose(cache.self_kv[0].key_BSNH, keys_BTNH, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu",

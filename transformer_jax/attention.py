@@ -2,7 +2,7 @@
 
 Pure JAX, no Flax. Every implementation has one signature,
 
-    fn(query_BTNH, key_BSNH, value_BSNH, mask, *, is_causal, dropout_rate, dropout_rng)
+    fn(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, *, is_causal, dropout_rate, dropout_rng)
         -> out_BTNH
 
 and is chosen by name in one place, `ModelConfig.attention_implementation`:
@@ -44,7 +44,7 @@ def attention_implementations() -> tuple[str, ...]:
     return (*_IMPLEMENTATIONS, "auto")
 
 
-def attention_weights(query_BTNH, key_BSNH, mask=None):
+def attention_weights(query_BTNH, key_BSNH, mask_B1TS=None):
     """softmax(Q Kᵀ / √d_k), per head: the weights of §3.2.1, float32 `(B, N, T, S)`.
 
     Logits and softmax are float32 even for bfloat16 inputs. Masked logits get
@@ -56,44 +56,45 @@ def attention_weights(query_BTNH, key_BSNH, mask=None):
         "BTNH,BSNH->BNTS", query_BTNH, key_BSNH, preferred_element_type=jnp.float32
     )
     logits_BNTS = logits_BNTS * jnp.float32(head_dim**-0.5)
-    if mask is not None:
-        logits_BNTS = jnp.where(mask, logits_BNTS, jnp.finfo(jnp.float32).min)
+    if mask_B1TS is not None:
+        logits_BNTS = jnp.where(mask_B1TS, logits_BNTS, jnp.finfo(jnp.float32).min)
     return jax.nn.softmax(logits_BNTS, axis=-1)
 
 
 @register_attention("reference")
-def reference_attention(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
-                        dropout_rng=None):
+def reference_attention(query_BTNH, key_BSNH, value_BSNH, mask_B1TS=None, *, is_causal=False,
+                        dropout_rate=0.0, dropout_rng=None):
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V (eq. 1), written as two einsums."""
-    return _reference_with_weights(query, key, value, mask, is_causal, dropout_rate,
-                                   dropout_rng)[0]
+    return _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, is_causal,
+                                   dropout_rate, dropout_rng)[0]
 
 
-def _reference_with_weights(query, key, value, mask, is_causal, dropout_rate, dropout_rng):
+def _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, is_causal,
+                            dropout_rate, dropout_rng):
     if is_causal:
-        mask = combine_masks(mask, causal_mask(query.shape[1]))
-    weights_BNTS = attention_weights(query, key, mask)
+        mask_B1TS = combine_masks(mask_B1TS, causal_mask(query_BTNH.shape[1]))
+    weights_BNTS = attention_weights(query_BTNH, key_BSNH, mask_B1TS)
     probs_BNTS = weights_BNTS
     if dropout_rate > 0.0:
         # Not in the paper: attention dropout comes from tensor2tensor.
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BNTS.shape)
         probs_BNTS = jnp.where(keep, probs_BNTS / (1.0 - dropout_rate), 0.0)
-    out_BTNH = jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS.astype(value.dtype), value)
+    out_BTNH = jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS.astype(value_BSNH.dtype), value_BSNH)
     return out_BTNH, weights_BNTS
 
 
 @register_attention("xla")
-def xla_attention(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
-                  dropout_rng=None):
+def xla_attention(query_BTNH, key_BSNH, value_BSNH, mask_B1TS=None, *, is_causal=False,
+                  dropout_rate=0.0, dropout_rng=None):
     """jax.nn.dot_product_attention with XLA's own lowering."""
     _refuse_dropout("xla", dropout_rate)
-    return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=is_causal,
-                                        implementation="xla")
+    return jax.nn.dot_product_attention(query_BTNH, key_BSNH, value_BSNH, mask=mask_B1TS,
+                                        is_causal=is_causal, implementation="xla")
 
 
 @register_attention("cudnn")
-def cudnn_attention(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
-                    dropout_rng=None):
+def cudnn_attention(query_BTNH, key_BSNH, value_BSNH, mask_B1TS=None, *, is_causal=False,
+                    dropout_rate=0.0, dropout_rng=None):
     """cuDNN's fused (flash) attention through jax.nn.dot_product_attention.
 
     Causality goes to cuDNN as its causal mask type, which skips the blocks above
@@ -105,16 +106,18 @@ def cudnn_attention(query, key, value, mask=None, *, is_causal=False, dropout_ra
     """
     _refuse_dropout("cudnn", dropout_rate)
     # Lengths are left to JAX: odd ones with a mask fail only when differentiated.
-    reason = cudnn_unsupported(query.dtype, head_dim=query.shape[-1])
+    reason = cudnn_unsupported(query_BTNH.dtype, head_dim=query_BTNH.shape[-1])
     if reason:
         raise ValueError(f"attention implementation 'cudnn' {reason}; use 'auto' or 'xla'")
-    if mask is not None:  # cuDNN takes the mask as a bias with full T and S axes
-        b, t, s = query.shape[0], query.shape[1], key.shape[1]
+    mask_BNTS = None
+    if mask_B1TS is not None:  # cuDNN takes the mask as a bias with full T and S axes
+        (b, t, _, _), s = query_BTNH.shape, key_BSNH.shape[1]
         if is_causal:  # so that rows the causal mask empties are found too
-            mask = combine_masks(mask, causal_mask(t))
-        query, mask = open_empty_rows(query, jnp.broadcast_to(mask, (b, mask.shape[1], t, s)))
-    return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=is_causal,
-                                        implementation="cudnn")
+            mask_B1TS = combine_masks(mask_B1TS, causal_mask(t))
+        query_BTNH, mask_BNTS = open_empty_rows(
+            query_BTNH, jnp.broadcast_to(mask_B1TS, (b, mask_B1TS.shape[1], t, s)))
+    return jax.nn.dot_product_attention(query_BTNH, key_BSNH, value_BSNH, mask=mask_BNTS,
+                                        is_causal=is_causal, implementation="cudnn")
 
 
 def open_empty_rows(query_BTNH, mask_BNTS):
@@ -209,10 +212,10 @@ def available_implementations(dtype=jnp.float32) -> tuple[str, ...]:
 
 
 def dot_product_attention(
-    query,
-    key,
-    value,
-    mask=None,
+    query_BTNH,
+    key_BSNH,
+    value_BSNH,
+    mask_B1TS=None,
     *,
     is_causal: bool = False,
     implementation: str = "reference",
@@ -225,12 +228,12 @@ def dot_product_attention(
         Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V
 
     Args:
-      query: `(B, T, N, H)`.
-      key, value: `(B, S, N, H)`.
-      mask: bool, broadcastable to `(B, 1, T, S)`, True where attention is allowed
-        (see `transformer_jax.masks`).
+      query_BTNH: `(B, T, N, H)`.
+      key_BSNH, value_BSNH: `(B, S, N, H)`.
+      mask_B1TS: bool, broadcastable to `(B, 1, T, S)` (or `(B, N, T, S)`), True where
+        attention is allowed (see `transformer_jax.masks`).
       is_causal: also hide from query t every key after t (§3.2.3), as
-        `combine_masks(mask, causal_mask(T))` would; needs T == S. cuDNN then
+        `combine_masks(mask_B1TS, causal_mask(T))` would; needs T == S. cuDNN then
         skips the hidden blocks instead of reading them from a bias.
       implementation: a name from `attention_implementations()`.
       dropout_rate: dropout on the attention weights (not in the paper).
@@ -241,49 +244,49 @@ def dot_product_attention(
     Returns:
       `(B, T, N, H)` in value's dtype, or `(output, weights)`.
     """
-    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
-    mask = None if mask is None else jnp.asarray(mask)
-    _check_inputs(query, key, value, mask)
-    if is_causal and query.shape[1] != key.shape[1]:
-        raise ValueError(f"is_causal needs as many queries as keys, got T={query.shape[1]}, "
-                         f"S={key.shape[1]}")
+    query_BTNH, key_BSNH, value_BSNH = map(jnp.asarray, (query_BTNH, key_BSNH, value_BSNH))
+    mask_B1TS = None if mask_B1TS is None else jnp.asarray(mask_B1TS)
+    _check_inputs(query_BTNH, key_BSNH, value_BSNH, mask_B1TS)
+    (_, t, _, h), s = query_BTNH.shape, key_BSNH.shape[1]
+    if is_causal and t != s:
+        raise ValueError(f"is_causal needs as many queries as keys, got T={t}, S={s}")
     if not 0.0 <= dropout_rate < 1.0:
         raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
-    name = resolve_implementation(implementation, query.dtype, dropout_rate,
-                                  head_dim=query.shape[-1], query_len=query.shape[1],
-                                  key_len=key.shape[1],
-                                  masked=mask is not None or is_causal)
+    name = resolve_implementation(implementation, query_BTNH.dtype, dropout_rate,
+                                  head_dim=h, query_len=t, key_len=s,
+                                  masked=mask_B1TS is not None or is_causal)
     if return_weights:
         if implementation not in ("reference", "auto"):
             raise ValueError(f"only 'reference' returns weights, not {implementation!r}")
-        return _reference_with_weights(query, key, value, mask, is_causal, dropout_rate,
-                                       dropout_rng)
+        return _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, is_causal,
+                                       dropout_rate, dropout_rng)
     fn = _IMPLEMENTATIONS[name]
-    return fn(query, key, value, mask, is_causal=is_causal, dropout_rate=dropout_rate,
-              dropout_rng=dropout_rng)
+    return fn(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, is_causal=is_causal,
+              dropout_rate=dropout_rate, dropout_rng=dropout_rng)
 
 
-def _check_inputs(query, key, value, mask) -> None:
+def _check_inputs(query_BTNH, key_BSNH, value_BSNH, mask_B1TS) -> None:
     """Clear errors for the shape mistakes that otherwise surface deep in XLA."""
-    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+    q, k, v = query_BTNH.shape, key_BSNH.shape, value_BSNH.shape
+    if len(q) != 4 or len(k) != 4 or len(v) != 4:
         raise ValueError(
             "query, key and value must be (B, T, N, H), (B, S, N, H), (B, S, N, H); "
-            f"got shapes {query.shape}, {key.shape}, {value.shape}"
+            f"got shapes {q}, {k}, {v}"
         )
-    if key.shape != value.shape:
-        raise ValueError(f"key {key.shape} and value {value.shape} must have one shape")
-    b, _, n, h = query.shape
-    if (key.shape[0], key.shape[2], key.shape[3]) != (b, n, h):
-        raise ValueError(f"query {query.shape} and key {key.shape} differ in B, N or H")
-    if mask is None:
+    if k != v:
+        raise ValueError(f"key {k} and value {v} must have one shape")
+    b, t, n, h = q
+    if (k[0], k[2], k[3]) != (b, n, h):
+        raise ValueError(f"query {q} and key {k} differ in B, N or H")
+    if mask_B1TS is None:
         return
-    full_shape = (b, n, query.shape[1], key.shape[1])
-    if mask.dtype != jnp.bool_ or mask.ndim != 4 or not _broadcasts(mask.shape, full_shape):
+    full_shape, m = (b, n, t, k[1]), mask_B1TS
+    if m.dtype != jnp.bool_ or m.ndim != 4 or not _broadcasts(m.shape, full_shape):
         raise ValueError(
             f"mask must be bool, broadcastable to (B, N, T, S) = {full_shape}; "
-            f"got {mask.dtype} {mask.shape}"
+            f"got {m.dtype} {m.shape}"
         )
 
 

@@ -3,14 +3,14 @@
 Pure JAX: the search never imports the model. The caller closes the model
 over one callback,
 
-    tokens_to_logits(ids_N1, cache) -> (logits_NV, cache)
+    tokens_to_logits(ids_R1, cache) -> (logits_RV, cache)
 
-which reads the previous token of every row (`(N, 1)` int32; the first call
+which reads the previous token of every row (`(R, 1)` int32; the first call
 gets `DECODER_START_ID`, 0, the decoder's shifted-right start symbol) and
-returns the logits of the next one (`(N, V)`; a length axis of 1, `(N, 1, V)`,
+returns the logits of the next one (`(R, V)`; a length axis of 1, `(R, 1, V)`,
 is accepted too), with its own state (key/value cache, position counter,
-encoder memory, ...) threaded through `lax.while_loop` unchanged in shape. N is
-B in greedy search and B·K in beam search.
+encoder memory, ...) threaded through `lax.while_loop` unchanged in shape. R
+counts the search's rows: B in greedy search, B·K in beam search.
 
 Both searches trace their step once: wrap the call in `jax.jit` (sizes
 static) and it compiles once per input shape. The paper's setting is

@@ -2,6 +2,7 @@
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -14,15 +15,33 @@ from transformer_jax.model_config import ModelConfig
 _kernel_init = nn.initializers.xavier_uniform()
 
 
+class KeyValue(NamedTuple):
+    """The keys and values of one attention layer, `(B, S, N, H)` each.
+
+    In a decoding cache, S is the source length for encoder-decoder attention
+    (projected from the memory once) and the cache length C for self-attention
+    (written one position per step).
+    """
+
+    key_BSNH: jax.Array
+    value_BSNH: jax.Array
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (§3.2.2).
 
         MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
         head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
-    The per-head projections are one kernel each, `(D, N, H)`; the output
-    kernel is `(N, H, D)`. Parameter names and shapes match Flax's
-    `nn.MultiHeadDotProductAttention`, so weights move between the two.
+    with h = `num_heads` and d_k = d_v = d_model / h. The per-head projections
+    are one kernel each, `(D, N, H)`; the output kernel is `(N, H, D)`.
+    Parameter names and shapes match Flax's `nn.MultiHeadDotProductAttention`,
+    so weights move between the two.
+
+    A full pass is `__call__`. Decoding calls the parts: `keys_values` (the one
+    projection of keys and values, which `__call__` uses too), `attend` (queries
+    over keys and values already projected) and `extend` (self-attention of one
+    step: its keys and values written into the cache, then attended).
 
     When the "intermediates" collection is mutable, the attention weights
     `(B, N, T, S)` are sown as "attention_weights" (computed by the reference
@@ -30,65 +49,77 @@ class MultiHeadAttention(nn.Module):
     """
 
     num_heads: int
+    d_model: int
     implementation: str = "auto"
     dropout_rate: float = 0.0  # on the attention weights; not in the paper
     dtype: jnp.dtype = jnp.float32
 
-    @nn.compact
-    def __call__(self, inputs_q_BTD, inputs_kv_BSD, mask=None, *, is_causal: bool = False,
-                 deterministic: bool = True, cache=None):
-        """Attention of the queries over the keys/values; with `cache`, returns (out, cache).
+    def setup(self):
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by "
+                             f"num_heads={self.num_heads}")
+        project = functools.partial(
+            nn.DenseGeneral, features=(self.num_heads, self.head_dim), axis=-1,
+            dtype=self.dtype, param_dtype=jnp.float32, kernel_init=_kernel_init,
+        )
+        self.query, self.key, self.value = project(), project(), project()
+        self.out = nn.DenseGeneral(features=self.d_model, axis=(-2, -1), dtype=self.dtype,
+                                   param_dtype=jnp.float32, kernel_init=_kernel_init)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    def __call__(self, inputs_q_BTD, inputs_kv_BSD, mask_B1TS=None, *, is_causal: bool = False,
+                 deterministic: bool = True):
+        """The queries of `inputs_q_BTD` attend over the keys and values of `inputs_kv_BSD`.
 
         `is_causal` hides later keys too (self-attention of a full decoder pass); see
         `dot_product_attention`.
-
-        A decoding cache is an explicit pytree, one of two kinds:
-          self-attention  {"key", "value": (B, L, N, H), "index": (B,)}: this call's keys
-                          and values are written at `index` (the same in every row), and
-                          the queries attend to the L cached positions under `mask`.
-          encoder-decoder {"key", "value": (B, S, N, H)}: the memory's projections,
-                          computed once per sentence; `inputs_kv_BSD` is not read.
         """
-        d_model = inputs_q_BTD.shape[-1]
-        if d_model % self.num_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by num_heads={self.num_heads}")
-        head_dim = d_model // self.num_heads
-        project = functools.partial(
-            nn.DenseGeneral, features=(self.num_heads, head_dim), axis=-1,
-            dtype=self.dtype, param_dtype=jnp.float32, kernel_init=_kernel_init,
-        )
-        q_BTNH = project(name="query")(inputs_q_BTD)
-        if cache is not None and "index" not in cache:
-            k_BSNH, v_BSNH = cache["key"], cache["value"]
-        else:
-            k_BSNH = project(name="key")(inputs_kv_BSD)
-            v_BSNH = project(name="value")(inputs_kv_BSD)
-        if cache is not None and "index" in cache:
-            start = (0, cache["index"][0], 0, 0)
-            write = lambda cached, new: jax.lax.dynamic_update_slice(  # noqa: E731
-                cached, new.astype(cached.dtype), start)
-            k_BSNH, v_BSNH = write(cache["key"], k_BSNH), write(cache["value"], v_BSNH)
-            cache = {"key": k_BSNH, "value": v_BSNH,
-                     "index": cache["index"] + inputs_q_BTD.shape[1]}
+        return self.attend(inputs_q_BTD, self.keys_values(inputs_kv_BSD), mask_B1TS,
+                           is_causal=is_causal, deterministic=deterministic)
 
+    def keys_values(self, inputs_kv_BSD) -> KeyValue:
+        """K W^K and V W^V of every head: `(B, S, N, H)` each."""
+        return KeyValue(self.key(inputs_kv_BSD), self.value(inputs_kv_BSD))
+
+    def attend(self, inputs_q_BTD, kv: KeyValue, mask_B1TS=None, *, is_causal: bool = False,
+               deterministic: bool = True):
+        """MultiHead(Q, K, V) with the keys and values already projected: `(B, T, D)`."""
+        q_BTNH = self.query(inputs_q_BTD)
         rate = 0.0 if deterministic else self.dropout_rate
         rng = self.make_rng("dropout") if rate > 0.0 else None
         if self.is_mutable_collection("intermediates"):
             out_BTNH, weights_BNTS = dot_product_attention(
-                q_BTNH, k_BSNH, v_BSNH, mask, is_causal=is_causal, implementation="reference",
+                q_BTNH, *kv, mask_B1TS, is_causal=is_causal, implementation="reference",
                 dropout_rate=rate, dropout_rng=rng, return_weights=True,
             )
             self.sow("intermediates", "attention_weights", weights_BNTS)
         else:
             out_BTNH = dot_product_attention(
-                q_BTNH, k_BSNH, v_BSNH, mask, is_causal=is_causal,
-                implementation=self.implementation, dropout_rate=rate, dropout_rng=rng,
+                q_BTNH, *kv, mask_B1TS, is_causal=is_causal, implementation=self.implementation,
+                dropout_rate=rate, dropout_rng=rng,
             )
-        out_BTD = nn.DenseGeneral(
-            features=d_model, axis=(-2, -1), dtype=self.dtype, param_dtype=jnp.float32,
-            kernel_init=_kernel_init, name="out",
-        )(out_BTNH)
-        return out_BTD if cache is None else (out_BTD, cache)
+        return self.out(out_BTNH)
+
+    def empty_cache(self, batch_size: int, cache_length: int) -> KeyValue:
+        """A self-attention cache of C = `cache_length` empty positions, `(B, C, N, H)`."""
+        empty_BCNH = jnp.zeros((batch_size, cache_length, self.num_heads, self.head_dim),
+                               self.dtype)
+        return KeyValue(empty_BCNH, empty_BCNH)
+
+    def extend(self, inputs_BTD, cache: KeyValue, position, mask_B1TC):
+        """Self-attention of T new positions over the cache: (out `(B, T, D)`, new cache).
+
+        Their keys and values are written into `cache` at `position` (a scalar, the same
+        for every row), and their queries attend to the C cached positions under
+        `mask_B1TC`, which must hide the slots not written yet.
+        """
+        start = (0, position, 0, 0)
+        cache = KeyValue(*(jax.lax.dynamic_update_slice(cached, new.astype(cached.dtype), start)
+                           for cached, new in zip(cache, self.keys_values(inputs_BTD))))
+        return self.attend(inputs_BTD, cache, mask_B1TC), cache
 
 
 class FeedForward(nn.Module):
@@ -123,66 +154,87 @@ class _Layer(nn.Module):
 
     config: ModelConfig
 
-    def _attention(self, name: str) -> MultiHeadAttention:
+    def _attention(self) -> MultiHeadAttention:
         c = self.config
         return MultiHeadAttention(
-            num_heads=c.num_heads, implementation=c.attention_implementation,
-            dropout_rate=c.attention_dropout_rate, dtype=c.compute_dtype, name=name,
+            num_heads=c.num_heads, d_model=c.d_model, implementation=c.attention_implementation,
+            dropout_rate=c.attention_dropout_rate, dtype=c.compute_dtype,
         )
 
-    def _residual(self, x, sublayer, name: str, deterministic: bool):
+    def _norm(self) -> nn.LayerNorm:
         c = self.config
-        norm = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.compute_dtype,
-                            param_dtype=jnp.float32, name=f"{name}_norm")
-        return residual(x, sublayer, norm, nn.Dropout(c.dropout_rate),
-                        pre_layer_norm=c.pre_layer_norm, deterministic=deterministic)
+        return nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.compute_dtype,
+                            param_dtype=jnp.float32)
+
+    def _ffn(self) -> FeedForward:
+        return FeedForward(self.config.d_ff, dtype=self.config.compute_dtype)
+
+    def _residual(self, x, sublayer, norm, deterministic: bool):
+        return residual(x, sublayer, norm, self.dropout,
+                        pre_layer_norm=self.config.pre_layer_norm, deterministic=deterministic)
 
 
 class EncoderLayer(_Layer):
     """Self-attention, then feed-forward, each a residual sublayer (§3.1)."""
 
-    @nn.compact
+    def setup(self):
+        self.self_attention, self.self_attention_norm = self._attention(), self._norm()
+        self.ffn, self.ffn_norm = self._ffn(), self._norm()
+        self.dropout = nn.Dropout(self.config.dropout_rate)
+
     def __call__(self, x_BSD, mask_B1SS=None, *, deterministic: bool = True):
-        attend = self._attention("self_attention")
-        x_BSD = self._residual(
-            x_BSD, lambda y: attend(y, y, mask_B1SS, deterministic=deterministic),
-            "self_attention", deterministic)
-        ffn = FeedForward(self.config.d_ff, dtype=self.config.compute_dtype, name="ffn")
-        return self._residual(x_BSD, ffn, "ffn", deterministic)
+        def attend(x):
+            return self.self_attention(x, x, mask_B1SS, deterministic=deterministic)
+
+        x_BSD = self._residual(x_BSD, attend, self.self_attention_norm, deterministic)
+        return self._residual(x_BSD, self.ffn, self.ffn_norm, deterministic)
 
 
 class DecoderLayer(_Layer):
     """Masked self-attention, encoder-decoder attention, feed-forward (§3.1).
 
-    A full pass makes its self-attention causal itself (`is_causal`, so cuDNN can
-    skip the hidden blocks): `self_mask_B1TT` holds only padding and segments.
-    With `cache` ({"self": ..., "cross": ...}, see MultiHeadAttention) it decodes
-    one step from cached keys and values and returns (y, new cache).
+    `__call__` is the full (teacher-forced) pass; it makes its self-attention causal
+    itself (`is_causal`, so cuDNN can skip the hidden blocks): `self_mask_B1TT` holds
+    only padding and segments. `step` decodes from cached keys and values.
     """
 
-    @nn.compact
+    def setup(self):
+        self.self_attention, self.self_attention_norm = self._attention(), self._norm()
+        self.cross_attention, self.cross_attention_norm = self._attention(), self._norm()
+        self.ffn, self.ffn_norm = self._ffn(), self._norm()
+        self.dropout = nn.Dropout(self.config.dropout_rate)
+
     def __call__(self, y_BTD, memory_BSD, self_mask_B1TT=None, cross_mask_B1TS=None, *,
-                 deterministic: bool = True, cache=None):
-        new_cache = {}
+                 deterministic: bool = True):
+        def attend_self(y):
+            return self.self_attention(y, y, self_mask_B1TT, is_causal=True,
+                                       deterministic=deterministic)
 
-        def attend(name, kv_BSD, mask):
-            module = self._attention(name)
-            kind = "self" if name == "self_attention" else "cross"
+        def attend_memory(y):
+            return self.cross_attention(y, memory_BSD, cross_mask_B1TS,
+                                        deterministic=deterministic)
 
-            def sublayer(y):
-                if cache is None:
-                    return module(y, y if kv_BSD is None else kv_BSD, mask,
-                                  is_causal=kind == "self", deterministic=deterministic)
-                out, new_cache[kind] = module(y, y if kv_BSD is None else kv_BSD, mask,
-                                              deterministic=deterministic, cache=cache[kind])
-                return out
+        y_BTD = self._residual(y_BTD, attend_self, self.self_attention_norm, deterministic)
+        y_BTD = self._residual(y_BTD, attend_memory, self.cross_attention_norm, deterministic)
+        return self._residual(y_BTD, self.ffn, self.ffn_norm, deterministic)
 
-            return sublayer
+    def step(self, y_BTD, self_kv: KeyValue, cross_kv: KeyValue, position, self_mask_B1TC,
+             cross_mask_B1TS):
+        """The T new positions from `position` on, over the cache: (y, new `self_kv`).
 
-        y_BTD = self._residual(y_BTD, attend("self_attention", None, self_mask_B1TT),
-                               "self_attention", deterministic)
-        y_BTD = self._residual(y_BTD, attend("cross_attention", memory_BSD, cross_mask_B1TS),
-                               "cross_attention", deterministic)
-        ffn = FeedForward(self.config.d_ff, dtype=self.config.compute_dtype, name="ffn")
-        y_BTD = self._residual(y_BTD, ffn, "ffn", deterministic)
-        return y_BTD if cache is None else (y_BTD, new_cache)
+        `self_kv` holds the C self-attention positions (see `MultiHeadAttention.extend`);
+        `cross_kv` the memory's keys and values, projected once per sentence.
+        """
+        written = []
+
+        def attend_self(y):
+            out_BTD, new_kv = self.self_attention.extend(y, self_kv, position, self_mask_B1TC)
+            written.append(new_kv)
+            return out_BTD
+
+        def attend_memory(y):
+            return self.cross_attention.attend(y, cross_kv, cross_mask_B1TS)
+
+        y_BTD = self._residual(y_BTD, attend_self, self.self_attention_norm, True)
+        y_BTD = self._residual(y_BTD, attend_memory, self.cross_attention_norm, True)
+        return self._residual(y_BTD, self.ffn, self.ffn_norm, True), written[0]

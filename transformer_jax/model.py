@@ -5,15 +5,17 @@ returns float32 logits `(B, T, V)` for every target position, with the decoder
 reading the targets shifted right by one.
 """
 
+from typing import NamedTuple
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 
-from transformer_jax.layers import DecoderLayer, EncoderLayer
+from transformer_jax.layers import DecoderLayer, EncoderLayer, KeyValue
 from transformer_jax.masks import combine_masks, padding_mask, segment_mask
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.positional import sinusoidal_encoding
-from transformer_jax.token_ids import DECODER_START_ID
+from transformer_jax.token_ids import DECODER_START_ID, PAD_ID
 
 
 def shift_right(targets_BT, segments_BT=None):
@@ -111,49 +113,84 @@ class Encoder(nn.Module):
         return x_BSD
 
 
+class DecodingCache(NamedTuple):
+    """What a decoding step reads and updates, every leaf batch-first (so a beam
+    search can repeat and reorder rows).
+
+    `position_B` is the position the next token takes, the same in every row; `self_kv`
+    holds, per layer, the self-attention keys and values of positions 0..position-1 in
+    C slots `(B, C, N, H)`; `cross_kv` the encoder-decoder keys and values `(B, S, N, H)`,
+    projected from the memory once; `cross_mask_B11S` the source's padding.
+    """
+
+    position_B: jax.Array
+    self_kv: tuple[KeyValue, ...]
+    cross_kv: tuple[KeyValue, ...]
+    cross_mask_B11S: jax.Array
+
+
 class Decoder(nn.Module):
-    """N layers of masked self-attention, encoder-decoder attention, feed-forward (§3.1)."""
+    """N layers of masked self-attention, encoder-decoder attention, feed-forward (§3.1).
+
+    `__call__` is the teacher-forced pass over whole targets; `init_cache` and `step`
+    decode one token at a time.
+    """
 
     config: ModelConfig
     embedder: Embedder
 
-    @nn.compact
-    def __call__(self, memory_BSD, inputs_BS, targets_BT, positions_BT=None, *,
-                 inputs_segments_BS=None, targets_segments_BT=None, deterministic: bool = True,
-                 cache=None):
-        """Logits for every target position; with `cache`, one decoding step.
-
-        A step reads `targets_BT` as the previous tokens (B, 1), already shifted, and
-        returns (logits_B1V, new cache); see `Transformer.init_cache`.
-        """
+    def setup(self):
         c = self.config
-        if cache is None:
-            decoder_inputs_BT, self_mask_B1TT, cross_mask_B1TS = self._masks(
-                inputs_BS, targets_BT, inputs_segments_BS, targets_segments_BT)
-        else:
-            decoder_inputs_BT, positions_BT = targets_BT, cache["index"][:, None]
-            cached_L = cache["layers"][0]["self"]["key"].shape[1]
-            # The cache holds positions 0..index; later slots are still empty.
-            self_mask_B1TT = (jnp.arange(cached_L)[None] <= positions_BT)[:, None, None, :]
-            cross_mask_B1TS = cache["cross_mask"]
-        y_BTD = AddPositions(c, name="positions")(
-            self.embedder.encode(decoder_inputs_BT), positions_BT, deterministic=deterministic)
-        layer_caches = []
-        for i in range(c.num_layers):
-            layer = DecoderLayer(c, name=f"layer_{i}")
-            if cache is None:
-                y_BTD = layer(y_BTD, memory_BSD, self_mask_B1TT, cross_mask_B1TS,
-                              deterministic=deterministic)
-            else:
-                y_BTD, layer_cache = layer(y_BTD, memory_BSD, self_mask_B1TT, cross_mask_B1TS,
-                                           deterministic=deterministic, cache=cache["layers"][i])
-                layer_caches.append(layer_cache)
-        if c.pre_layer_norm:
-            y_BTD = _final_norm(c)(y_BTD)
-        logits_BTV = self.embedder.decode(y_BTD)
-        if cache is None:
-            return logits_BTV
-        return logits_BTV, dict(cache, index=cache["index"] + 1, layers=layer_caches)
+        self.positions = AddPositions(c)
+        self.layers = [DecoderLayer(c, name=f"layer_{i}") for i in range(c.num_layers)]
+        if c.pre_layer_norm:  # pre-LN leaves the residual stream unnormalised
+            self.final_norm = _final_norm(c)
+
+    def __call__(self, memory_BSD, inputs_BS, targets_BT, positions_BT=None, *,
+                 inputs_segments_BS=None, targets_segments_BT=None, deterministic: bool = True):
+        """Logits `(B, T, V)` for every target position, the decoder reading the targets
+        shifted right."""
+        decoder_inputs_BT, self_mask_B1TT, cross_mask_B1TS = self._masks(
+            inputs_BS, targets_BT, inputs_segments_BS, targets_segments_BT)
+        y_BTD = self.positions(self.embedder.encode(decoder_inputs_BT), positions_BT,
+                               deterministic=deterministic)
+        for layer in self.layers:
+            y_BTD = layer(y_BTD, memory_BSD, self_mask_B1TT, cross_mask_B1TS,
+                          deterministic=deterministic)
+        return self._logits(y_BTD)
+
+    def init_cache(self, memory_BSD, inputs_BS, max_length: int) -> DecodingCache:
+        """An empty cache of C = `max_length` positions, with the memory's keys and values."""
+        batch_size = memory_BSD.shape[0]
+        memory_BSD = memory_BSD.astype(self.config.compute_dtype)
+        return DecodingCache(
+            position_B=jnp.zeros((batch_size,), jnp.int32),
+            self_kv=tuple(layer.self_attention.empty_cache(batch_size, max_length)
+                          for layer in self.layers),
+            cross_kv=tuple(layer.cross_attention.keys_values(memory_BSD)
+                           for layer in self.layers),
+            cross_mask_B11S=padding_mask(inputs_BS),
+        )
+
+    def step(self, ids_B1, cache: DecodingCache):
+        """One decoding step: the logits `(B, 1, V)` after `ids_B1` (the previous tokens,
+        already shifted: `DECODER_START_ID` first), and the cache one position on."""
+        position, cache_length = cache.position_B[0], cache.self_kv[0].key_BSNH.shape[1]
+        y_B1D = self.positions(self.embedder.encode(ids_B1), cache.position_B[:, None])
+        # Slots 0..position are written; later ones are still empty.
+        self_mask_B11C = (jnp.arange(cache_length) <= position)[None, None, None, :]
+        written = []
+        for layer, self_kv, cross_kv in zip(self.layers, cache.self_kv, cache.cross_kv):
+            y_B1D, self_kv = layer.step(y_B1D, self_kv, cross_kv, position, self_mask_B11C,
+                                        cache.cross_mask_B11S)
+            written.append(self_kv)
+        return self._logits(y_B1D), cache._replace(position_B=cache.position_B + 1,
+                                                   self_kv=tuple(written))
+
+    def _logits(self, y_BTD):
+        if self.config.pre_layer_norm:
+            y_BTD = self.final_norm(y_BTD)
+        return self.embedder.decode(y_BTD)
 
     @staticmethod
     def _masks(inputs_BS, targets_BT, inputs_segments_BS, targets_segments_BT):
@@ -208,38 +245,23 @@ class Transformer(nn.Module):
                             targets_segments_BT=targets_segmentation,
                             deterministic=deterministic)
 
-    def init_cache(self, memory_BSD, inputs_BS, max_length: int):
-        """The decoding cache of a batch: an explicit pytree, every leaf batch-first.
+    def init_cache(self, memory_BSD, inputs_BS, max_length: int) -> DecodingCache:
+        """The decoding cache of a batch (`DecodingCache`), for up to `max_length` tokens.
 
-        The encoder-decoder keys and values are projected from the memory once,
-        here; the self-attention keys and values start empty and grow by one
-        position per `decode_step`.
+        The encoder-decoder keys and values are projected from the memory once, here;
+        the self-attention keys and values fill one position per `decode_step`.
         """
-        c, (b, _, _) = self.config, memory_BSD.shape
-        params = self.variables["params"]["decoder"]
-        empty_BLNH = jnp.zeros((b, max_length, c.num_heads, c.head_dim), c.compute_dtype)
-        index_B = jnp.zeros((b,), jnp.int32)
-        layers = []
-        for i in range(c.num_layers):
-            cross = params[f"layer_{i}"]["cross_attention"]
-            project = lambda p: (jnp.einsum("BSD,DNH->BSNH", memory_BSD.astype(c.compute_dtype),
-                                            p["kernel"].astype(c.compute_dtype))
-                                 + p["bias"].astype(c.compute_dtype)[None, None])
-            layers.append({"self": {"key": empty_BLNH, "value": empty_BLNH, "index": index_B},
-                           "cross": {"key": project(cross["key"]),
-                                     "value": project(cross["value"])}})
-        return {"index": index_B, "cross_mask": padding_mask(inputs_BS), "layers": layers}
+        return self.decoder.init_cache(memory_BSD, inputs_BS, max_length)
 
-    def decode_step(self, ids_B1, cache):
+    def decode_step(self, ids_B1, cache: DecodingCache):
         """One step of decoding: the logits `(B, V)` after the previous tokens `ids_B1`.
 
         Start from `init_cache` and ids of `DECODER_START_ID` (0). This is
-        the `tokens_to_logits(ids, cache)` that `decoding.py`'s searches call; the
-        padding id gets the lowest logit, so no search emits it.
+        the `tokens_to_logits(ids, cache)` that `decoding.py`'s searches call.
         """
-        logits_B1V, cache = self.decoder(None, None, ids_B1, cache=cache)
-        # Id 0 is padding: training never scores it, so its logit means nothing; never emit it.
-        return logits_B1V[:, 0].at[:, 0].set(jnp.finfo(jnp.float32).min), cache
+        logits_B1V, cache = self.decoder.step(ids_B1, cache)
+        # The padding id: training never scores it, so its logit means nothing; never emit it.
+        return logits_B1V[:, 0].at[:, PAD_ID].set(jnp.finfo(jnp.float32).min), cache
 
     def __call__(self, inputs_BS, targets_BT, *, inputs_positions=None, targets_positions=None,
                  inputs_segmentation=None, targets_segmentation=None,
@@ -256,9 +278,9 @@ class Transformer(nn.Module):
 
 def count_parameters(config: ModelConfig) -> dict[str, int]:
     """Parameter counts per top-level part and in total, without allocating them."""
-    tokens = jnp.ones((1, 1), jnp.int32)
-    shapes = jax.eval_shape(Transformer(config).init, jax.random.key(0), tokens, tokens)
+    from transformer_jax.train_state import abstract_params
+
     counts = {name: sum(x.size for x in jax.tree.leaves(tree))
-              for name, tree in shapes["params"].items()}
+              for name, tree in abstract_params(Transformer(config)).items()}
     counts["total"] = sum(counts.values())
     return counts
