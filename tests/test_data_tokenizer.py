@@ -1,8 +1,7 @@
-"""SentencePiece tokenizer: lossless round trips, fixed special ids, training and reuse."""
+"""SentencePiece tokenizer: lossless round trips, fixed special ids, training."""
 
 import pickle
 import random
-import warnings
 
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +14,6 @@ from transformer_jax.data.tokenizer import (
     PAD_ID,
     UNK_ID,
     Tokenizer,
-    load_or_train_tokenizer,
     train_tokenizer,
 )
 
@@ -141,13 +139,15 @@ def test_training_is_deterministic(tokenizer):
     assert train_tokenizer(iter(CORPUS), VOCAB_SIZE).model_proto == tokenizer.model_proto
 
 
-def test_max_sentences_samples_deterministically(tokenizer):
-    sampled = train_tokenizer(CORPUS, VOCAB_SIZE, max_sentences=2000, seed=1)
-    again = train_tokenizer(CORPUS, VOCAB_SIZE, max_sentences=2000, seed=1)
-    assert sampled.model_proto == again.model_proto
-    # A sample bigger than the corpus is the whole corpus.
-    everything = train_tokenizer(CORPUS, VOCAB_SIZE, max_sentences=10 * len(CORPUS))
-    assert everything.model_proto == tokenizer.model_proto
+def test_every_sentence_trains_the_model(tokenizer):
+    # Full character coverage gives every character of the training text a piece: one
+    # found only in the last sentence shows that the last sentence was not sampled out.
+    def pieces(tok, text):
+        return [tok.id_to_piece(i) for i in tok.encode(text)]
+
+    assert pieces(tokenizer, "ж")[-2:] == ["<0xD0>", "<0xB6>"]  # unseen: UTF-8 bytes
+    trained = train_tokenizer(CORPUS + ["Der Igel sagt жжж."], VOCAB_SIZE)
+    assert not any(piece.startswith("<0x") for piece in pieces(trained, "ж"))
 
 
 def test_too_large_vocab_warns_and_caps():
@@ -182,70 +182,20 @@ def test_empty_corpus_raises():
         train_tokenizer(["", ""], VOCAB_SIZE)
 
 
-def test_save_load_round_trip(tokenizer, tmp_path):
-    path = tmp_path / "a" / "tok.model"
-    tokenizer.save(path)
+def test_load_reads_a_model_file(tokenizer, tmp_path):
+    path = tmp_path / "tok.model"
+    path.write_bytes(tokenizer.model_proto)
     loaded = Tokenizer.load(path)
     assert loaded.model_proto == tokenizer.model_proto
     assert loaded.encode_batch(ROUND_TRIP) == tokenizer.encode_batch(ROUND_TRIP)
-    assert [p.name for p in path.parent.iterdir()] == ["tok.model"]  # no temp file left
 
 
 def test_load_missing_file_names_the_path(tmp_path):
     path = tmp_path / "nowhere.model"
-    with pytest.raises(FileNotFoundError, match="nowhere.model.*load_or_train_tokenizer"):
+    with pytest.raises(FileNotFoundError, match="nowhere.model.*get_tokenizer"):
         Tokenizer.load(path)
 
 
 def test_pickles_as_model_bytes(tokenizer):
     copy = pickle.loads(pickle.dumps(tokenizer))
     assert copy.encode(ROUND_TRIP[10]) == tokenizer.encode(ROUND_TRIP[10])
-
-
-def test_load_or_train_trains_once_then_loads(tokenizer, tmp_path):
-    path = tmp_path / "run" / "tokenizer.model"
-    calls = []
-
-    def sentences():
-        calls.append(1)
-        return iter(CORPUS)
-
-    first = load_or_train_tokenizer(path, sentences, VOCAB_SIZE)
-    assert calls == [1] and path.exists()
-    assert first.model_proto == tokenizer.model_proto
-    assert sorted(p.name for p in path.parent.iterdir()) == [
-        "tokenizer.model", "tokenizer.model.json"]
-
-    def must_not_train():
-        raise AssertionError("sentences_fn called although the tokenizer exists")
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        again = load_or_train_tokenizer(str(path), must_not_train, VOCAB_SIZE)
-    assert again.model_proto == first.model_proto
-
-
-def test_load_or_train_rejects_other_settings(tmp_path):
-    path = tmp_path / "tokenizer.model"
-    with pytest.warns(UserWarning, match="supports only"):
-        load_or_train_tokenizer(path, lambda: CORPUS, 100_000)  # capped size
-
-    def must_not_train():
-        raise AssertionError("sentences_fn called although the tokenizer exists")
-
-    # The requested size is what is compared, so a capped vocabulary is reused.
-    load_or_train_tokenizer(path, must_not_train, 100_000)
-    with pytest.raises(ValueError, match="vocab_size=100000.*vocab_size=400"):
-        load_or_train_tokenizer(path, must_not_train, VOCAB_SIZE)
-    with pytest.raises(ValueError, match="model_type='bpe'.*model_type='unigram'"):
-        load_or_train_tokenizer(path, must_not_train, 100_000, model_type="unigram")
-
-
-def test_load_or_train_without_settings_file_checks_size(tokenizer, tmp_path):
-    path = tmp_path / "tokenizer.model"
-    tokenizer.save(path)  # a model copied without its .json
-    with pytest.raises(ValueError, match="400 pieces.*vocab_size=500"):
-        load_or_train_tokenizer(path, lambda: CORPUS, 500)
-    with pytest.warns(UserWarning, match="model_type .* not checked"):
-        loaded = load_or_train_tokenizer(path, lambda: CORPUS, VOCAB_SIZE)
-    assert loaded.model_proto == tokenizer.model_proto

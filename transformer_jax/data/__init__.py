@@ -14,7 +14,6 @@ from transformer_jax.data.tokenizer import (
     PAD_ID,
     UNK_ID,
     Tokenizer,
-    load_or_train_tokenizer,
     train_tokenizer,
 )
 from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path

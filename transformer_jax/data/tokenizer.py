@@ -2,8 +2,9 @@
 
 The paper encodes WMT 2014 English-German with byte-pair encoding and a shared
 vocabulary of about 37000 tokens. This module trains such a vocabulary in
-process on the training sentences (both languages) and wraps the
-`sentencepiece` model in a small `Tokenizer`.
+process from sentences (both languages) and wraps the `sentencepiece` model in
+a small `Tokenizer`. Which sentences, and where the model is kept, is
+`vocabulary.py`'s business.
 
 Every model has the special ids of `transformer_jax.token_ids`, so batches and
 the model agree on them: PAD_ID 0, EOS_ID 1 (appended with
@@ -14,17 +15,21 @@ Training settings make encoding lossless, `decode(encode(s)) == s` for every
 string: identity normalization (no NFKC), whitespace kept as is, and byte
 fallback, so a character never seen in training becomes its UTF-8 bytes
 (256 byte pieces) instead of UNK. Digits are split, one piece each.
+
+Training is reproducible: the same sentences and arguments give a byte-identical
+model in every process, whatever the machine's core count. So every sentence
+given trains the model. SentencePiece's own sampling (`input_sentence_size`
+with `shuffle_input_sentence`) is not used: its sampler draws from an
+absl::BitGen, which absl salts with per-process entropy, so even its fixed
+seed gives another sample, and another model, in every process.
 """
 
 import io
 import itertools
-import json
 import os
-import random
 import re
-import uuid
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import sentencepiece as spm
@@ -37,13 +42,12 @@ _MIN_VOCAB_SIZE = 4 + 256 + 1
 # Fixed rather than os.cpu_count(): unigram scores depend on the thread count
 # (float sums split across threads), and a model should not depend on the machine.
 _NUM_THREADS = 4
-_SETTINGS_VERSION = 1
 
 
 class Tokenizer:
     """A trained SentencePiece model with the fixed special ids above.
 
-    Built from the serialized model proto (the bytes `save` writes), so it
+    Built from the serialized model proto (the bytes of a .model file), so it
     pickles as those bytes, e.g. into grain worker processes.
     """
 
@@ -66,7 +70,7 @@ class Tokenizer:
 
     @property
     def model_proto(self) -> bytes:
-        """The serialized model, as written by `save`."""
+        """The serialized model: the bytes of a .model file."""
         return self._model_proto
 
     def id_to_piece(self, i: int) -> str:
@@ -100,20 +104,16 @@ class Tokenizer:
             return []  # sentencepiece would read [] as one empty row and return ""
         return self._sp.decode([_strip(row) for row in rows])
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Writes the model proto to `path` atomically, creating parent dirs."""
-        _write_atomically(path, self._model_proto)
-
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Tokenizer":
-        """The tokenizer saved at `path`."""
+        """The tokenizer whose model proto is the file at `path`."""
         try:
             with open(path, "rb") as f:
                 return cls(f.read())
         except FileNotFoundError:
             raise FileNotFoundError(
-                f"No tokenizer model at {os.fspath(path)!r}. One is written by "
-                "load_or_train_tokenizer (trained on the first run) or Tokenizer.save."
+                f"No tokenizer model at {os.fspath(path)!r}; a run trains one when it first "
+                "starts and saves it in its workdir (get_tokenizer)."
             ) from None
 
 
@@ -133,25 +133,20 @@ def train_tokenizer(
     vocab_size: int,
     *,
     model_type: str = "bpe",
-    max_sentences: int | None = None,
-    seed: int = 0,
 ) -> Tokenizer:
-    """Trains a shared vocabulary of `vocab_size` pieces on `sentences`.
+    """Trains a shared vocabulary of `vocab_size` pieces on all of `sentences`.
 
     Args:
       sentences: training text, source and target sides together. Empty
-        strings are skipped.
+        strings are skipped. All of them are held in memory while training,
+        so pass a sample of a large corpus (`vocabulary.training_sentences`).
       vocab_size: pieces in the vocabulary, 4 specials and 256 byte pieces
         included. If the corpus cannot fill it, the vocabulary is smaller and
         a warning says so; if it is below 260 plus the number of distinct
         characters in the corpus, ValueError.
       model_type: "bpe" (the paper's byte-pair encoding) or "unigram".
-      max_sentences: train on at most this many sentences, a uniform sample
-        of the whole stream drawn with `seed` (the stream is read to its end).
-        None trains on all, which can take a lot of memory on WMT.
-      seed: seed of that sample.
 
-    The same sentences and arguments give a byte-identical model.
+    The same sentences (in the same order) and arguments give a byte-identical model.
     """
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
@@ -159,13 +154,9 @@ def train_tokenizer(
         raise ValueError(
             f"vocab_size {vocab_size} is too small: byte fallback needs 4 special and 256 "
             f"byte pieces plus one per distinct character, at least {_MIN_VOCAB_SIZE}")
-    if max_sentences is not None and max_sentences < 1:
-        raise ValueError(f"max_sentences must be positive or None, got {max_sentences}")
 
-    nonempty = (s for s in sentences if s)
-    corpus = nonempty if max_sentences is None else _reservoir(nonempty, max_sentences, seed)
     # Peek so an empty corpus is a clear error rather than sentencepiece's bare check.
-    corpus = iter(corpus)
+    corpus = (s for s in sentences if s)
     first = next(corpus, None)
     if first is None:
         raise ValueError("train_tokenizer got no non-empty sentences")
@@ -199,7 +190,7 @@ def _train_sentencepiece(sentences, vocab_size: int, model_type: str) -> bytes:
             character_coverage=1.0,
             split_digits=True,
             hard_vocab_limit=False,  # cap at what the corpus supports; the caller warns
-            input_sentence_size=0,  # sampling, if any, is done by the caller
+            input_sentence_size=0,  # all of them: its sampling differs per process (above)
             num_threads=_NUM_THREADS,
             minloglevel=2,  # errors only; training logs every step otherwise
         )
@@ -212,91 +203,3 @@ def _train_sentencepiece(sentences, vocab_size: int, model_type: str) -> bytes:
             f"character coverage needs at least {found.group(2)} pieces (4 special, 256 byte "
             "pieces and one per distinct character)") from e
     return model.getvalue()
-
-
-def load_or_train_tokenizer(
-    path: str | os.PathLike,
-    sentences_fn: Callable[[], Iterable[str]],
-    vocab_size: int,
-    *,
-    model_type: str = "bpe",
-    max_sentences: int | None = None,
-) -> Tokenizer:
-    """The tokenizer at `path`, or a new one trained on `sentences_fn()` and saved there.
-
-    Training, resuming, translating and evaluating share one vocabulary this
-    way: only the first call trains (`sentences_fn` is not called otherwise).
-    The settings are saved next to the model in `path + ".json"`; a saved
-    tokenizer trained with another `vocab_size` or `model_type` is an error,
-    not silently reused. (The model alone cannot tell: a capped vocabulary
-    records its actual size, not the requested one.)
-
-    Writes are atomic, so concurrent callers (e.g. one per host) at worst
-    train the same deterministic model twice.
-    """
-    settings = {"vocab_size": vocab_size, "model_type": model_type}
-    settings_path = os.fspath(path) + ".json"
-    if os.path.exists(path):
-        tokenizer = Tokenizer.load(path)
-        _check_settings(path, settings_path, settings, tokenizer)
-        return tokenizer
-
-    tokenizer = train_tokenizer(
-        sentences_fn(), vocab_size, model_type=model_type, max_sentences=max_sentences)
-    record = dict(settings, actual_vocab_size=tokenizer.vocab_size,
-                  max_sentences=max_sentences, version=_SETTINGS_VERSION)
-    # Settings first: a crash in between leaves no model, so the next call retrains.
-    _write_atomically(settings_path, (json.dumps(record, indent=2) + "\n").encode())
-    tokenizer.save(path)
-    return tokenizer
-
-
-def _check_settings(path, settings_path: str, wanted: dict, tokenizer: Tokenizer) -> None:
-    """Raises ValueError if the saved tokenizer was trained with other settings."""
-    if os.path.exists(settings_path):
-        with open(settings_path) as f:
-            saved = json.load(f)
-        for key, value in wanted.items():
-            if saved.get(key) != value:
-                raise ValueError(
-                    f"Tokenizer {os.fspath(path)!r} was trained with {key}={saved.get(key)!r}, "
-                    f"but {key}={value!r} was requested. Use the same setting, another path, "
-                    "or delete the file (and its .json) to train a new one.")
-        return
-    # A model without settings (copied alone, say): only its size can be checked.
-    if tokenizer.vocab_size != wanted["vocab_size"]:
-        raise ValueError(
-            f"Tokenizer {os.fspath(path)!r} has {tokenizer.vocab_size} pieces, but "
-            f"vocab_size={wanted['vocab_size']} was requested (and {settings_path!r}, "
-            "which records the requested size, is missing).")
-    warnings.warn(f"{settings_path!r} is missing; model_type of {os.fspath(path)!r} "
-                  "was not checked.", stacklevel=3)
-
-
-def _reservoir(items: Iterable[str], k: int, seed: int) -> list[str]:
-    """A uniform sample of k items from a stream of unknown length (Algorithm R)."""
-    rng = random.Random(seed)
-    sample = []
-    for n, item in enumerate(items):
-        if n < k:
-            sample.append(item)
-        else:
-            j = rng.randrange(n + 1)
-            if j < k:
-                sample[j] = item
-    return sample
-
-
-def _write_atomically(path: str | os.PathLike, data: bytes) -> None:
-    """Writes to a temporary file in the same directory, then renames it over `path`."""
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"  # same directory, so os.replace is atomic
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
