@@ -10,14 +10,16 @@ the sacreBLEU signature, the checkpoints, the decoding settings and sentences/s)
 import json
 import os
 import sys
+import time
 
 from absl import app, flags, logging
 
+from transformer_jax.bleu import score
 from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.data import DataError, load_split
 from transformer_jax import run_config
 from transformer_jax.run_config import define_search_flags, parse_flags
-from transformer_jax.translation import TranslationError, Translator, evaluate
+from transformer_jax.translation import TranslationError, Translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
 _SPLIT = flags.DEFINE_enum("split", "test", ["train", "validation", "test"], "the split")
@@ -38,6 +40,15 @@ def checkpoint_spec() -> str:
     print(f"warning: --average_last is deprecated; use --checkpoint=average:{_AVERAGE.value}",
           file=sys.stderr)
     return f"average:{_AVERAGE.value}"
+
+
+def evaluate(translator: Translator, pairs: list[dict], **search) -> dict:
+    """Translates the sources of `pairs` and scores them against their targets."""
+    start = time.perf_counter()
+    hypotheses = translator.translate([p["source"] for p in pairs], progress=True, **search)
+    seconds = time.perf_counter() - start
+    return dict(score(hypotheses, [p["target"] for p in pairs]), hypotheses=hypotheses,
+                sentences_per_sec=len(pairs) / seconds)
 
 
 def main(argv) -> None:

@@ -20,20 +20,18 @@ if nproc > 1:
 
 import functools  # noqa: E402
 
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from transformer_jax.model import Transformer  # noqa: E402
 from transformer_jax.model_config import get_model_config  # noqa: E402
 from transformer_jax.optim import make_optimizer  # noqa: E402
-from transformer_jax.steps import TrainState, train_step  # noqa: E402
+from transformer_jax.steps import train_step  # noqa: E402
+from transformer_jax.train_state import create_train_state  # noqa: E402
 
 ROWS, LENGTH = 8, 6
 # Dropout on: every layout numbers the 4 devices alike, so each draws the same masks.
 config = get_model_config("tiny", vocab_size=40, dropout_rate=0.1)
 model = Transformer(config)
-tokens = jnp.ones((1, LENGTH), jnp.int32)
-params = jax.jit(model.init)(jax.random.key(0), tokens, tokens)["params"]
 # Adam's eps 1e-3: see tests/test_parallel.py (the key biases' gradient is rounding noise).
 optimizer = make_optimizer(d_model=config.d_model, warmup_steps=5, eps=1e-3)
 step_fn = functools.partial(train_step, model=model, seed=0, label_smoothing=0.1,
@@ -45,7 +43,7 @@ mine = slice(pid * ROWS // nproc, (pid + 1) * ROWS // nproc)
 for strategy in ("pmap", "sharded"):
     p = parallel.Parallel(strategy)
     assert len(jax.devices()) == 4 and p.num_local_devices == 4 // nproc
-    placed = p.put_state(TrainState.create(apply_fn=model.apply, params=params, tx=optimizer.tx))
+    placed = p.put_state(create_train_state(model, optimizer.tx, jax.random.key(0)))
     step = p.compile_train_step(step_fn)
     for batch in batches:
         placed, _ = step(placed, p.put_batch({k: v[mine] for k, v in batch.items()}))

@@ -1,5 +1,5 @@
 """Small run configs for the training tests: configs/default.py shrunk to seconds; and the
-file of a checkpoint step that the damage tests break."""
+files of a checkpoint step that the damage tests break."""
 
 import importlib.util
 import pathlib
@@ -42,6 +42,11 @@ def tiny_run(**overrides):
     return config
 
 
+def array_files(step_dir: pathlib.Path) -> list[pathlib.Path]:
+    """The array data files of checkpoint folder `step_dir` (orbax's OCDBT layout)."""
+    return list(step_dir.glob("state/ocdbt.process_0/d/*"))
+
+
 def biggest_array_file(step_dir: pathlib.Path) -> pathlib.Path:
-    """The largest array data file of checkpoint folder `step_dir` (orbax's OCDBT layout)."""
-    return max(step_dir.glob("state/ocdbt.process_0/d/*"), key=lambda p: p.stat().st_size)
+    """The largest array data file of checkpoint folder `step_dir`."""
+    return max(array_files(step_dir), key=lambda p: p.stat().st_size)

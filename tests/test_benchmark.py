@@ -141,10 +141,10 @@ def test_uncached_callback_gives_the_cached_logits():
              for make in (decode._cached_callback, decode._uncached_callback)]
     ids = [jnp.zeros((3, 1), jnp.int32)] + [jnp.full((3, 1), t, jnp.int32) for t in (5, 9, 7)]
     states = [cache for _, cache in steps]
-    for ids_N1 in ids:
+    for ids_R1 in ids:
         logits = []
         for i, (step, _) in enumerate(steps):
-            out, states[i] = step(ids_N1, states[i])
+            out, states[i] = step(ids_R1, states[i])
             logits.append(np.asarray(out))
         np.testing.assert_allclose(logits[0], logits[1], atol=1e-5, rtol=1e-5)
         assert (logits[0][:, :2] == np.finfo(np.float32).min).all()  # PAD and EOS never win

@@ -1,4 +1,5 @@
-"""Checkpointer: round trips, retention, async visibility, resharding on restore."""
+"""Checkpointer: round trips, retention, async visibility, resharding on restore, and the
+parameters restored alone."""
 
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from flax.training import train_state
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from run_configs import biggest_array_file
-from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.checkpoint import Checkpointer, DamagedCheckpointError
 
 DATA_STATES = [{"next_index": 7, "worker": 0}, {"next_index": 9, "worker": 1}]
 METADATA = {"config": {"lr": 0.5, "layers": [6, 6]}, "tokenizer": "/tmp/spm.model"}
@@ -158,6 +159,30 @@ def test_metadata_reads_only_metadata(open_checkpointer, tmp_path):
     assert state_dir.is_dir()
     state_dir.rename(tmp_path / "moved_state")
     assert open_checkpointer().metadata(1) == METADATA
+
+
+def test_restore_params_reads_the_parameters_alone(open_checkpointer, tmp_path):
+    """`restore_params` needs no optimizer: it returns the saved parameters on the first
+    device, and still does once the optimizer state's data file is deleted, which the
+    whole state's restore then cannot read."""
+    params = make_state(seed=3).params
+    opt_state = optax.GradientTransformation(  # one large array: a data file of its own
+        lambda p: {"moments": jnp.arange(300_000.0)}, lambda u, s, p=None: (u, s))
+    state = train_state.TrainState.create(apply_fn=None, params=params, tx=opt_state)
+    checkpointer = open_checkpointer()
+    save_small(checkpointer, 1, state)
+    checkpointer.wait()
+    abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    restored = checkpointer.restore_params(1, abstract_params)
+    assert_trees_equal(restored, params)
+    assert {leaf.sharding for leaf in jax.tree.leaves(restored)} == {
+        jax.sharding.SingleDeviceSharding(jax.local_devices()[0])}
+    assert_trees_equal(checkpointer.restore(1, state)[0], state)  # both readers, one manager
+    biggest_array_file(tmp_path / "ckpt" / "1").unlink()
+    reader = open_checkpointer()
+    with pytest.raises(DamagedCheckpointError):
+        reader.read(1, lambda step: reader.restore(step, state))
+    assert_trees_equal(reader.restore_params(1, abstract_params), params)
 
 
 def replicated_sharding():

@@ -3,7 +3,6 @@
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -11,7 +10,8 @@ from transformer_jax.model import Transformer
 from transformer_jax.model_config import get_model_config
 from transformer_jax.optim import make_optimizer
 from transformer_jax.parallel import Parallel
-from transformer_jax.steps import TrainState, eval_step, train_step
+from transformer_jax.steps import eval_step, train_step
+from transformer_jax.train_state import create_train_state
 
 CONFIG = get_model_config("tiny", vocab_size=50, dropout_rate=0.0)
 # conftest.py's 8 simulated CPU devices, also where a GPU is the default backend; the
@@ -38,9 +38,7 @@ def batches(n):
 
 def initial_state():
     model = Transformer(CONFIG)
-    tokens = jnp.ones((1, LENGTH), jnp.int32)
-    params = model.init(jax.random.key(0), tokens, tokens)["params"]
-    return model, TrainState.create(apply_fn=model.apply, params=params, tx=OPTIMIZER.tx)
+    return model, create_train_state(model, OPTIMIZER.tx, jax.random.key(0))
 
 
 def step_fn(model, accumulation_steps=1):

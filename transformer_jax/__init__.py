@@ -3,6 +3,7 @@
 Dimension key, used in tensor names (`q_BTNH`) and einsums across the package:
   B batch · T target/query length · S source/key length · D d_model · F d_ff
   N heads · H head dim (d_k = d_v) · V vocabulary · K beam · L layers
+  C decoding-cache length · R search rows (B in greedy search, B·K in beam search)
 """
 
 # Pure functions (jax.numpy only): one per equation of the paper.

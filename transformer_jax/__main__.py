@@ -4,6 +4,7 @@ A quick check that the install works and a look at a preset's size.
 """
 
 import argparse
+import functools
 import time
 
 import jax
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 
 from transformer_jax.model import Transformer, count_parameters
 from transformer_jax.model_config import PRESETS, get_model_config
+from transformer_jax.train_state import init_params
 
 
 def main(argv=None) -> None:
@@ -34,7 +36,7 @@ def main(argv=None) -> None:
     tokens_BS = jax.random.randint(jax.random.key(0), (args.batch, args.length), 1,
                                    config.vocab_size)
     model = Transformer(config)
-    variables = jax.jit(model.init)(jax.random.key(1), tokens_BS, tokens_BS)
+    variables = {"params": jax.jit(functools.partial(init_params, model))(jax.random.key(1))}
     forward = jax.jit(model.apply)
     jax.block_until_ready(forward(variables, tokens_BS, tokens_BS))  # compile
     start = time.perf_counter()

@@ -88,8 +88,10 @@ def xla_attention(query_BTNH, key_BSNH, value_BSNH, mask_B1TS=None, *, is_causal
                   dropout_rate=0.0, dropout_rng=None):
     """jax.nn.dot_product_attention with XLA's own lowering."""
     _refuse_dropout("xla", dropout_rate)
-    return jax.nn.dot_product_attention(query_BTNH, key_BSNH, value_BSNH, mask=mask_B1TS,
-                                        is_causal=is_causal, implementation="xla")
+    # jax.nn promotes bfloat16 logits with float32 itself, which strict promotion refuses.
+    with jax.numpy_dtype_promotion("standard"):
+        return jax.nn.dot_product_attention(query_BTNH, key_BSNH, value_BSNH, mask=mask_B1TS,
+                                            is_causal=is_causal, implementation="xla")
 
 
 @register_attention("cudnn")

@@ -12,6 +12,9 @@ One checkpoint per step holds three items:
                 readable alone so a resume can refuse a different model before
                 anything compiles.
 
+Inference reads the parameters alone (`restore_params`: an orbax partial restore
+of the "state" item), so it needs neither the optimizer nor the run's optim config.
+
 Multi-host: every process calls `save` and `restore` (orbax synchronises them);
 the JSON items are written by the primary process only, so `data_states` must
 already hold every process's state.
@@ -64,11 +67,17 @@ def _is_orbax_noise(error: BaseException | None, where: object = None) -> bool:
 
 
 class _OrbaxNoiseFilter(logging.Filter):
-    """Drops orbax's own tracebacks of a failed background save: the error reaches the
-    caller as one CheckpointWriteError."""
+    """Drops orbax's own tracebacks of a failed background save (the error reaches the
+    caller as one CheckpointWriteError) and asyncio's "Task exception was never retrieved"
+    of the array reads a failed restore abandoned (one DamagedCheckpointError names them)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and "orbax" in record.pathname)
+        if not record.exc_info:
+            return True
+        return not ("orbax" in record.pathname or _is_orbax_noise(record.exc_info[1]))
+
+
+_NOISY_LOGGERS = ("absl", "asyncio")
 
 
 class _QuietOrbax:
@@ -92,14 +101,16 @@ class _QuietOrbax:
             None if _is_orbax_noise(args.exc_value) else thread_hook(args))
         sys.unraisablehook = lambda u: (
             None if _is_orbax_noise(u.exc_value, u.object) else unraisable_hook(u))
-        logging.getLogger("absl").addFilter(cls.log_filter)
+        for name in _NOISY_LOGGERS:
+            logging.getLogger(name).addFilter(cls.log_filter)
 
     @classmethod
     def exit(cls) -> None:
         cls.users -= 1
         if cls.users == 0:
             sys.excepthook, threading.excepthook, sys.unraisablehook = cls.saved
-            logging.getLogger("absl").removeFilter(cls.log_filter)
+            for name in _NOISY_LOGGERS:
+                logging.getLogger(name).removeFilter(cls.log_filter)
 
 
 @contextlib.contextmanager
@@ -127,6 +138,18 @@ def _cause(error: BaseException) -> str:
     return f"{text[:200]} ... {tail}"
 
 
+def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
+    """The handler of each item and argument type. The state item has two readers over one
+    format: StandardRestore (the whole state) and PyTreeRestore (a part of it)."""
+    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+    for args in (ocp.args.StandardSave, ocp.args.StandardRestore, ocp.args.PyTreeRestore):
+        registry.add(_STATE, args)
+    for item in (_DATA, _METADATA):
+        registry.add(item, ocp.args.JsonSave)
+        registry.add(item, ocp.args.JsonRestore)
+    return registry
+
+
 class Checkpointer:
     """Saves and restores (state, data states, metadata) per training step."""
 
@@ -142,7 +165,8 @@ class Checkpointer:
             # The trainer decides when to save; orbax's interval policy must not skip steps.
             save_interval_steps=1,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                              handler_registry=_handlers())
         self._writing: int | None = None  # the step of the last save started
         self._failed = self._failed_reads = False
         _QuietOrbax.enter()
@@ -248,6 +272,27 @@ class Checkpointer:
             ),
         )
         return restored[_STATE], restored[_DATA]["data_states"], restored[_METADATA]
+
+    def restore_params(self, step: int, abstract_params):
+        """The `params` of `step`'s state alone: the optimizer state is not read.
+
+        `abstract_params` gives the tree, shapes and dtypes (`train_state.abstract_params`);
+        leaves without a sharding are placed on the first local device. Whatever
+        optimizer wrote the checkpoint, its state stays on disk (orbax's partial restore).
+        """
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+        def placed(x):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                        sharding=getattr(x, "sharding", None) or device)
+
+        # Only the "params" subtree is named: the step and the optimizer state are omitted.
+        item = {"params": jax.tree.map(placed, abstract_params)}
+        args = ocp.args.PyTreeRestore(
+            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+            partial_restore=True)
+        restored = self._manager.restore(int(step), args=ocp.args.Composite(**{_STATE: args}))
+        return restored[_STATE]["params"]
 
     def metadata(self, step: int) -> dict:
         """The metadata item of `step` alone; the state is not read."""

@@ -16,6 +16,7 @@ from transformer_jax.masks import combine_masks, padding_mask, segment_mask
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.positional import sinusoidal_encoding
 from transformer_jax.token_ids import DECODER_START_ID, PAD_ID
+from transformer_jax.train_state import abstract_params
 
 
 def shift_right(targets_BT, segments_BT=None):
@@ -278,8 +279,6 @@ class Transformer(nn.Module):
 
 def count_parameters(config: ModelConfig) -> dict[str, int]:
     """Parameter counts per top-level part and in total, without allocating them."""
-    from transformer_jax.train_state import abstract_params
-
     counts = {name: sum(x.size for x in jax.tree.leaves(tree))
               for name, tree in abstract_params(Transformer(config)).items()}
     counts["total"] = sum(counts.values())

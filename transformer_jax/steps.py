@@ -1,24 +1,29 @@
-"""Pure training and evaluation steps, written for one device's share of a batch.
+"""Pure training, evaluation and prediction steps.
 
+`train_step` and `eval_step` are written for one device's share of a batch:
 `parallel.py` runs them under `jax.pmap` (with `axis_name`, so sums cross
 devices) or under `jax.jit` on a mesh (global arrays, `axis_name=None`). Both
 return sums, not means: the loss is divided by the token count of the whole
 global batch, so any split of a batch over devices gives the same update.
+
+`predict_step` is the search a translation runs on one batch of sources
+(`predict.py` jits it and runs it on length-sorted batches).
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import optax
-from flax.training import train_state
 
+from transformer_jax.decoding import beam_search, greedy_search
 from transformer_jax.losses import accuracy, label_smoothed_cross_entropy
+from transformer_jax.model import Transformer
+from transformer_jax.token_ids import EOS_ID
+from transformer_jax.train_state import TrainState
 
 MODEL_KEYS = ("inputs_segmentation", "targets_segmentation", "inputs_positions",
               "targets_positions")
-
-
-class TrainState(train_state.TrainState):
-    """Step, parameters and optimizer state (flax's TrainState)."""
 
 
 def _logits(params, batch, *, model, deterministic: bool, dropout_key=None):
@@ -99,3 +104,22 @@ def eval_step(params, batch, *, model, axis_name=None):
     correct_sum, _ = accuracy(logits_BTV, batch["targets"])
     return _psum({"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum},
                  axis_name)
+
+
+def predict_step(params, inputs_BS, *, model, beam_size: int, max_length: int, alpha: float):
+    """Output ids `(B, max_length)`: greedy search (`beam_size` 1) or beam search (§6.1).
+
+    Encodes once, projects the cross-attention keys and values once (`init_cache`),
+    then decodes one token per step with the cache.
+    """
+    variables = {"params": params}
+    memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
+    cache = model.apply(variables, memory_BSD, inputs_BS, max_length,
+                        method=Transformer.init_cache)
+    step = functools.partial(model.apply, variables, method=Transformer.decode_step)
+    batch = inputs_BS.shape[0]
+    if beam_size == 1:
+        return greedy_search(step, cache, batch_size=batch, max_length=max_length,
+                             eos_id=EOS_ID)
+    return beam_search(step, cache, batch_size=batch, beam_size=beam_size,
+                       max_length=max_length, alpha=alpha, eos_id=EOS_ID)[0]

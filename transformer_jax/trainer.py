@@ -21,10 +21,10 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from transformer_jax.bleu import score
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config_checks import ConfigError, check_config, writable_folder
 from transformer_jax.data import eval_batches, get_tokenizer, load_split, train_dataset
@@ -32,10 +32,11 @@ from transformer_jax.data.vocabulary import tokenizer_path
 from transformer_jax.model import Transformer
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
+from transformer_jax.predict import predict
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
-from transformer_jax.steps import TrainState, eval_step, train_step
-from transformer_jax.translation import Translator, score
+from transformer_jax.steps import eval_step, train_step
+from transformer_jax.train_state import create_train_state
 from transformer_jax.workdir_lock import workdir_lock
 
 
@@ -50,13 +51,6 @@ def _refuse_other_model(saved: dict, model_config, workdir) -> None:
         diffs = ", ".join(f"{k}: saved {saved.get(k)!r}, now {wanted[k]!r}" for k in changed)
         raise ConfigError(f"{workdir} holds a run of another model ({diffs}); use a new "
                           f"--workdir or the config it was trained with")
-
-
-def _initial_state(model, tx, config) -> TrainState:
-    tokens = jnp.ones((1, 1), jnp.int32)
-    init = jax.jit(lambda key: model.init(key, tokens, tokens)["params"])
-    params = init(jax.random.key(config.seed))
-    return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
 class StoppedAtOnce(Exception):
@@ -194,7 +188,7 @@ class _Loop:
             train_pairs, tokenizer, batch_size=self.rows,
             max_source_length=d.max_source_length, max_target_length=d.max_target_length,
             too_long=d.too_long, seed=config.seed, num_threads=d.num_threads))
-        self.state = _initial_state(self.model, optimizer.tx, config)
+        self.state = create_train_state(self.model, optimizer.tx, jax.random.key(config.seed))
 
     def run(self, stop: _StopSignal) -> TrainResult:
         found = self.checkpointer.newest(lambda step: self.checkpointer.restore(step, self.state))
@@ -232,7 +226,7 @@ class _Loop:
                 if self._eval_due(step) or self._bleu_due(step):
                     record = self._evaluate(placed) if self._eval_due(step) else {}
                     if self._bleu_due(step):
-                        record.update(self._bleu(placed, step))
+                        record.update(self._bleu(placed))
                     log.write(step, record)
                     log.message(f"step {step}: " + ", ".join(
                         f"{k} {v:.4g}" for k, v in record.items()))
@@ -263,15 +257,15 @@ class _Loop:
         return (every > 0 and bool(self.eval_pairs)
                 and (step % every == 0 or step == self.config.num_train_steps))
 
-    def _bleu(self, placed, step: int) -> dict[str, float]:
+    def _bleu(self, placed) -> dict[str, float]:
         """sacreBLEU of beam search on the first `decode.bleu_examples` validation pairs."""
         d = self.config.decode
         pairs = self.eval_pairs[:d.bleu_examples]
-        translator = Translator(self.model, self.parallel.local_params(placed), self.tokenizer,
-                                self.config, [step])
-        hypotheses = translator.translate([p["source"] for p in pairs], beam_size=d.beam_size,
-                                          alpha=d.alpha, max_extra_length=d.max_extra_length)
-        result = score(hypotheses, [p["target"] for p in pairs])
+        outputs = predict(self.model, self.parallel.local_params(placed),
+                          self.tokenizer.encode_batch([p["source"] for p in pairs], add_eos=True),
+                          beam_size=d.beam_size, alpha=d.alpha,
+                          max_extra_length=d.max_extra_length)
+        result = score(self.tokenizer.decode_batch(outputs), [p["target"] for p in pairs])
         return {"eval_bleu": result["bleu"], "eval_chrf": result["chrf"]}
 
     def _stop_requested(self, stop: _StopSignal, step: int) -> bool:

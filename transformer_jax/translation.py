@@ -1,80 +1,34 @@
-"""Translating with a trained run: load a workdir, search with the cache, score with sacreBLEU.
+"""Translating with a trained run: a workdir's model, parameters and tokenizer.
 
     translator = Translator.from_workdir("runs/default", checkpoint="average:3")
     translator.translate(["dreihundertzweiundvierzig"])  # ["three hundred and forty-two"]
     translator.attention_maps("dreihundertzweiundvierzig", "three hundred and forty-two")
 
-Beam search as in §6.1: beam 4, length penalty α = 0.6, outputs up to the input
-length + 50 tokens. Sentences are sorted by length and batched, so similar
-lengths share a compiled search; the results come back in input order.
+Beam search as in §6.1 unless the run's `config.decode` says otherwise: beam 4,
+length penalty α = 0.6, outputs up to the input length + 50 tokens. The parts:
+`trained_params.py` chooses and restores the parameters, `predict.py` searches in
+batches, `bleu.py` scores.
 """
 
 import dataclasses
 import functools
-import os
-import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import sacrebleu
-import tqdm
 
-from transformer_jax.checkpoint import Checkpointer, DamagedCheckpointError
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.vocabulary import tokenizer_path
-from transformer_jax.decoding import beam_search, greedy_search
 from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.optim import optimizer_from_config
+from transformer_jax.predict import predict
 from transformer_jax.run_config import decode_fields
-from transformer_jax.steps import TrainState
-from transformer_jax.token_ids import EOS_ID, PAD_ID
-
-BUCKET = 8  # source lengths are rounded up to a multiple of this: fewer compilations
+from transformer_jax.trained_params import CheckpointChoiceError, load_trained_params
 
 
 class TranslationError(ValueError):
-    """A workdir that cannot translate (no checkpoint, no tokenizer, a bad --checkpoint)."""
-
-
-def _checkpoint_steps(checkpointer: Checkpointer, which: str) -> list[int]:
-    """`latest`, a step number, or `average:N` (the last N steps)."""
-    steps = checkpointer.all_steps()
-    if not steps:
-        raise TranslationError(f"no checkpoint in {checkpointer.directory}; train first "
-                               f"(python train.py --workdir=...)")
-    if which == "latest":
-        return steps[-1:]
-    if which.startswith("average:"):
-        count = which.removeprefix("average:")
-        if not count.isdigit():
-            raise TranslationError(f"checkpoint {which!r}: average:N needs a number of "
-                                   f"checkpoints N, e.g. average:5")
-        n = int(count)
-        if not 1 <= n <= len(steps):
-            raise TranslationError(f"average:{n} needs {n} checkpoints; there are "
-                                   f"{len(steps)} ({', '.join(map(str, steps))})")
-        return steps[-n:]
-    if which.isdigit() and int(which) in steps:
-        return [int(which)]
-    listed = ", ".join(map(str, steps))
-    raise TranslationError(f"checkpoint {which!r}: use latest, a step ({listed}) or average:N")
-
-
-def average_params(param_trees):
-    """The element-wise mean of several parameter trees (§6.1: checkpoint averaging)."""
-    return jax.tree.map(lambda *leaves: sum(leaves) / len(leaves), *param_trees)
-
-
-def _restore_params(checkpointer: Checkpointer, step: int, model, metadata: dict):
-    tx = optimizer_from_config(metadata["config"]["optim"], model.config.d_model).tx
-    tokens = jnp.ones((1, 1), jnp.int32)
-    abstract = jax.eval_shape(lambda: TrainState.create(
-        apply_fn=model.apply, params=model.init(jax.random.key(0), tokens, tokens)["params"],
-        tx=tx))
-    return checkpointer.restore(step, abstract)[0].params
+    """A workdir that cannot translate (no checkpoint, no tokenizer, a bad --checkpoint),
+    or a sentence longer than the limit."""
 
 
 @dataclasses.dataclass
@@ -89,37 +43,15 @@ class Translator:
 
     @classmethod
     def from_workdir(cls, workdir: str, checkpoint: str = "latest") -> "Translator":
-        directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-        if not os.path.isdir(directory):
-            raise TranslationError(f"{workdir} has no checkpoints; train first "
-                                   f"(python train.py --workdir={workdir})")
-        checkpointer = Checkpointer(directory, keep=1_000_000)
-
-        def read(step):
-            metadata = checkpointer.metadata(step)
-            model = Transformer(ModelConfig(**metadata["model"]))
-            return metadata, model, _restore_params(checkpointer, step, model, metadata)
-
+        """`workdir`'s parameters named by `checkpoint` (latest, a step, or average:N)."""
         try:
-            steps = _checkpoint_steps(checkpointer, checkpoint)
-            if checkpoint == "latest":  # the newest that restores; training moves damaged ones
-                found = checkpointer.newest(read, move_aside=False)
-                if found is None:
-                    raise TranslationError(f"no checkpoint in {directory} can be read")
-                steps, (metadata, model, params) = [found[0]], found[1]
-            else:
-                reads = [checkpointer.read(s, read) for s in steps]
-                (metadata, model, _), params = reads[-1], average_params([r[2] for r in reads])
-        except DamagedCheckpointError as error:
-            raise TranslationError(f"{error}; --checkpoint=latest falls back to the newest "
-                                   f"that restores") from None
-        finally:
-            checkpointer.close()
-        try:  # the workdir's own copy: the path saved at training time may have moved
+            trained = load_trained_params(workdir, checkpoint)
+            # The workdir's own copy: the path saved at training time may have moved.
             tokenizer = Tokenizer.load(tokenizer_path(workdir))
-        except FileNotFoundError as error:
+        except (CheckpointChoiceError, FileNotFoundError) as error:
             raise TranslationError(str(error)) from None
-        return cls(model, params, tokenizer, ml_collections.ConfigDict(metadata["config"]), steps)
+        return cls(trained.model, trained.params, tokenizer,
+                   ml_collections.ConfigDict(trained.metadata["config"]), trained.steps)
 
     def search_settings(self, **given) -> dict:
         """beam_size, alpha and max_extra_length: those `given` (not None), else the run's
@@ -138,9 +70,9 @@ class Translator:
 
         Sentences are searched in batches of similar length, each of at most `batch_size`
         rows and no more rows than it has sentences (rounded up to a power of two, so few
-        shapes compile). A sentence of more than `max_input_length` tokens (EOS included;
-        None: no limit) is a TranslationError before any search: the search's memory
-        grows with the input's length times its output's.
+        shapes compile; `predict.predict`). A sentence of more than `max_input_length`
+        tokens (EOS included; None: no limit) is a TranslationError before any search:
+        the search's memory grows with the input's length times its output's.
         """
         search = self.search_settings(beam_size=beam_size, alpha=alpha,
                                       max_extra_length=max_extra_length)
@@ -152,22 +84,9 @@ class Translator:
             raise TranslationError(
                 f"sentence {line + 1} has {length} tokens, more than max_input_length={cap} "
                 f"({len(too_long)} sentence(s) too long); split it or raise the limit")
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        out = [""] * len(ids)
-        batches = range(0, len(order), batch_size)
-        for start in tqdm.tqdm(batches, desc="translating", unit="batch", disable=not progress):
-            chosen = order[start:start + batch_size]
-            length = -(-max(len(ids[i]) for i in chosen) // BUCKET) * BUCKET
-            rows = min(batch_size, 1 << (len(chosen) - 1).bit_length())
-            inputs_BS = np.full((rows, length), PAD_ID, np.int32)
-            for row, i in enumerate(chosen):
-                inputs_BS[row, :len(ids[i])] = ids[i]
-            outputs_BT = _search(self.model, self.params, inputs_BS,
-                                 beam_size=search["beam_size"], alpha=search["alpha"],
-                                 max_length=length + search["max_extra_length"])
-            for row, text in zip(chosen, self.tokenizer.decode_batch(np.asarray(outputs_BT))):
-                out[row] = text
-        return out
+        outputs = predict(self.model, self.params, ids, batch_size=batch_size,
+                          progress=progress, **search)
+        return self.tokenizer.decode_batch(outputs)
 
     def attention_maps(self, source: str, target: str) -> dict:
         """Where the decoder looks in `source` while it reads `target` (teacher-forced).
@@ -206,36 +125,3 @@ def cross_attention_weights(model: Transformer, params, inputs_BS, targets_BT):
     layers = state["intermediates"]["decoder"]
     return jnp.stack([layers[f"layer_{i}"]["cross_attention"]["attention_weights"][0]
                       for i in range(model.config.num_layers)])
-
-
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_length", "alpha"))
-def _search(model, params, inputs_BS, *, beam_size: int, max_length: int, alpha: float):
-    """Encode once, project the cross-attention keys once, then search step by step."""
-    variables = {"params": params}
-    memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
-    cache = model.apply(variables, memory_BSD, inputs_BS, max_length,
-                        method=Transformer.init_cache)
-    step = functools.partial(model.apply, variables, method=Transformer.decode_step)
-    batch = inputs_BS.shape[0]
-    if beam_size == 1:
-        return greedy_search(step, cache, batch_size=batch, max_length=max_length,
-                             eos_id=EOS_ID)
-    return beam_search(step, cache, batch_size=batch, beam_size=beam_size,
-                       max_length=max_length, alpha=alpha, eos_id=EOS_ID)[0]
-
-
-def score(hypotheses: list[str], references: list[str]) -> dict:
-    """Cased sacreBLEU and chrF of detokenized text, with the BLEU signature."""
-    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
-    return {"bleu": bleu.corpus_score(hypotheses, [references]).score,
-            "chrf": chrf.corpus_score(hypotheses, [references]).score,
-            "signature": str(bleu.get_signature())}
-
-
-def evaluate(translator: Translator, pairs: list[dict], **search) -> dict:
-    """Translates the sources of `pairs` and scores them against their targets."""
-    start = time.perf_counter()
-    hypotheses = translator.translate([p["source"] for p in pairs], progress=True, **search)
-    seconds = time.perf_counter() - start
-    return dict(score(hypotheses, [p["target"] for p in pairs]), hypotheses=hypotheses,
-                sentences_per_sec=len(pairs) / seconds)

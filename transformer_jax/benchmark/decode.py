@@ -19,21 +19,22 @@ from transformer_jax.benchmark.timing import compile_seconds, median_seconds
 from transformer_jax.token_ids import EOS_ID, PAD_ID
 from transformer_jax.decoding import beam_search, greedy_search
 from transformer_jax.model import Transformer
+from transformer_jax.train_state import init_params
 
 _LOWEST = jnp.finfo(jnp.float32).min
 
 
-def _never_end(logits_NV):
-    return logits_NV.at[:, jnp.array([PAD_ID, EOS_ID])].set(_LOWEST)
+def _never_end(logits_RV):
+    return logits_RV.at[:, jnp.array([PAD_ID, EOS_ID])].set(_LOWEST)
 
 
 def _cached_callback(model, variables, memory_BSD, inputs_BS, max_length):
     cache = model.apply(variables, memory_BSD, inputs_BS, max_length,
                         method=Transformer.init_cache)
 
-    def tokens_to_logits(ids_N1, cache):
-        logits_NV, cache = model.apply(variables, ids_N1, cache, method=Transformer.decode_step)
-        return _never_end(logits_NV), cache
+    def tokens_to_logits(ids_R1, cache):
+        logits_RV, cache = model.apply(variables, ids_R1, cache, method=Transformer.decode_step)
+        return _never_end(logits_RV), cache
 
     return tokens_to_logits, cache
 
@@ -46,15 +47,15 @@ def _uncached_callback(model, variables, memory_BSD, inputs_BS, max_length):
              # query i. Causality hides every later slot.
              "generated": jnp.full((batch, max_length), EOS_ID, jnp.int32)}
 
-    def tokens_to_logits(ids_N1, state):
+    def tokens_to_logits(ids_R1, state):
         i = state["index"][0]
         # ids are the token generated at step i - 1 (the start symbol at step 0).
-        written = lax.dynamic_update_slice(state["generated"], ids_N1, (0, jnp.maximum(i - 1, 0)))
+        written = lax.dynamic_update_slice(state["generated"], ids_R1, (0, jnp.maximum(i - 1, 0)))
         generated = jnp.where(i > 0, written, state["generated"])
-        logits_NTV = model.apply(variables, state["memory"], state["inputs"], generated,
+        logits_RTV = model.apply(variables, state["memory"], state["inputs"], generated,
                                  method=Transformer.decode)  # shifts right inside
-        logits_NV = lax.dynamic_index_in_dim(logits_NTV, i, axis=1, keepdims=False)
-        return _never_end(logits_NV), dict(state, generated=generated, index=state["index"] + 1)
+        logits_RV = lax.dynamic_index_in_dim(logits_RTV, i, axis=1, keepdims=False)
+        return _never_end(logits_RV), dict(state, generated=generated, index=state["index"] + 1)
 
     return tokens_to_logits, state
 
@@ -87,7 +88,7 @@ def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick
     config = model_configs()[name]
     model = Transformer(config)
     inputs_BS = jnp.asarray(synthetic_batch(config, batch, source_len)["inputs"])
-    params = jax.jit(model.init)(jax.random.key(0), inputs_BS[:1], inputs_BS[:1])["params"]
+    params = jax.jit(functools.partial(init_params, model))(jax.random.key(0))
     kwargs = dict(model=model, beam_size=beam_size, max_length=max_length, cached=cached)
     compiled, compile_s = compile_seconds(search, params, inputs_BS, **kwargs)
     seconds = median_seconds(lambda: compiled(params, inputs_BS).block_until_ready(),

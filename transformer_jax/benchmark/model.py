@@ -23,7 +23,8 @@ from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig, get_model_config
 from transformer_jax.optim import make_optimizer
 from transformer_jax.parallel import STRATEGIES, Parallel
-from transformer_jax.steps import TrainState, train_step
+from transformer_jax.steps import train_step
+from transformer_jax.train_state import create_train_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,9 +104,7 @@ def train_setup(config: ModelConfig, strategy: str, batch: dict):
     parallel = Parallel(strategy)
     model = Transformer(config)
     optimizer = make_optimizer(d_model=config.d_model)
-    params = jax.jit(model.init)(jax.random.key(0), batch["inputs"][:1], batch["targets"][:1])
-    state = parallel.put_state(TrainState.create(apply_fn=model.apply,
-                                                 params=params["params"], tx=optimizer.tx))
+    state = parallel.put_state(create_train_state(model, optimizer.tx, jax.random.key(0)))
     step_fn = functools.partial(train_step, model=model, seed=0, label_smoothing=0.1,
                                 learning_rate_fn=optimizer.learning_rate_fn)
     placed = parallel.put_batch(batch)

@@ -1,0 +1,35 @@
+"""--checkpoint's choice of steps and checkpoint averaging (the workdir cases run in
+tests/test_translation.py, through translate.py and evaluate.py)."""
+
+import numpy as np
+import pytest
+
+from transformer_jax.trained_params import CheckpointChoiceError, average_params, chosen_steps
+
+STEPS = [2, 4, 6]
+
+
+def test_latest_a_step_and_the_last_n():
+    assert chosen_steps(STEPS, "latest") == [6]
+    assert chosen_steps(STEPS, "4") == [4]
+    assert chosen_steps(STEPS, "average:1") == [6]
+    assert chosen_steps(STEPS, "average:3") == [2, 4, 6]
+
+
+@pytest.mark.parametrize("which, message", [
+    ("3", r"checkpoint '3': use latest, a step \(2, 4, 6\) or average:N"),
+    ("average:4", r"average:4 needs 4 checkpoints; there are 3 \(2, 4, 6\)"),
+    ("average:0", "average:0 needs 0 checkpoints"),
+    ("average:x", "average:N needs a number of checkpoints N"),
+    ("newest", "use latest, a step"),
+])
+def test_a_choice_naming_no_saved_step_is_refused(which, message):
+    with pytest.raises(CheckpointChoiceError, match=message):
+        chosen_steps(STEPS, which)
+
+
+def test_average_params_is_the_element_wise_mean():
+    trees = [{"w": np.array([1.0, 3.0]), "b": np.array(0.0)},
+             {"w": np.array([3.0, 5.0]), "b": np.array(3.0)}]
+    averaged = average_params(trees)
+    assert averaged["w"].tolist() == [2.0, 4.0] and averaged["b"] == 1.5

@@ -1,0 +1,56 @@
+"""Output ids for many sources: length-sorted, bucketed batches through `predict_step`.
+
+    outputs = predict(model, params, tokenizer.encode_batch(sources, add_eos=True),
+                      beam_size=4, alpha=0.6, max_extra_length=50)
+    tokenizer.decode_batch(outputs)  # the translations, in the sources' order
+
+Used by `Translator.translate` and by the trainer's BLEU evaluation alike.
+"""
+
+import jax
+import numpy as np
+import tqdm
+
+from transformer_jax.steps import predict_step
+from transformer_jax.token_ids import PAD_ID
+
+BUCKET = 8  # source lengths are rounded up to a multiple of this: fewer compilations
+
+_predict_step = jax.jit(predict_step,
+                        static_argnames=("model", "beam_size", "max_length", "alpha"))
+
+
+def _padded_batch(rows: list[list[int]], batch_size: int) -> np.ndarray:
+    """`rows` as one int32 `(B, S)` array: S the longest row rounded up to a multiple of
+    BUCKET, B the row count rounded up to a power of two (at most `batch_size`); PAD_ID
+    fills the rest, so few shapes compile."""
+    length = -(-max(len(ids) for ids in rows) // BUCKET) * BUCKET
+    height = min(batch_size, 1 << (len(rows) - 1).bit_length())
+    inputs_BS = np.full((height, length), PAD_ID, np.int32)
+    for row, ids in enumerate(rows):
+        inputs_BS[row, :len(ids)] = ids
+    return inputs_BS
+
+
+def predict(model, params, source_ids: list[list[int]], *, beam_size: int, alpha: float,
+            max_extra_length: int, batch_size: int = 32,
+            progress: bool = False) -> list[np.ndarray]:
+    """The output ids of each source (ids ending with EOS), in the sources' order.
+
+    Sources are sorted by length and searched `batch_size` at a time, so similar
+    lengths share a compiled search; each batch's outputs run up to its padded
+    source length + `max_extra_length` tokens (§6.1: input length + 50). `beam_size`
+    1 is greedy search. Each output is a 1-D array that `Tokenizer.decode` reads up
+    to its first EOS.
+    """
+    order = sorted(range(len(source_ids)), key=lambda i: len(source_ids[i]))
+    outputs: list[np.ndarray] = [np.zeros((0,), np.int32)] * len(source_ids)
+    starts = range(0, len(order), batch_size)
+    for start in tqdm.tqdm(starts, desc="translating", unit="batch", disable=not progress):
+        chosen = order[start:start + batch_size]
+        inputs_BS = _padded_batch([source_ids[i] for i in chosen], batch_size)
+        outputs_BT = _predict_step(params, inputs_BS, model=model, beam_size=beam_size,
+                                   alpha=alpha, max_length=inputs_BS.shape[1] + max_extra_length)
+        for i, output_T in zip(chosen, np.asarray(outputs_BT)):
+            outputs[i] = output_T
+    return outputs

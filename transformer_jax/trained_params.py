@@ -1,0 +1,92 @@
+"""The parameters a trained run translates with, chosen by `--checkpoint`.
+
+    latest     the newest checkpoint that restores (a damaged newer one is skipped)
+    N          the checkpoint of step N
+    average:N  the element-wise mean of the last N checkpoints (§6.1: the base models
+               average the last 5, the big ones the last 20)
+
+Only the parameters are read (`Checkpointer.restore_params`), into the shapes of the
+model the checkpoint's metadata describes: the optimizer is never rebuilt, so a run
+whose optimizer or optim config this version cannot build still translates.
+"""
+
+import os
+from typing import NamedTuple
+
+import jax
+
+from transformer_jax.checkpoint import Checkpointer, DamagedCheckpointError
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.train_state import abstract_params
+
+
+class CheckpointChoiceError(ValueError):
+    """No checkpoint to use: none saved, none that reads, or a --checkpoint naming none."""
+
+
+class TrainedParams(NamedTuple):
+    """The chosen steps, the metadata of the last one, its model and the parameters."""
+
+    steps: list[int]
+    metadata: dict
+    model: Transformer
+    params: dict
+
+
+def chosen_steps(steps: list[int], which: str) -> list[int]:
+    """The steps among the saved `steps` (ascending) that `which` names."""
+    if which == "latest":
+        return steps[-1:]
+    if which.startswith("average:"):
+        count = which.removeprefix("average:")
+        if not count.isdigit():
+            raise CheckpointChoiceError(f"checkpoint {which!r}: average:N needs a number of "
+                                        f"checkpoints N, e.g. average:5")
+        n = int(count)
+        if not 1 <= n <= len(steps):
+            raise CheckpointChoiceError(f"average:{n} needs {n} checkpoints; there are "
+                                        f"{len(steps)} ({', '.join(map(str, steps))})")
+        return steps[-n:]
+    if which.isdigit() and int(which) in steps:
+        return [int(which)]
+    listed = ", ".join(map(str, steps))
+    raise CheckpointChoiceError(f"checkpoint {which!r}: use latest, a step ({listed}) "
+                                f"or average:N")
+
+
+def average_params(param_trees):
+    """The element-wise mean of several parameter trees (§6.1: checkpoint averaging)."""
+    return jax.tree.map(lambda *leaves: sum(leaves) / len(leaves), *param_trees)
+
+
+def _read(checkpointer: Checkpointer, step: int) -> TrainedParams:
+    metadata = checkpointer.metadata(step)
+    model = Transformer(ModelConfig(**metadata["model"]))
+    params = checkpointer.restore_params(step, abstract_params(model))
+    return TrainedParams([step], metadata, model, params)
+
+
+def load_trained_params(workdir: str, which: str = "latest") -> TrainedParams:
+    """The parameters of `workdir`'s checkpoints that `which` names (see above)."""
+    directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    if not os.path.isdir(directory):
+        raise CheckpointChoiceError(f"{workdir} has no checkpoints; train first "
+                                    f"(python train.py --workdir={workdir})")
+    with Checkpointer(directory, keep=1_000_000) as checkpointer:
+        steps = checkpointer.all_steps()
+        if not steps:
+            raise CheckpointChoiceError(f"no checkpoint in {directory}; train first "
+                                        f"(python train.py --workdir=...)")
+        steps = chosen_steps(steps, which)
+        if which == "latest":  # the newest that restores; training moves damaged ones
+            found = checkpointer.newest(lambda s: _read(checkpointer, s), move_aside=False)
+            if found is None:
+                raise CheckpointChoiceError(f"no checkpoint in {directory} can be read")
+            return found[1]
+        try:
+            reads = [checkpointer.read(s, lambda s: _read(checkpointer, s)) for s in steps]
+        except DamagedCheckpointError as error:
+            raise CheckpointChoiceError(f"{error}; --checkpoint=latest falls back to the "
+                                        f"newest that restores") from None
+    return reads[-1]._replace(steps=steps, params=average_params([r.params for r in reads]))
