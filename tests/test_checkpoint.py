@@ -20,6 +20,9 @@ from transformer_jax.checkpoint import Checkpointer, DamagedCheckpointError
 DATA_STATES = [{"next_index": 7, "worker": 0}, {"next_index": 9, "worker": 1}]
 METADATA = {"config": {"lr": 0.5, "layers": [6, 6]}, "tokenizer": "/tmp/spm.model"}
 
+# The states saved here take optax Adam steps directly (see conftest.py).
+pytestmark = pytest.mark.usefixtures("standard_dtype_promotion")
+
 
 @pytest.fixture
 def open_checkpointer(tmp_path):

@@ -87,7 +87,8 @@ def test_train_py_with_two_processes(tmp_path):
                     TFDS_DATA_DIR=str(tmp_path / "tfds"))
     launch([command + [f"--process_id={i}"] for i in range(2)], tmp_path, env)
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
-    assert [line.split(",")[0] for line in lines] == ['{"step": 2', '{"step": 4', '{"step": 4']
+    # Step 4: the training record, the evaluation and BLEU (due at the last step).
+    assert [line.split(",")[0] for line in lines] == ['{"step": 2'] + ['{"step": 4'] * 3
     from transformer_jax.checkpoint import Checkpointer
 
     checkpointer = Checkpointer(str(workdir / "checkpoints"), keep=1)

@@ -11,6 +11,9 @@ from transformer_jax.optim import learning_rate, learning_rate_schedule, make_op
 
 BASE = dict(d_model=512, warmup_steps=4000)
 
+# These tests call optax directly (the train step does so under standard promotion).
+pytestmark = pytest.mark.usefixtures("standard_dtype_promotion")
+
 
 # --- learning_rate ------------------------------------------------------------
 

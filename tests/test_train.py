@@ -16,6 +16,7 @@ import tensorflow_datasets as tfds
 from run_configs import ROOT, load_config, tiny_run
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config_checks import writable_folder
+from transformer_jax.parallel import Parallel
 from transformer_jax.trainer import ConfigError, NonFiniteLossError, check_config, train
 
 
@@ -50,6 +51,20 @@ def test_one_step_on_mock_tfds_data(tmp_path):
     with tfds.testing.mock_data(as_data_source_fn=lambda builder, split, **_: MOCK_WMT):
         result = train(config, str(tmp_path))
     assert result.step == 1 and records(tmp_path)[-1]["eval_loss"] > 0
+
+
+def test_each_steps_metrics_reach_the_host_once(tmp_path, monkeypatch):
+    """Steps 2 and 4 both log and save: each step's metrics are fetched once, not once per
+    periodic action (no evaluation here, which fetches its own sums)."""
+    fetched = []
+    to_host = Parallel.to_host
+    monkeypatch.setattr(Parallel, "to_host", lambda self, tree: fetched.append(
+        sorted(tree)) or to_host(self, tree))
+    result = train(tiny_run(num_train_steps=4, log_every_steps=2, checkpoint_every_steps=2,
+                            num_eval_batches=0), str(tmp_path))
+    assert [r["step"] for r in result.records] == [2, 4]
+    assert len(fetched) == 4 and all("loss_sum" in keys for keys in fetched)
+    assert Checkpointer(str(tmp_path / "checkpoints"), keep=2).all_steps() == [2, 4]
 
 
 def test_loss_falls_over_30_steps(tmp_path):

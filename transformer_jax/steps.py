@@ -81,7 +81,8 @@ def train_step(state: TrainState, batch, *, model, seed: int, label_smoothing: f
     grads = jax.tree.map(lambda g: g / jnp.maximum(counts["weight_sum"], 1.0), grads)
     metrics = dict(counts, grad_norm=optax.tree.norm(grads),
                    learning_rate=learning_rate_fn(state.step))
-    return state.apply_gradients(grads=grads), metrics
+    with jax.numpy_dtype_promotion("standard"):  # optax's Adam: a float to an int32 power
+        return state.apply_gradients(grads=grads), metrics
 
 
 def _loss_and_counts(params, batch, *, model, label_smoothing, dropout_key):

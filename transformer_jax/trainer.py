@@ -19,6 +19,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -121,6 +123,59 @@ def _data_and_tokenizer(data_config, workdir: str):
     return train_split, get_tokenizer(data_config, workdir, whole)
 
 
+def _due(step: int, every: int, last_step: int) -> bool:
+    """Every `every` steps and at the last one; never when `every` is 0."""
+    return every > 0 and (step % every == 0 or step == last_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Periodic:
+    """Work the training loop does every `every` steps (0: never), at the last step, and,
+    with `on_stop`, at the step a stop signal ends: `run(step, placed_state)`."""
+
+    every: int
+    run: Callable[[int, Any], None]
+    on_stop: bool = False
+
+    def due(self, step: int, last_step: int, stopped: bool) -> bool:
+        return _due(step, self.every, last_step) or (stopped and self.on_stop)
+
+
+class _Window:
+    """The training metrics since the last record: the steps' device values until
+    `fetch` brings them to the host, once each, then their host values."""
+
+    def __init__(self):
+        self.pending, self.rows, self.started = [], [], time.perf_counter()
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+    def fetch(self, parallel: Parallel, step: int) -> None:
+        """Host values of the pending steps (waits for them); raises on a non-finite loss."""
+        rows = [parallel.to_host(m) for m in self.pending]
+        for offset, row in enumerate(rows):
+            if not math.isfinite(row["loss_sum"]):
+                raise NonFiniteLossError(
+                    f"the loss is {row['loss_sum']} at step {step - len(rows) + offset + 1}; "
+                    f"stopped without saving it (try a lower learning_rate_scale or "
+                    f"grad_clip_norm > 0)")
+        self.pending, self.rows = [], self.rows + rows
+
+    def summary(self) -> dict[str, float]:
+        """The record of the fetched steps, which it empties: means, the last rate, tokens/s."""
+        rows, seconds = self.rows, time.perf_counter() - self.started
+        tokens = sum(r["weight_sum"] for r in rows)
+        self.rows = []
+        return {
+            "loss": sum(r["loss_sum"] for r in rows) / max(tokens, 1.0),
+            "accuracy": sum(r["correct_sum"] for r in rows) / max(tokens, 1.0),
+            "learning_rate": rows[-1]["learning_rate"],
+            "grad_norm": rows[-1]["grad_norm"],
+            "tokens_per_sec": tokens / seconds,
+        }
+
+
 @dataclasses.dataclass
 class TrainResult:
     """What a call of `train` did: its last step and the records it logged."""
@@ -189,6 +244,7 @@ class _Loop:
             max_source_length=d.max_source_length, max_target_length=d.max_target_length,
             too_long=d.too_long, seed=config.seed, num_threads=d.num_threads))
         self.state = create_train_state(self.model, optimizer.tx, jax.random.key(config.seed))
+        self._window = _Window()
 
     def run(self, stop: _StopSignal) -> TrainResult:
         found = self.checkpointer.newest(lambda step: self.checkpointer.restore(step, self.state))
@@ -207,33 +263,22 @@ class _Loop:
         elif self.config.num_eval_batches == 0:
             log.message("nothing to evaluate (num_eval_batches=0): "
                         "the run logs no eval_loss, eval_accuracy or eval_perplexity")
+        work = self._periodic_work(log, records)
         try:
-            window, window_start = [], time.perf_counter()
+            self._window.start()
             stop.training = True
             while step < self.config.num_train_steps:
                 placed, metrics = self.p_train(placed, self.parallel.put_batch(next(self.data)))
                 step += 1
-                window.append(metrics)
+                self._window.pending.append(metrics)
                 stopped = self._stop_requested(stop, step)
-                if self._due(step, "checkpoint") or stopped:
-                    self._check_finite(window, step)  # never save a broken state
-                if self._due(step, "log") or stopped:
-                    record = self._summarize(window, step, window_start)
-                    records.append({"step": step, **record})
-                    log.write(step, record)
-                    log.progress(step, record)
-                    window = []
-                if self._eval_due(step) or self._bleu_due(step):
-                    record = self._evaluate(placed) if self._eval_due(step) else {}
-                    if self._bleu_due(step):
-                        record.update(self._bleu(placed))
-                    log.write(step, record)
-                    log.message(f"step {step}: " + ", ".join(
-                        f"{k} {v:.4g}" for k, v in record.items()))
-                if self._due(step, "checkpoint") or stopped:
-                    self._save(step, placed)
-                if not window:  # evaluation and saving do not count as training time
-                    window_start = time.perf_counter()
+                due = [w for w in work if w.due(step, self.config.num_train_steps, stopped)]
+                if due:  # the window's metrics reach the host once; never save a broken state
+                    self._window.fetch(self.parallel, step)
+                for periodic in due:
+                    periodic.run(step, placed)
+                if not self._window.rows and not self._window.pending:
+                    self._window.start()  # evaluating and saving are not training time
                 if stopped:
                     log.message(f"stopped at step {step}; saved to "
                                 f"{self.checkpointer.directory}/{step}")
@@ -244,18 +289,33 @@ class _Loop:
             log.close()
         return TrainResult(step, records, stopped)
 
-    def _due(self, step: int, what: str) -> bool:
-        every = self.config[f"{what}_every_steps"]
-        return step % every == 0 or step == self.config.num_train_steps
+    def _periodic_work(self, log: RunLog, records: list[dict]) -> list["_Periodic"]:
+        """What the loop does between steps, in this order: log the training metrics,
+        evaluate, measure BLEU, save. Logging and saving also happen at a stop."""
+        c = self.config
+        evaluable = bool(self.eval_pairs)
 
-    def _eval_due(self, step: int) -> bool:
-        return (self._due(step, "eval") and self.config.num_eval_batches != 0
-                and bool(self.eval_pairs))
+        def log_train(step, placed):
+            record = self._window.summary()
+            records.append({"step": step, **record})
+            log.write(step, record)
+            log.progress(step, record)
 
-    def _bleu_due(self, step: int) -> bool:
-        every = self.config.decode.bleu_every_steps
-        return (every > 0 and bool(self.eval_pairs)
-                and (step % every == 0 or step == self.config.num_train_steps))
+        def log_eval(measure):
+            def run(step, placed):
+                record = measure(placed)
+                log.write(step, record)
+                log.message(f"step {step}: " + ", ".join(
+                    f"{k} {v:.4g}" for k, v in record.items()))
+            return run
+
+        return [
+            _Periodic(c.log_every_steps, log_train, on_stop=True),
+            _Periodic(c.eval_every_steps if evaluable and c.num_eval_batches != 0 else 0,
+                      log_eval(self._evaluate)),
+            _Periodic(c.decode.bleu_every_steps if evaluable else 0, log_eval(self._bleu)),
+            _Periodic(c.checkpoint_every_steps, self._save, on_stop=True),
+        ]
 
     def _bleu(self, placed) -> dict[str, float]:
         """sacreBLEU of beam search on the first `decode.bleu_examples` validation pairs."""
@@ -271,31 +331,9 @@ class _Loop:
     def _stop_requested(self, stop: _StopSignal, step: int) -> bool:
         if jax.process_count() == 1:
             return stop.requested
-        return self._due(step, "log") and stop.agreed()  # a collective: only at log steps
-
-    def _check_finite(self, window, step: int) -> list[dict[str, float]]:
-        """Host values of the steps since the last record; raises on a non-finite loss."""
-        rows = [self.parallel.to_host(m) for m in window]  # waits for the window's steps
-        for offset, row in enumerate(rows):
-            if not math.isfinite(row["loss_sum"]):
-                raise NonFiniteLossError(
-                    f"the loss is {row['loss_sum']} at step {step - len(rows) + offset + 1}; "
-                    f"stopped without saving it (try a lower learning_rate_scale or "
-                    f"grad_clip_norm > 0)")
-        return rows
-
-    def _summarize(self, window, step: int, window_start: float) -> dict[str, float]:
-        """The record of the steps since the last one: means, the last rate, tokens/s."""
-        rows = self._check_finite(window, step)
-        seconds = time.perf_counter() - window_start
-        tokens = sum(r["weight_sum"] for r in rows)
-        return {
-            "loss": sum(r["loss_sum"] for r in rows) / max(tokens, 1.0),
-            "accuracy": sum(r["correct_sum"] for r in rows) / max(tokens, 1.0),
-            "learning_rate": rows[-1]["learning_rate"],
-            "grad_norm": rows[-1]["grad_norm"],
-            "tokens_per_sec": tokens / seconds,
-        }
+        # A collective, so only at the steps that log, where every process agrees to look.
+        c = self.config
+        return _due(step, c.log_every_steps, c.num_train_steps) and stop.agreed()
 
     def _evaluate(self, placed) -> dict[str, float]:
         """Loss (no label smoothing), accuracy and perplexity on the validation split."""
