@@ -16,7 +16,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_layers=2",
-        "--config.data.numbers_size=small", "--config.data.num_threads=1",
+        "--config.data.numbers_size=small", 
         "--config.decode.bleu_every_steps=0"]
 
 BAD_CONFIGS = [f"--config.{c}" for c in (
@@ -24,7 +24,7 @@ BAD_CONFIGS = [f"--config.{c}" for c in (
     "per_device_batch_size=-1", "accumulation_steps=0", "log_every_steps=0",
     "eval_every_steps=0", "checkpoint_every_steps=0", "checkpoints_to_keep=0", "seed=-1",
     "num_eval_batches=-2", "parallelism=mpi", "data.too_long=wrap", "data.numbers_size=medium",
-    "data.max_source_length=0", "data.max_target_length=1", "data.num_threads=0",
+    "data.max_source_length=0", "data.max_target_length=1", "data.num_workers=-1",
     "decode.beam_size=0", "decode.alpha=-0.5", "decode.bleu_every_steps=-1",
     "decode.max_extra_length=-1", "decode.bleu_examples=0", "model.num_heads=5",
     "model.d_model=0", "model.num_layers=0", "model.dropout_rate=1.5",

@@ -23,7 +23,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = ["--config=configs/default.py", "--config.model.d_model=32", "--config.model.d_ff=64",
          "--config.model.num_layers=2", "--config.data.numbers_size=small",
-         "--config.data.num_threads=1", "--config.optim.warmup_steps=10",
+         "--config.optim.warmup_steps=10",
          "--config.num_train_steps=60", "--config.checkpoint_every_steps=5",
          "--config.log_every_steps=5", "--config.eval_every_steps=60",
          "--config.decode.bleu_every_steps=0"]

@@ -22,7 +22,6 @@ def tiny_run(**overrides):
     config = load_config("default")
     config.model = model_fields("tiny")
     config.data.numbers_size = "small"
-    config.data.num_threads = 1
     config.data.max_source_length = 12
     config.data.max_target_length = 24
     config.per_device_batch_size = 1  # 8 simulated devices: 8 rows

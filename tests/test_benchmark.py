@@ -20,7 +20,8 @@ POSITIVE = {
     "attention": ("ms", "tflops", "peak_tflops", "peak_fraction", "memory_bytes"),
     "model": ("step_ms", "tokens_per_sec", "compile_s", "tflops", "mfu"),
     "decode": ("ms", "tokens_per_sec", "sentences_per_sec", "compile_s"),
-    "pipeline": ("batches_per_sec", "examples_per_sec", "tokens_per_sec"),
+    "pipeline": ("batches_per_sec", "examples_per_sec", "tokens_per_sec", "source_fill",
+                 "target_fill", "first_batch_s", "resume_s", "prepare_s", "pairs_per_sec"),
     "compare": ("step_ms", "tflops"),
 }
 
@@ -40,6 +41,11 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
                 assert row[field] > 0, (field, row)
     present = {field for row in result["results"] for field in row}
     assert set(POSITIVE[suite]) <= present
+    if suite == "pipeline":  # fills are shares; a resume gives the batch read the first time
+        assert all(row.get(f, 0) <= 1 for row in result["results"] for f in ("source_fill",
+                                                                               "target_fill"))
+        assert [row["resumed_exactly"] for row in result["results"] if "resume_s" in row] == [
+            True]
     assert "tflops" in capsys.readouterr().out or suite in ("decode", "pipeline")
 
 
@@ -171,11 +177,14 @@ def test_torch_peer_is_the_same_model():
     assert peer_total == count_parameters(config)["total"] + 2 * 2 * config.d_model
 
 
-def test_packed_counts():
-    batch = {"inputs": np.array([[5, 6, 1, 7, 1, 0], [8, 1, 0, 0, 0, 0]]),
-             "targets": np.array([[9, 1, 9, 9, 1, 0], [4, 4, 1, 0, 0, 0]]),
-             "targets_segmentation": np.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 0, 0, 0]])}
-    assert _packed_counts(batch) == (3, 7, 8)
+def test_pipeline_packed_counts():
+    """Examples from the target segments; tokens are the non-padding positions per side,
+    under our keys and under grain's packers' keys."""
+    segments = {"inputs": np.array([[1, 1, 2, 2, 2, 0], [1, 1, 0, 0, 0, 0]]),
+                "targets": np.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 0, 0, 0]])}
+    for suffix in ("_segmentation", "_segment_ids"):
+        batch = {key + suffix: value for key, value in segments.items()}
+        assert _packed_counts(batch, suffix) == (3, 7, 8)
 
 
 def test_table_aligns_every_key():
@@ -246,11 +255,46 @@ def test_back_to_back_queues_calls_and_waits_for_the_last():
     assert len(calls) == 7
 
 
-def test_pipeline_adds_the_gpu_batch_on_hosts_of_many_cores(monkeypatch):
+def test_pipeline_adds_workers_on_hosts_of_many_cores(monkeypatch):
+    """The default run's batch at 0-2 workers everywhere; the GPU step's batch on the WMT-like
+    corpus at 0-2 workers, and up to 16 where there are cores for them."""
     from transformer_jax.benchmark import pipeline
 
-    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 16)
-    assert [case for case in pipeline.cases(False) if case[1] == 256] == [
-        (96, 256, 256, threads) for threads in (1, 4, 8, 16)]
-    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 2)
-    assert all(case[1] == 16 for case in pipeline.cases(False))
+    def workers(data, cores):
+        monkeypatch.setattr(pipeline.os, "cpu_count", lambda: cores)
+        chosen = [case for case in pipeline.cases(False) if case.data == data]
+        sizes = {(case.rows, case.source_length, case.target_length) for case in chosen}
+        assert sizes == ({(64, 16, 32)} if data == "numbers" else {(96, 256, 256)})
+        return [case.workers for case in chosen]
+
+    assert workers("wmt", 16) == [0, 1, 2, 4, 8, 16]
+    assert workers("wmt", 12) == [0, 1, 2, 4, 8]
+    assert workers("wmt", 2) == workers("numbers", 16) == workers("numbers", 2) == [0, 1, 2]
+    assert [case.workers for case in pipeline.cases(True)] == [0, 0]
+
+
+def test_pipeline_corpus_has_wmt_like_lengths_and_is_deterministic(tmp_path):
+    """Aligned files of 20,000 lines: source words 25 ± 12 (log-normal), each target ≈ 1.05 ×
+    its own source, Zipf word frequencies; the same seed writes the same bytes."""
+    from transformer_jax.benchmark.corpus import write_wmt_like_corpus
+
+    write_wmt_like_corpus(str(tmp_path / "a"), 20_000, seed=3)
+    lines = {lang: (tmp_path / "a" / f"train.{lang}").read_text().split("\n")
+             for lang in ("en", "de")}
+    assert all(len(side) == 20_001 and side[-1] == "" for side in lines.values())
+    words = {lang: [line.split(" ") for line in side[:-1]] for lang, side in lines.items()}
+    en = np.array([len(w) for w in words["en"]])
+    de = np.array([len(w) for w in words["de"]])
+    assert 24.5 < en.mean() < 25.5 and 11.3 < en.std() < 12.7 and 1 <= en.min()
+    assert 1.03 < np.median(de / en) < 1.07 and np.corrcoef(en, de)[0, 1] > 0.9
+    _, counts = np.unique(np.concatenate([np.array(w) for w in words["en"]]),
+                          return_counts=True)
+    counts = np.sort(counts)[::-1]
+    assert 0.12 < counts[:10].sum() / counts.sum() < 0.16  # ln(12.7 / 2.7) / ln(2e5 / 2.7)
+    assert all(word.isalpha() and word.islower() for word in words["de"][0])
+    assert len((tmp_path / "a" / "test.de").read_text().splitlines()) == 1000
+    write_wmt_like_corpus(str(tmp_path / "b"), 20_000, seed=3)
+    write_wmt_like_corpus(str(tmp_path / "c"), 20_000, seed=4)
+    same = (tmp_path / "b" / "train.de").read_bytes() == (tmp_path / "a" / "train.de").read_bytes()
+    other = (tmp_path / "c" / "train.de").read_bytes() != (tmp_path / "a" / "train.de").read_bytes()
+    assert same and other

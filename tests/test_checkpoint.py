@@ -1,15 +1,18 @@
 """Checkpointer: round trips, retention, async visibility, resharding on restore, and the
 parameters restored alone."""
 
+import pathlib
 import shutil
 import subprocess
 import sys
 import threading
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from flax.training import train_state
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -17,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from run_configs import biggest_array_file
 from transformer_jax.checkpoint import Checkpointer, DamagedCheckpointError
 
-DATA_STATES = [{"next_index": 7, "worker": 0}, {"next_index": 9, "worker": 1}]
+DATA_POSITION = 7  # the training-data iterator has given this many elements
 METADATA = {"config": {"lr": 0.5, "layers": [6, 6]}, "tokenizer": "/tmp/spm.model"}
 
 # The states saved here take optax Adam steps directly (see conftest.py).
@@ -69,9 +72,17 @@ def assert_trees_equal(actual, expected):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
 
 
+def data_iterator(position: int = 0):
+    """A grain iterator over 0, 1, 2, ... that has given `position` elements."""
+    iterator = iter(grain.MapDataset.range(1000).to_iter_dataset())
+    for _ in range(position):
+        next(iterator)
+    return iterator
+
+
 def save_small(checkpointer, step, state=None):
     state = make_state() if state is None else state
-    checkpointer.save(step, state, data_states=DATA_STATES, metadata=METADATA)
+    checkpointer.save(step, state, data_iterator=data_iterator(DATA_POSITION), metadata=METADATA)
 
 
 def test_train_state_round_trip(open_checkpointer):
@@ -81,13 +92,35 @@ def test_train_state_round_trip(open_checkpointer):
     save_small(checkpointer, 2, state)
     checkpointer.wait()
     abstract = jax.tree.map(abstract_leaf, state)
-    restored, data_states, metadata = checkpointer.restore(2, abstract)
+    fresh = data_iterator()
+    restored, metadata = checkpointer.restore(2, abstract, fresh)
     assert isinstance(restored, train_state.TrainState)
     assert_trees_equal(restored, state)
     assert isinstance(restored.step, int)  # TrainState.create's Python int step stays an int
     assert restored.tx is state.tx  # static fields come from the abstract state
-    assert data_states == DATA_STATES
+    assert next(fresh) == DATA_POSITION  # the iterator continues where the saved one was
     assert metadata == METADATA
+    # grain's own item: one file for this process, holding the position.
+    (saved,) = pathlib.Path(checkpointer.directory, "2", "data_iterator").glob("process_*")
+    assert saved.name == "process_0-of-1.json"
+
+
+def test_a_checkpoint_without_the_data_iterator_item_restores_with_a_warning(tmp_path):
+    """A checkpoint of an older version (a JSON "data" item instead of grain's) still
+    restores its state; the data iterator stays at its start, and a warning says so."""
+    state = {"w": jnp.arange(6.0), "step": jnp.int32(3)}
+    old = ocp.CheckpointManager(str(tmp_path))
+    old.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                        data=ocp.args.JsonSave({"data_states": [{"a": 1}]}),
+                                        metadata=ocp.args.JsonSave(METADATA)))
+    old.wait_until_finished()
+    old.close()
+    with Checkpointer(str(tmp_path), keep=3) as checkpointer:
+        fresh = data_iterator()
+        with pytest.warns(UserWarning, match="no data_iterator item .* starts its shuffle again"):
+            restored, metadata = checkpointer.restore(3, state, fresh)
+    assert_trees_equal(restored, state)
+    assert metadata == METADATA and next(fresh) == 0
 
 
 def test_restore_from_concrete_arrays(open_checkpointer):
@@ -97,7 +130,7 @@ def test_restore_from_concrete_arrays(open_checkpointer):
     checkpointer.wait()
     # Zeros in place of every array; same tx, so the tree structures compare equal.
     target = jax.tree.map(lambda x: jnp.zeros_like(x) if isinstance(x, jax.Array) else 0, state)
-    restored, _, _ = checkpointer.restore(1, target)
+    restored, _ = checkpointer.restore(1, target)
     assert_trees_equal(restored, state)
 
 
@@ -141,7 +174,7 @@ def test_save_same_step_twice_is_a_no_op(open_checkpointer):
     save_small(checkpointer, 1, make_state(seed=3))  # after it
     checkpointer.wait()
     assert checkpointer.all_steps() == [1]
-    restored, _, _ = checkpointer.restore(1, first)
+    restored, _ = checkpointer.restore(1, first)
     assert_trees_equal(restored, first)
 
 
@@ -198,10 +231,10 @@ def test_restore_replicated_into_replicated(open_checkpointer):
     sharding = replicated_sharding()
     state = jax.device_put({"w": jnp.arange(24.0).reshape(8, 3), "step": jnp.int32(4)}, sharding)
     checkpointer = open_checkpointer()
-    checkpointer.save(4, state, data_states=DATA_STATES, metadata=METADATA)
+    checkpointer.save(4, state, data_iterator=data_iterator(), metadata=METADATA)
     checkpointer.wait()
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), state)
-    restored, _, _ = checkpointer.restore(4, abstract)
+    restored, _ = checkpointer.restore(4, abstract)
     assert_trees_equal(restored, state)
     for leaf in jax.tree.leaves(restored):
         assert leaf.sharding == sharding
@@ -212,7 +245,7 @@ def test_restore_single_device_into_replicated_and_sharded(open_checkpointer):
     state = {"w": jnp.arange(24.0).reshape(8, 3), "b": jnp.ones((3,), jnp.bfloat16)}
     assert len(state["w"].devices()) == 1
     checkpointer = open_checkpointer()
-    checkpointer.save(1, state, data_states=DATA_STATES, metadata=METADATA)
+    checkpointer.save(1, state, data_iterator=data_iterator(), metadata=METADATA)
     checkpointer.wait()
     replicated = replicated_sharding()
     row_sharded = NamedSharding(replicated.mesh, PartitionSpec("data"))
@@ -220,7 +253,7 @@ def test_restore_single_device_into_replicated_and_sharded(open_checkpointer):
     abstract = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
     )
-    restored, _, _ = checkpointer.restore(1, abstract)
+    restored, _ = checkpointer.restore(1, abstract)
     assert_trees_equal(restored, state)
     assert restored["w"].sharding == row_sharded
     assert restored["b"].sharding == replicated
@@ -234,10 +267,10 @@ def test_donating_state_right_after_async_save_keeps_saved_values(open_checkpoin
     expected = jax.tree.map(np.array, state)
     overwrite = jax.jit(lambda tree: jax.tree.map(lambda x: -x, tree), donate_argnums=0)
     checkpointer = open_checkpointer()
-    checkpointer.save(1, state, data_states=DATA_STATES, metadata=METADATA)
+    checkpointer.save(1, state, data_iterator=data_iterator(), metadata=METADATA)
     new_state = jax.block_until_ready(overwrite(state))
     checkpointer.wait()
-    restored, _, _ = checkpointer.restore(1, new_state)
+    restored, _ = checkpointer.restore(1, new_state)
     assert_trees_equal(restored, expected)
 
 
@@ -252,8 +285,9 @@ DAMAGE = {
     "deleted array file": lambda d: biggest_array_file(d).unlink(),
     "overwritten array file": lambda d: biggest_array_file(d).write_bytes(b"\0" * 4096),
     "truncated metadata item": lambda d: (d / "metadata" / "metadata").write_text("{"),
-    "deleted data-state item": lambda d: (d / "data" / "metadata").unlink(),
-    "overwritten data-state item": lambda d: (d / "data" / "metadata").write_text("[]]"),
+    "deleted data-iterator file": lambda d: (d / "data_iterator" / "process_0-of-1.json").unlink(),
+    "overwritten data-iterator file": lambda d: (
+        d / "data_iterator" / "process_0-of-1.json").write_text("[]]"),
     "truncated array manifest": lambda d: (d / "state" / "manifest.ocdbt").write_bytes(b"x"),
     "emptied step folder": _empty,
 }
@@ -270,7 +304,7 @@ def two_steps(tmp_path_factory):
     directory = tmp_path_factory.mktemp("two") / "ckpt"
     with Checkpointer(str(directory), keep=3) as checkpointer:
         for step in (2, 4):
-            checkpointer.save(step, large_state(step), data_states=[{"at": step}],
+            checkpointer.save(step, large_state(step), data_iterator=data_iterator(step),
                               metadata={"step": step})
     return directory
 
@@ -284,10 +318,11 @@ def test_a_damaged_newest_step_is_moved_aside_and_the_one_before_restores(
     checkpointer = open_checkpointer(directory=directory)
     with pytest.warns(UserWarning, match=r"checkpoint 4 cannot be read, using an earlier one: "
                                          r".*ckpt/4 \(moved to .*ckpt-damaged/4-\d+\)") as caught:
-        step, (state, data_states, metadata) = checkpointer.newest(
-            lambda s: checkpointer.restore(s, large_state(0)))
+        fresh = data_iterator()
+        step, (state, metadata) = checkpointer.newest(
+            lambda s: checkpointer.restore(s, large_state(0), fresh))
     assert len([w for w in caught if "cannot be read" in str(w.message)]) == 1
-    assert (step, data_states, metadata) == (2, [{"at": 2}], {"step": 2})
+    assert (step, next(fresh), metadata) == (2, 2, {"step": 2})
     assert_trees_equal(state, large_state(2))
     assert checkpointer.all_steps() == [2] and not (directory / "4").exists()
     (aside,) = (tmp_path / "ckpt-damaged").iterdir()  # kept, not deleted
@@ -310,17 +345,18 @@ def test_readers_fall_back_without_moving_and_none_is_none(two_steps, tmp_path, 
 
 FULL_DISK = """
 import resource, signal, sys
+import grain
 import jax.numpy as jnp
 from transformer_jax.checkpoint import Checkpointer, CheckpointWriteError
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails as on a full disk
 checkpointer = Checkpointer(sys.argv[1], keep=3)
 state = {f"w{i}": jnp.arange(100_000.0) + i for i in range(8)}
-checkpointer.save(1, state, data_states=[{}], metadata={})
+checkpointer.save(1, state, data_iterator=iter(grain.MapDataset.range(3).to_iter_dataset()), metadata={})
 checkpointer.wait()
 resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
 try:
-    checkpointer.save(2, state, data_states=[{}], metadata={})
-    checkpointer.save(3, state, data_states=[{}], metadata={})  # reports step 2's failure
+    checkpointer.save(2, state, data_iterator=iter(grain.MapDataset.range(3).to_iter_dataset()), metadata={})
+    checkpointer.save(3, state, data_iterator=iter(grain.MapDataset.range(3).to_iter_dataset()), metadata={})  # reports step 2's failure
 except CheckpointWriteError as error:
     print(f"error: {error}", file=sys.stderr)
 finally:
@@ -340,5 +376,5 @@ def test_a_failed_write_is_one_line_and_loses_nothing_saved(tmp_path, open_check
     assert "File too large" in lines[0]
     checkpointer = open_checkpointer(directory=tmp_path / "ckpt")
     assert checkpointer.all_steps() == [1]
-    state, _, _ = checkpointer.restore(1, {f"w{i}": jnp.zeros(100_000) for i in range(8)})
+    state, _ = checkpointer.restore(1, {f"w{i}": jnp.zeros(100_000) for i in range(8)})
     np.testing.assert_array_equal(np.asarray(state["w3"]), np.arange(100_000.0) + 3)

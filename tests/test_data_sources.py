@@ -6,15 +6,15 @@ import pytest
 import tensorflow_datasets as tfds
 
 from transformer_jax.data.pipeline import eval_batches, train_dataset
+from transformer_jax.data.prepared import prepare
 from transformer_jax.data.sources import (DataError, decode_lines, load_split,
                                           translation_datasets)
-from transformer_jax.data.tokenizer import train_tokenizer
 from transformer_jax.token_ids import EOS_ID
 from transformer_jax.run_config import data_fields
 
 
 def data_config(**overrides) -> ml_collections.ConfigDict:
-    return data_fields(**{"numbers_size": "small", "num_threads": 1, **overrides})
+    return data_fields(**{"numbers_size": "small", **overrides})
 
 
 def write_split(folder, split, de_lines, en_lines, *, end="\n"):
@@ -122,20 +122,21 @@ def test_tfds_mock_data_direction_and_types():
 
 
 @pytest.mark.filterwarnings("ignore:Requested vocab_size")
-def test_tfds_mock_data_batches_shapes_and_dtypes():
-    """Mocked WMT14 pairs become int32 batches of the configured shapes, EOS-terminated."""
+def test_tfds_mock_data_batches_shapes_and_dtypes(tmp_path):
+    """Mocked WMT14 pairs, prepared, become int32 batches of the configured shapes,
+    EOS-terminated."""
     config = data_config(dataset="tfds:wmt14_translate/de-en", source_lang="en",
-                         target_lang="de", max_source_length=8, max_target_length=6)
+                         target_lang="de", vocab_size=300, data_dir=str(tmp_path / "tfds"))
     with tfds.testing.mock_data(as_data_source_fn=lambda builder, split, **_: WMT_RECORDS):
-        pairs = load_split(config, "train").pairs
-    tokenizer = train_tokenizer([p["source"] for p in pairs] + [p["target"] for p in pairs], 300)
-    train = next(iter(train_dataset(pairs, tokenizer, batch_size=3, max_source_length=8,
-                                    max_target_length=6, num_threads=1)))
+        tokenizer, splits = prepare(config, str(tmp_path / "run"), log=lambda line: None)
+    assert len(splits["train"]) == len(splits["validation"]) == 6
+    train = next(iter(train_dataset(splits["train"], batch_size=3, max_source_length=8,
+                                    max_target_length=6)))
     assert {k: (v.shape, v.dtype) for k, v in train.items()} == {
         f"{side}{suffix}": ((3, length), np.int32)
         for side, length in (("inputs", 8), ("targets", 6))
         for suffix in ("", "_segmentation", "_positions")}
-    batch = next(eval_batches(pairs, tokenizer, batch_size=4, max_source_length=8,
+    batch = next(eval_batches(splits["validation"], batch_size=4, max_source_length=8,
                               max_target_length=6))
     assert batch["inputs"].shape == (4, 8) and batch["targets"].dtype == np.int32
     first = batch["inputs"][0][batch["inputs"][0] > 0].tolist()

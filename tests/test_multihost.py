@@ -79,7 +79,7 @@ def test_train_py_with_two_processes(tmp_path):
     command = [sys.executable, "train.py", "--config=configs/default.py", f"--workdir={workdir}",
                "--config.model.d_model=32", "--config.model.d_ff=64",
                "--config.model.num_layers=1", "--config.data.numbers_size=small",
-               "--config.data.num_threads=1", "--config.per_device_batch_size=2",
+               "--config.per_device_batch_size=2",
                "--config.num_train_steps=4", "--config.log_every_steps=2",
                "--config.eval_every_steps=4", "--config.num_eval_batches=1",
                f"--coordinator_address=localhost:{port}", "--num_processes=2"]
@@ -95,3 +95,8 @@ def test_train_py_with_two_processes(tmp_path):
     assert checkpointer.all_steps() == [4]
     assert checkpointer.metadata(4)["model"]["d_model"] == 32
     checkpointer.close()
+    # Each process saved its own data-iterator position (grain's item), and they differ:
+    # each packed its own share of the pairs.
+    saved = sorted((workdir / "checkpoints" / "4" / "data_iterator").iterdir())
+    assert [f.name for f in saved] == ["process_0-of-2.json", "process_1-of-2.json"]
+    assert saved[0].read_text() != saved[1].read_text()

@@ -43,9 +43,13 @@ def test_model_example(run_block, capsys):
 
 
 def test_data_example(run_block, tmp_path):
-    """The data example builds "small" numbers, saves the tokenizer and packs a 64-row batch."""
+    """The data example builds "small" numbers, saves the tokenizer, prepares the ids, packs
+    a 64-row batch and reads the validation text."""
     namespace = run_block(BLOCKS[1])
-    assert len(namespace["train"].pairs) == 4000
+    assert len(namespace["train"]) == 4000 and len(namespace["pairs"]) == 200
     assert (tmp_path / "runs" / "demo" / "tokenizer.model").exists()
+    assert (tmp_path / "runs" / "demo" / "prepared" / "train" / "manifest.json").exists()
+    tokenizer, first = namespace["tokenizer"], namespace["train"][0]
+    assert tokenizer.decode(first["inputs"]) and first["inputs"][-1] == 1  # text, then EOS
     batch = namespace["batch"]
     assert batch["inputs"].shape == (64, 16) and batch["targets_positions"].shape == (64, 32)

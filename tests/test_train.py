@@ -146,7 +146,7 @@ def test_non_finite_loss_stops_and_saves_nothing(tmp_path):
     ("data.numbers_size", "medium", "config.data.numbers_size must be one of 'full', 'small'"),
     ("data.max_source_length", 0, "config.data.max_source_length must be an integer >= 2"),
     ("data.max_target_length", 1, "config.data.max_target_length must be an integer >= 2"),
-    ("data.num_threads", 0, "config.data.num_threads must be a positive integer"),
+    ("data.num_workers", -1, "config.data.num_workers must be an integer >= 0"),
     ("decode.beam_size", 0, "config.decode.beam_size must be a positive integer"),
     ("decode.alpha", -0.5, "config.decode.alpha must be a number >= 0"),
     ("decode.max_extra_length", -100, "config.decode.max_extra_length must be an integer >= 0"),
@@ -168,7 +168,7 @@ def test_bad_config_values_name_the_key(key, value, message):
 def run_train_py(workdir, *overrides, **popen):
     command = [sys.executable, "train.py", "--config=configs/default.py", f"--workdir={workdir}",
                "--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_layers=2",
-               "--config.data.numbers_size=small", "--config.data.num_threads=1",
+               "--config.data.numbers_size=small", 
                "--config.optim.warmup_steps=10", *overrides]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, **popen)

@@ -6,8 +6,9 @@ One checkpoint per step holds three items:
                 state, step. A flax `TrainState` can be saved as it is:
                 `apply_fn` and `tx` are static fields, not leaves, so they are
                 not written and come back from the abstract state on restore.
-    "data"      {"data_states": [...]}, the data-iterator state of every
-                process, indexed by process (JsonSave), for an exact resume.
+    "data_iterator"  the training-data iterator's position, for an exact resume:
+                grain's own orbax item (`grain.checkpoint.CheckpointSave`), one
+                small JSON file per process, each written and read by its process.
     "metadata"  the run config, tokenizer path and model config (JsonSave),
                 readable alone so a resume can refuse a different model before
                 anything compiles.
@@ -16,8 +17,9 @@ Inference reads the parameters alone (`restore_params`: an orbax partial restore
 of the "state" item), so it needs neither the optimizer nor the run's optim config.
 
 Multi-host: every process calls `save` and `restore` (orbax synchronises them);
-the JSON items are written by the primary process only, so `data_states` must
-already hold every process's state.
+the metadata is written by the primary process, each data-iterator file by its own.
+A checkpoint from before the data_iterator item (it held a "data" item) restores
+its state, and the data starts its shuffle again, with a warning.
 
 orbax 0.12 notes: `reached_preemption` is always False without
 `jax.distributed`, so preemption saves are the trainer's job (SIGTERM);
@@ -37,12 +39,13 @@ import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
+import grain
 import jax
 import orbax.checkpoint as ocp
 
 T = TypeVar("T")
 
-_STATE, _DATA, _METADATA = "state", "data", "metadata"
+_STATE, _DATA, _METADATA = "state", "data_iterator", "metadata"
 
 
 class DamagedCheckpointError(Exception):
@@ -144,14 +147,15 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
     for args in (ocp.args.StandardSave, ocp.args.StandardRestore, ocp.args.PyTreeRestore):
         registry.add(_STATE, args)
-    for item in (_DATA, _METADATA):
-        registry.add(item, ocp.args.JsonSave)
-        registry.add(item, ocp.args.JsonRestore)
+    registry.add(_DATA, grain.checkpoint.CheckpointSave)
+    registry.add(_DATA, grain.checkpoint.CheckpointRestore)
+    registry.add(_METADATA, ocp.args.JsonSave)
+    registry.add(_METADATA, ocp.args.JsonRestore)
     return registry
 
 
 class Checkpointer:
-    """Saves and restores (state, data states, metadata) per training step."""
+    """Saves and restores (state, data iterator, metadata) per training step."""
 
     def __init__(self, directory: str, *, keep: int, async_save: bool = True):
         if keep < 1:
@@ -187,9 +191,10 @@ class Checkpointer:
                 f"checkpoint {self._writing} could not be written to {self.directory}: "
                 f"{_cause(error)}") from None
 
-    def save(self, step: int, state, *, data_states: list[dict], metadata: dict) -> None:
+    def save(self, step: int, state, *, data_iterator, metadata: dict) -> None:
         """Starts writing checkpoint `step`; returns once arrays are copied off device.
 
+        `data_iterator`: a grain `DatasetIterator` (its `get_state()` is written now).
         A step that already exists is left as it is (a resume saves its own step again).
         """
         step = int(step)
@@ -198,7 +203,7 @@ class Checkpointer:
         args = ocp.args.Composite(
             **{
                 _STATE: ocp.args.StandardSave(state),
-                _DATA: ocp.args.JsonSave({"data_states": list(data_states)}),
+                _DATA: grain.checkpoint.CheckpointSave(data_iterator),
                 _METADATA: ocp.args.JsonSave(metadata),
             }
         )
@@ -252,26 +257,27 @@ class Checkpointer:
                               stacklevel=2)
         return None
 
-    def restore(self, step: int, abstract_state) -> tuple:
-        """(state, data_states, metadata) of `step`, the state placed like `abstract_state`.
+    def restore(self, step: int, abstract_state, data_iterator=None) -> tuple:
+        """(state, metadata) of `step`, the state placed like `abstract_state`; with a
+        `data_iterator`, also moves it to the saved position (in place).
 
         `abstract_state` leaves are `jax.ShapeDtypeStruct`s with shardings, or
         concrete arrays whose shape, dtype and sharding are used; a checkpoint
         written from another layout (one device, replicated, sharded) is
-        resharded on read.
+        resharded on read. Only this process's data-iterator file is read.
         """
         abstract_state = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-        restored = self._manager.restore(
-            int(step),
-            args=ocp.args.Composite(
-                **{
-                    _STATE: ocp.args.StandardRestore(abstract_state),
-                    _DATA: ocp.args.JsonRestore(),
-                    _METADATA: ocp.args.JsonRestore(),
-                }
-            ),
-        )
-        return restored[_STATE], restored[_DATA]["data_states"], restored[_METADATA]
+        items = {_STATE: ocp.args.StandardRestore(abstract_state),
+                 _METADATA: ocp.args.JsonRestore()}
+        if data_iterator is not None:
+            if os.path.isdir(os.path.join(self.directory, str(step), _DATA)):
+                items[_DATA] = grain.checkpoint.CheckpointRestore(data_iterator)
+            else:
+                warnings.warn(f"checkpoint {step} has no {_DATA} item (it is from an older "
+                              f"version): the training data starts its shuffle again",
+                              stacklevel=2)
+        restored = self._manager.restore(int(step), args=ocp.args.Composite(**items))
+        return restored[_STATE], restored[_METADATA]
 
     def restore_params(self, step: int, abstract_params):
         """The `params` of `step`'s state alone: the optimizer state is not read.

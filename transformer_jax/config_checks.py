@@ -23,11 +23,12 @@ def check_config(config) -> None:
     """Fails fast, naming the key, on values that could only fail later (before data is read)."""
     positive = ("num_train_steps", "per_device_batch_size", "accumulation_steps",
                 "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
-                "checkpoints_to_keep", "data.num_threads", "decode.beam_size",
+                "checkpoints_to_keep", "decode.beam_size",
                 "decode.bleu_examples")
     for key in positive:
         _require_int(config, key, 1, "a positive integer")
     _require_int(config, "seed", 0, "an integer >= 0")
+    _require_int(config, "data.num_workers", 0, "an integer >= 0 (0: pack in this process)")
     _require_int(config, "num_eval_batches", -1, "-1 (the whole split) or an integer >= 0")
     _require_int(config, "decode.bleu_every_steps", 0, "an integer >= 0 (0: off)")
     _require_int(config, "decode.max_extra_length", 0, "an integer >= 0")

@@ -42,7 +42,7 @@ def data_fields(**overrides) -> ml_collections.ConfigDict:
     data.max_source_length = 32  # tokens per packed row, EOS included
     data.max_target_length = 32
     data.too_long = "truncate"  # pairs longer than a row: "truncate" or "drop"
-    data.num_threads = 2  # grain threads that read and tokenize
+    data.num_workers = 0  # grain worker processes that pack batches; 0: in the training process
     data.lock().update(overrides)  # locked: a misspelt key is an error, not a new field
     return data.unlock()
 

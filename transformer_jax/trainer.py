@@ -2,6 +2,8 @@
 
     train(config, workdir)  # what `python train.py --config=... --workdir=...` runs
 
+The first start prepares the data (DIR/prepared: the tokenizer's ids of every
+split, `python -m transformer_jax.data prepare`); later starts only open it.
 Restarting the same command resumes from the latest checkpoint in
 DIR/checkpoints, exactly: the state, the data iterator and the dropout keys
 (derived from seed and step) continue where they stopped; a damaged latest
@@ -13,7 +15,6 @@ run off the same workdir.
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import os
 import signal
@@ -29,7 +30,7 @@ from jax.experimental import multihost_utils
 from transformer_jax.bleu import score
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config_checks import ConfigError, check_config, writable_folder
-from transformer_jax.data import eval_batches, get_tokenizer, load_split, train_dataset
+from transformer_jax.data import eval_batches, load_split, prepare, train_dataset
 from transformer_jax.data.vocabulary import tokenizer_path
 from transformer_jax.model import Transformer
 from transformer_jax.optim import optimizer_from_config
@@ -93,18 +94,6 @@ class _StopSignal:
             signal.signal(s, handler)
 
 
-def _gather_data_states(state: dict) -> list[dict]:
-    """Every process's data-iterator state, on every process (they are small dicts)."""
-    if jax.process_count() == 1:
-        return [state]
-    text = json.dumps(state).encode()
-    if len(text) > 4096:  # every process must send an array of the same shape
-        raise ValueError(f"data-iterator state of {len(text)} bytes exceeds 4096")
-    encoded = np.frombuffer(text.ljust(4096), np.uint8)
-    gathered = multihost_utils.process_allgather(encoded)
-    return [json.loads(bytes(row).decode().rstrip()) for row in gathered]
-
-
 def _first_process_then_others(fn):
     """Runs `fn` on process 0, then on the others, so they find what it wrote."""
     if jax.process_count() == 1:
@@ -112,15 +101,6 @@ def _first_process_then_others(fn):
     result = fn() if jax.process_index() == 0 else None
     multihost_utils.sync_global_devices("transformer_jax: data and tokenizer ready")
     return result if jax.process_index() == 0 else fn()
-
-
-def _data_and_tokenizer(data_config, workdir: str):
-    """This process's share of the training split, and the run's tokenizer."""
-    train_split = load_split(data_config, "train", shard_index=jax.process_index(),
-                             shard_count=jax.process_count())
-    # Trained from the whole split: one process holds it all; with several it is read again.
-    whole = train_split.pairs if jax.process_count() == 1 else None
-    return train_split, get_tokenizer(data_config, workdir, whole)
 
 
 def _due(step: int, every: int, last_step: int) -> bool:
@@ -201,9 +181,8 @@ def train(config, workdir: str) -> TrainResult:
 
 def _train(config, workdir: str, stop: _StopSignal) -> TrainResult:
     parallel = Parallel(config.parallelism)
-    # Process 0 prepares the dataset and trains the tokenizer; the others then read both.
-    train_split, tokenizer = _first_process_then_others(
-        lambda: _data_and_tokenizer(config.data, workdir))
+    # Process 0 trains the tokenizer and prepares the splits; the others then open them.
+    tokenizer, splits = _first_process_then_others(lambda: prepare(config.data, workdir))
     model_config = build_model_config(config.model, tokenizer.vocab_size)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
                                 keep=config.checkpoints_to_keep)
@@ -212,8 +191,7 @@ def _train(config, workdir: str, stop: _StopSignal) -> TrainResult:
         found = checkpointer.newest(checkpointer.metadata)
         if found is not None:
             _refuse_other_model(found[1]["model"], model_config, workdir)
-        loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer,
-                     train_split.pairs)
+        loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer, splits)
         return loop.run(stop)
     finally:
         checkpointer.close()
@@ -223,7 +201,7 @@ class _Loop:
     """The state of one training run between its steps."""
 
     def __init__(self, config, workdir, parallel, tokenizer, model_config, checkpointer,
-                 train_pairs):
+                 splits):
         self.config, self.workdir, self.parallel = config, workdir, parallel
         self.tokenizer, self.checkpointer = tokenizer, checkpointer
         self.model = Transformer(model_config)
@@ -238,19 +216,21 @@ class _Loop:
         self.p_eval = parallel.compile_eval_step(functools.partial(eval_step, model=self.model))
         d = config.data
         self.rows = config.per_device_batch_size * parallel.num_local_devices
-        self.eval_pairs = load_split(d, "validation").pairs
+        self.validation = splits["validation"]
+        self.eval_pairs = load_split(d, "validation").pairs  # text: BLEU's sources, references
         self.data = iter(train_dataset(
-            train_pairs, tokenizer, batch_size=self.rows,
-            max_source_length=d.max_source_length, max_target_length=d.max_target_length,
-            too_long=d.too_long, seed=config.seed, num_threads=d.num_threads))
+            splits["train"], batch_size=self.rows, max_source_length=d.max_source_length,
+            max_target_length=d.max_target_length, too_long=d.too_long, seed=config.seed,
+            num_workers=d.num_workers, shard_index=jax.process_index(),
+            shard_count=jax.process_count()))
         self.state = create_train_state(self.model, optimizer.tx, jax.random.key(config.seed))
         self._window = _Window()
 
     def run(self, stop: _StopSignal) -> TrainResult:
-        found = self.checkpointer.newest(lambda step: self.checkpointer.restore(step, self.state))
+        found = self.checkpointer.newest(
+            lambda step: self.checkpointer.restore(step, self.state, self.data))
         if found is not None:
-            self.state, data_states, _ = found[1]
-            self.data.set_state(data_states[jax.process_index()])
+            self.state, _ = found[1]
         placed = self.parallel.put_state(self.state)
         self.state = None  # the placed copy is the live one (its buffers are donated)
         step = first = int(self.parallel.get_state(placed).step)
@@ -286,6 +266,7 @@ class _Loop:
         finally:
             stop.training = False
             self.checkpointer.wait()
+            getattr(self.data, "close", lambda: None)()  # grain's worker processes, if any
             log.close()
         return TrainResult(step, records, stopped)
 
@@ -338,7 +319,7 @@ class _Loop:
     def _evaluate(self, placed) -> dict[str, float]:
         """Loss (no label smoothing), accuracy and perplexity on the validation split."""
         d, totals = self.config.data, []
-        batches = eval_batches(self.eval_pairs, self.tokenizer, batch_size=self.rows,
+        batches = eval_batches(self.validation, batch_size=self.rows,
                                max_source_length=d.max_source_length,
                                max_target_length=d.max_target_length,
                                shard_index=jax.process_index(), shard_count=jax.process_count())
@@ -356,5 +337,4 @@ class _Loop:
     def _save(self, step: int, placed) -> None:
         # A host copy: the step donates the device buffers before an async save would read them.
         state = jax.device_get(self.parallel.get_state(placed))
-        self.checkpointer.save(step, state, data_states=_gather_data_states(self.data.get_state()),
-                               metadata=self.metadata)
+        self.checkpointer.save(step, state, data_iterator=self.data, metadata=self.metadata)

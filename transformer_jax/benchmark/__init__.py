@@ -7,7 +7,8 @@ Suites (each a module here whose `run(quick) -> (rows, notes)` returns one dict 
     attention  every available attention implementation: TFLOP/s and peak fraction
     model      train-step target tokens/s, compile time and MFU per preset, dtype, strategy
     decode     greedy and beam-4 decoding, with and without the key/value cache
-    pipeline   the input pipeline's examples/s and tokens/s on the built-in dataset
+    pipeline   packed batches per second and fill, ours beside grain's packers; a WMT-size
+               generated corpus: preparation, first batch, resume, memory
     compare    the same train step in PyTorch's torch.nn.Transformer, and Flax's attention
 
 Every figure is a median over timed calls after warm-up calls, each call waited

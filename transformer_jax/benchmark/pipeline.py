@@ -1,75 +1,247 @@
-"""The `pipeline` suite: how fast the input pipeline feeds packed training batches.
+"""The `pipeline` suite: how fast prepared token ids become packed training batches.
 
-The default run's data (configs/default.py): the built-in numbers dataset,
-German -> English, a 512-piece SentencePiece vocabulary, rows of 16 + 32
-tokens. On machines of 8 cores or more (a GPU host), also the GPU step's batch:
-96 rows of 256 + 256 tokens, at 1 to all cores' worth of threads. Examples are
-sentence pairs packed into the rows (counted from the segment ids); tokens are
-the non-padding source and target tokens.
+Three groups of rows:
+
+- numbers: the default run's data (configs/default.py: the built-in numbers
+  dataset, a 512-piece vocabulary, 64 rows of 16 + 32 tokens), prepared once,
+  read by `train_dataset` with 0, 1 and 2 grain worker processes.
+- grain first-fit / best-fit: grain's own packers over the same prepared split
+  at the same sizes, one example per grain element, for comparison.
+- wmt-like: a generated corpus of WMT14 EN-DE's size (4.5 M pairs, `corpus.py`),
+  prepared with a 32k vocabulary: the time to prepare it, to the first batch,
+  to the first batch of a resume, the memory the reading takes, and the rate
+  at the GPU step's batch, 96 rows of 256 + 256 tokens.
+
+Examples are the sentence pairs packed into the rows (counted from the target
+segment ids); tokens are the non-padding source and target tokens; fill is the
+share of a row's tokens that are not padding.
 """
 
+import collections
+import functools
 import os
-
+import resource
 import tempfile
 import time
 
+import grain
 import numpy as np
 
-from transformer_jax.data import get_tokenizer, load_split, train_dataset
+from transformer_jax.benchmark.corpus import write_wmt_like_corpus
+from transformer_jax.data import PreparedSplit, get_tokenizer, prepare, train_dataset
 from transformer_jax.run_config import data_fields
 
+WMT_PAIRS = 4_500_000  # WMT14 EN-DE's training pairs
+WMT_QUICK_PAIRS = 3_000
+GRAIN_PACKERS = {"grain first-fit": grain.experimental.FirstFitPackIterDataset,
+                 "grain best-fit": grain.experimental.BestFitPackIterDataset}
 
-def _packed_counts(batch: dict) -> tuple[int, int, int]:
-    """(examples, source tokens, target tokens) in one packed batch."""
-    examples = int(batch["targets_segmentation"].max(axis=1).sum())
-    return (examples, int(np.count_nonzero(batch["inputs"])),
-            int(np.count_nonzero(batch["targets"])))
+# One rate row: which data, how many rows of which lengths, how many grain workers.
+Case = collections.namedtuple("Case", "data rows source_length target_length workers")
 
 
-def time_batches(dataset, num_batches: int, warmup: int) -> dict:
-    """Reads `warmup` batches (threads start, buffers fill), then times `num_batches`."""
-    batches = iter(dataset)
+def cases(quick: bool) -> list[Case]:
+    """The rate rows of our packer: the default run's batch at 0-2 workers, then the GPU
+    step's batch on the WMT-like corpus at 0-2 workers, and up to 16 on hosts of 8 cores
+    or more (quick: one of each, no workers)."""
+    if quick:
+        return [Case("numbers", 64, 16, 32, 0), Case("wmt", 96, 256, 256, 0)]
+    cores = os.cpu_count() or 1
+    many = [w for w in (4, 8, 16) if w <= cores] if cores >= 8 else []
+    return ([Case("numbers", 64, 16, 32, w) for w in (0, 1, 2)]
+            + [Case("wmt", 96, 256, 256, w) for w in [0, 1, 2] + many])
+
+
+def _packed_counts(batch: dict, segments: str = "_segmentation") -> tuple[int, int, int]:
+    """(examples, source tokens, target tokens) in one packed batch; `segments` is the
+    suffix of the segment-id keys (grain's packers write "_segment_ids")."""
+    examples = int(batch["targets" + segments].max(axis=1).sum())
+    return (examples, int(np.count_nonzero(batch["inputs" + segments])),
+            int(np.count_nonzero(batch["targets" + segments])))
+
+
+def time_batches(batches, num_batches: int, warmup: int, segments: str = "_segmentation") -> dict:
+    """Reads `warmup` batches from the iterator `batches` (workers start, buffers fill), then
+    times `num_batches`: batches, examples and tokens per second, and the fill of the rows."""
     for _ in range(warmup):
         next(batches)
-    examples = source = target = 0
+    counts = np.zeros(3, np.int64)
     start = time.perf_counter()
     for _ in range(num_batches):
-        counts = _packed_counts(next(batches))
-        examples, source, target = examples + counts[0], source + counts[1], target + counts[2]
+        batch = next(batches)
+        counts += _packed_counts(batch, segments)
     seconds = time.perf_counter() - start
+    examples, source, target = counts.tolist()
     return {"batches_per_sec": num_batches / seconds, "examples_per_sec": examples / seconds,
             "tokens_per_sec": (source + target) / seconds,
-            "target_tokens_per_sec": target / seconds}
+            "target_tokens_per_sec": target / seconds,
+            "source_fill": source / (num_batches * batch["inputs"].size),
+            "target_fill": target / (num_batches * batch["targets"].size)}
 
 
-def cases(quick: bool) -> list[tuple[int, int, int, int]]:
-    """(batch, source row length, target row length, threads)."""
-    if quick:
-        return [(8, 16, 32, 1)]
-    default = [(64, 16, 32, 1), (64, 16, 32, 2)]
-    cores = os.cpu_count() or 1
-    if cores < 8:
-        return default
-    return default + [(96, 256, 256, t) for t in (1, 4, 8, 16, 32) if t <= cores]
+def _rate_row(data: str, packer: str, case: Case, figures: dict) -> dict:
+    return {"data": data, "stage": f"pack ({packer})", "rows": case.rows,
+            "row_tokens": f"{case.source_length}+{case.target_length}",
+            "workers": case.workers, **figures}
+
+
+def _batches(split: PreparedSplit, case: Case):
+    """An iterator of our packed batches for `case`."""
+    return iter(train_dataset(split, batch_size=case.rows, max_source_length=case.source_length,
+                              max_target_length=case.target_length,
+                              num_workers=case.workers))
+
+
+def _prepare_train(data, workdir: str) -> PreparedSplit:
+    """The training split of `data`, prepared in `workdir` (its tokenizer trained first)."""
+    _, splits = prepare(data, workdir, splits=("train",), log=lambda line: None)
+    return splits["train"]
+
+
+def numbers_rows(quick: bool, workdir: str) -> list[dict]:
+    """The default run's data: our packer at 0-2 workers, then grain's two packers."""
+    data = data_fields(numbers_size="small" if quick else "full", max_source_length=16,
+                       max_target_length=32)
+    split = _prepare_train(data, workdir)
+    name, rows = f"numbers ({data.numbers_size})", []
+    for case in (c for c in cases(quick) if c.data == "numbers"):
+        batches = _batches(split, case)
+        figures = time_batches(batches, 10 if quick else 2000, warmup=2 if quick else 50)
+        batches.close()
+        rows.append(_rate_row(name, "transformer_jax", case, figures))
+    for packer, workers in [(p, w) for p in GRAIN_PACKERS for w in ((0,) if quick else (0, 2))]:
+        case = Case("numbers", 64, 16, 32, workers)
+        batches = _grain_batches(packer, split, case)
+        figures = time_batches(batches, 3 if quick else 40 * (1 + workers),
+                               warmup=1 if quick else 4, segments="_segment_ids")
+        batches.close()
+        rows.append(_rate_row(name, packer, case, figures))
+    return rows
+
+
+def cut_to_row_lengths(example: dict, lengths: dict) -> dict:
+    """An example's ids cut to its rows' lengths (grain's packers take no longer ones)."""
+    return {key: example[key][:length] for key, length in lengths.items()}
+
+
+def _grain_batches(packer: str, split: PreparedSplit, case: Case):
+    """An iterator of grain's packer `packer` over `split`, shuffled and endless, in
+    `case.workers` grain worker processes (0: in this one)."""
+    lengths = {"inputs": case.source_length, "targets": case.target_length}
+    examples = (grain.MapDataset.source(split).seed(0).shuffle().repeat()
+                .map(functools.partial(cut_to_row_lengths, lengths=lengths)).to_iter_dataset())
+    packed = GRAIN_PACKERS[packer](examples, length_struct=lengths,
+                                   num_packing_bins=case.rows).batch(case.rows)
+    if case.workers:
+        packed = packed.mp_prefetch(grain.MultiprocessingOptions(num_workers=case.workers))
+    return iter(packed)
+
+
+def wmt_data(folder: str, quick: bool):
+    """The config.data of the WMT-like corpus in `folder`: a 32k vocabulary trained on 1 M
+    sentences, rows of 256 + 256 (quick: 1000 pieces, for its 3,000 pairs)."""
+    return data_fields(dataset=f"folder:{folder}", source_lang="en", target_lang="de",
+                       vocab_size=1000 if quick else 32000, tokenizer_sentences=1_000_000,
+                       max_source_length=256, max_target_length=256)
+
+
+def prepare_wmt(pairs: int, quick: bool, tmp: str) -> tuple[dict, object, str]:
+    """Generates the corpus, trains its tokenizer, prepares its training split: the seconds
+    of each and the preparation's pairs/s; then its config.data and workdir."""
+    start = time.perf_counter()
+    data = wmt_data(write_wmt_like_corpus(os.path.join(tmp, "corpus"), pairs), quick)
+    generated = time.perf_counter()
+    workdir = os.path.join(tmp, "wmt")
+    get_tokenizer(data, workdir)
+    trained = time.perf_counter()
+    _prepare_train(data, workdir)
+    seconds, cores = time.perf_counter() - trained, os.cpu_count() or 1
+    return {"pairs": pairs, "generate_s": generated - start, "tokenizer_s": trained - generated,
+            "prepare_s": seconds, "pairs_per_sec": pairs / seconds,
+            "pairs_per_sec_per_core": pairs / seconds / cores}, data, workdir
+
+
+def _memory_mb() -> dict[str, float]:
+    """This process's peak and current resident memory, and its anonymous part (not pages
+    of mapped files), in MiB, from /proc/self/status (Linux); ru_maxrss elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return {key: int(fields[key].split()[0]) / 1024 for key in ("VmHWM", "VmRSS", "RssAnon")}
+    except (OSError, KeyError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return {"VmHWM": peak, "VmRSS": peak, "RssAnon": peak}
+
+
+def _reset_peak_memory() -> float:
+    """Sets the peak resident memory to the current one where Linux allows, and returns
+    what later peaks are measured from: the memory now, else the earlier peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _memory_mb()["VmRSS"]
+    except OSError:
+        return _memory_mb()["VmHWM"]
+
+
+def read_wmt(data, workdir: str, case: Case, resume_after: int, num_batches: int) -> dict:
+    """From a run's start on a prepared workdir (`prepare` loads the tokenizer, checks and
+    opens the split) to the first batch; then the rate after `resume_after` batches; the
+    memory growth of this process meanwhile; and the seconds from opening again to the
+    first batch after `set_state` to the state saved then."""
+    baseline, anon = _reset_peak_memory(), _memory_mb()["RssAnon"]
+    start = time.perf_counter()
+    batches = _batches(_prepare_train(data, workdir), case)
+    next(batches)
+    first = time.perf_counter() - start
+    for _ in range(resume_after - 1):
+        next(batches)
+    state, expected = batches.get_state(), next(batches)
+    figures = time_batches(batches, num_batches, warmup=0)
+    after = _memory_mb()
+    batches.close()
+    start = time.perf_counter()
+    resumed = _batches(_prepare_train(data, workdir), case)
+    resumed.set_state(state)
+    batch = next(resumed)
+    resume = time.perf_counter() - start
+    resumed.close()
+    return {**figures, "first_batch_s": first, "resume_s": resume,
+            "resumed_exactly": all(np.array_equal(batch[k], expected[k]) for k in expected),
+            "peak_rss_mb": max(after["VmHWM"] - baseline, 0.0),
+            "anon_mb": after["RssAnon"] - anon}
+
+
+def wmt_rows(quick: bool, tmp: str) -> list[dict]:
+    """The WMT-like corpus: its preparation, then reading it at each worker count."""
+    pairs = WMT_QUICK_PAIRS if quick else WMT_PAIRS
+    prepared, data, workdir = prepare_wmt(pairs, quick, tmp)
+    name = f"wmt-like ({pairs:,})"
+    rows = [_rate_row(name, "transformer_jax", case,
+                      read_wmt(data, workdir, case, resume_after=5 if quick else 50,
+                               num_batches=5 if quick else 300))
+            for case in cases(quick) if case.data == "wmt"]
+    return rows + [{"data": name, "stage": "prepare", **prepared}]
 
 
 def run(quick: bool = False) -> tuple[list[dict], list[str]]:
-    # configs/default.py's data group (the package cannot import configs/).
-    data = data_fields(numbers_size="small" if quick else "full", max_source_length=16,
-                       max_target_length=32)
-    pairs = load_split(data, "train").pairs
-    rows = []
-    with tempfile.TemporaryDirectory() as workdir:
-        tokenizer = get_tokenizer(data, workdir, pairs)
-        for batch_size, source_len, target_len, threads in cases(quick):
-            dataset = train_dataset(pairs, tokenizer, batch_size=batch_size,
-                                    max_source_length=source_len,
-                                    max_target_length=target_len, num_threads=threads)
-            long = source_len > data.max_source_length
-            figures = time_batches(dataset, num_batches=10 if quick else (40 if long else 300),
-                                   warmup=2 if quick else (4 if long else 20))
-            rows.append({"dataset": f"numbers ({data.numbers_size})", "batch": batch_size,
-                         "row_tokens": source_len + target_len,
-                         "threads": threads, **figures})
-    return rows, ["examples: sentence pairs packed into the rows",
-                  "tokens: non-padding source + target tokens"]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = numbers_rows(quick, os.path.join(tmp, "numbers")) + wmt_rows(quick, tmp)
+    return rows, [
+        "examples: sentence pairs packed into the rows; tokens: non-padding source + target "
+        "tokens",
+        "source_fill / target_fill: non-padding tokens / (rows x row length), per side",
+        "grain first-fit / best-fit: grain.experimental's packers (64 bins), one example per "
+        "grain element, over the same prepared split (workers: grain worker processes)",
+        "wmt-like: a generated corpus shaped like WMT14 EN-DE (not real language; "
+        "benchmark/corpus.py)",
+        "first_batch_s: prepare() on the prepared workdir (loads the tokenizer, checks and "
+        "opens the split) + train_dataset to the first batch; resume_s: "
+        "the same, then set_state to the state after 50 batches (quick: 5); resumed_exactly: "
+        "that batch is the one read the first time",
+        "peak_rss_mb: this process's peak resident memory growth while reading (mapped id "
+        "pages included; workers' not); anon_mb: its anonymous memory growth",
+        "prepare row: generate_s writes the corpus; tokenizer_s reads it and trains the "
+        "tokenizer; prepare_s reads it again, tokenizes and writes the ids, at pairs_per_sec "
+        "(and per core of os.cpu_count())",
+    ]

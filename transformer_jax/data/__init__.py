@@ -1,12 +1,13 @@
-"""Data: sources, tokenizer, batches.
+"""Data: sources, tokenizer, prepared token ids, batches.
 
-    train = load_split(config.data, "train")             # .pairs: {"source": str, "target": str}
-    tokenizer = get_tokenizer(config.data, workdir)      # SentencePiece, shared vocabulary
-    batches = train_dataset(train.pairs, tokenizer, batch_size=64, max_source_length=32,
-                            max_target_length=32)        # packed rows, grain IterDataset
+    tokenizer, splits = prepare(config.data, workdir)   # every split as ids, once
+    batches = train_dataset(splits["train"], batch_size=64, max_source_length=32,
+                            max_target_length=32)    # packed rows, grain IterDataset
+    pairs = load_split(config.data, "validation").pairs   # text: {"source": str, "target": str}
 """
 
-from transformer_jax.data.pipeline import Tokenize, eval_batches, train_dataset
+from transformer_jax.data.pipeline import eval_batches, train_dataset
+from transformer_jax.data.prepared import PreparedSplit, open_split, prepare, prepared_dir
 from transformer_jax.data.sources import DataError, Split, load_split, translation_datasets
 from transformer_jax.data.tokenizer import (
     BOS_ID,

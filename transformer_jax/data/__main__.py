@@ -1,6 +1,13 @@
-"""Shows what the model sees: a split's examples as text, ids and pieces, then statistics.
+"""The data of a run: prepare it once, or show what the model sees.
 
+    python -m transformer_jax.data prepare --config=configs/default.py --workdir=runs/default
     python -m transformer_jax.data --config=configs/default.py --split=validation --show=5
+
+`prepare` trains (or loads) the run's tokenizer and writes every split as token
+ids into WORKDIR/prepared, with progress and rates; `train.py` does the same on
+its first start, so this is for preparing ahead (e.g. before a multi-host run).
+Without a command, a split's examples are shown as text, ids and pieces, then
+statistics.
 """
 
 import os
@@ -11,9 +18,12 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_jax.data import report
+from transformer_jax.data.prepared import prepare, prepared_dir
 from transformer_jax.data.sources import DataError, load_split
 from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path
+from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.run_config import parse_flags
+from transformer_jax.workdir_lock import workdir_lock
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a config file, e.g. configs/default.py",
                                           lock_config=True)
@@ -27,10 +37,25 @@ _MAX_PAIRS = flags.DEFINE_integer("max_pairs", 100_000, "scan at most this many 
 
 
 def main(argv) -> None:
-    del argv
+    command = argv[1:] or ["show"]
+    if command not in (["show"], ["prepare"]):
+        raise app.UsageError(f"unknown command {' '.join(command)!r}: use prepare, or none")
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/default.py")
+    if command == ["prepare"]:
+        if not _WORKDIR.value:
+            raise app.UsageError("prepare needs --workdir: the run's directory, where the "
+                                 "tokenizer and the prepared ids are kept")
+        try:
+            with workdir_lock(writable_folder(_WORKDIR.value)):
+                tokenizer, splits = prepare(config.data, _WORKDIR.value)
+        except (DataError, ConfigError) as error:
+            sys.exit(f"error: {error}")
+        sizes = ", ".join(f"{name} {len(split):,}" for name, split in splits.items())
+        print(f"{prepared_dir(_WORKDIR.value)}: {sizes} pairs; vocabulary of "
+              f"{tokenizer.vocab_size:,} pieces")
+        return
     try:
         with tempfile.TemporaryDirectory() as scratch:
             workdir = _WORKDIR.value or scratch

@@ -1,4 +1,4 @@
-"""Sentence pairs to batches, with grain: tokenize, cut or drop, pack, batch.
+"""Prepared token ids to batches, with grain: cut or drop, shuffle, pack.
 
 Training batches are packed: several pairs share each fixed-length row, told
 apart by segment ids (1, 2, ...; 0 is padding) and positions that restart at 0
@@ -14,98 +14,115 @@ Evaluation batches are padded, never packed, and hold every example once:
 `example_mask` is False on the rows that only pad the last batch.
 """
 
-import dataclasses
 import math
+import sys
 
 import grain
+from absl import flags
 import numpy as np
 
 from transformer_jax.data.packing import PackedBatchIterDataset
 from transformer_jax.data.sources import DataError
-from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.token_ids import PAD_ID
 
 TOO_LONG = ("truncate", "drop")
 
-
-CHUNK = 256  # pairs tokenized per grain element: grain's cost is per element, not per pair
-
-
-@dataclasses.dataclass(frozen=True)
-class Tokenize:
-    """Token ids of pairs, each side ending in EOS; too-long pairs cut or dropped (None)."""
-
-    tokenizer: Tokenizer
-    max_source_length: int
-    max_target_length: int
-    too_long: str = "truncate"
-
-    def __call__(self, pair):
-        return self.many([pair])[0]
-
-    def many(self, pairs) -> list:
-        """One sentencepiece call per side for the whole list."""
-        sources = self.tokenizer.encode_batch([p["source"] for p in pairs], add_eos=True)
-        targets = self.tokenizer.encode_batch([p["target"] for p in pairs], add_eos=True)
-        return [self._fit(inputs, targets) for inputs, targets in zip(sources, targets)]
-
-    def _fit(self, inputs, targets):
-        if len(inputs) > self.max_source_length or len(targets) > self.max_target_length:
-            if self.too_long == "drop":
-                return None
-            # A cut target loses its EOS: the model is not taught to stop there.
-            inputs, targets = inputs[: self.max_source_length], targets[: self.max_target_length]
-        return {"inputs": np.asarray(inputs, np.int32), "targets": np.asarray(targets, np.int32)}
+CHUNK = 1024  # example indices per grain element: grain's cost is per element, not per pair
 
 
-def train_dataset(pairs, tokenizer: Tokenizer, *, batch_size: int, max_source_length: int,
-                  max_target_length: int, too_long: str = "truncate", seed: int = 0,
-                  num_threads: int = 2) -> grain.IterDataset:
-    """Endless packed training batches from this process's `pairs` (a sequence).
+class ShuffledChunks:
+    """Chunk k of an endless stream of `indices`, shuffled anew each epoch: a grain
+    random-access source (chunks may span two epochs).
 
-    Each epoch is shuffled anew; the order is fixed by `seed`. `iter(...)` gives
-    an iterator whose `get_state()` / `set_state()` resume exactly (the state is
-    a small JSON-able dict: save it with the checkpoint).
+    Written here because grain's `MapDataset.shuffle` permutes one index per call
+    (about 28 us per pair on a 2-core CPU, as much as packing it); an epoch's order
+    here is one NumPy permutation, seeded by (seed, epoch), kept for its chunks.
+    """
+
+    def __init__(self, indices: np.ndarray, seed: int, chunk: int = CHUNK):
+        self._indices, self._seed, self._chunk = indices, seed, chunk
+        self._epoch, self._order = -1, None
+
+    def __len__(self) -> int:
+        return sys.maxsize // self._chunk  # endless; grain wants a length
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        n, parts, done = len(self._indices), [], 0
+        while done < self._chunk:
+            epoch, at = divmod(k * self._chunk + done, n)
+            part = self._epoch_order(epoch)[at:at + self._chunk - done]
+            parts.append(part)
+            done += len(part)
+        return np.concatenate(parts)
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            rng = np.random.default_rng([self._seed, epoch])
+            self._epoch, self._order = epoch, self._indices[rng.permutation(len(self._indices))]
+        return self._order
+
+
+def train_dataset(source, *, batch_size: int, max_source_length: int, max_target_length: int,
+                  too_long: str = "truncate", seed: int = 0, num_workers: int = 0,
+                  shard_index: int = 0, shard_count: int = 1) -> grain.IterDataset:
+    """Endless packed training batches from the pairs `shard_index::shard_count` of
+    `source` (a prepared split: `prepared.PreparedSplit`).
+
+    Each epoch is shuffled anew; the order is fixed by `seed`. Pairs longer than a
+    row are cut (`too_long="truncate"`; a cut target loses its EOS, so the model is
+    not taught to stop there) or left out ("drop"). With `num_workers` > 0, grain
+    worker processes pack (`mp_prefetch`), each a slice of the chunks, and the
+    batches come from them in turn: the same batches for the same worker count.
+    `iter(...)` gives an iterator whose `get_state()` / `set_state()` resume exactly.
     """
     if too_long not in TOO_LONG:
         raise ValueError(f"too_long must be one of {TOO_LONG}, got {too_long!r}")
-    if not len(pairs):
+    indices = np.arange(shard_index, len(source), shard_count)
+    if not len(indices):
         raise DataError("no training pairs: the training split is empty")
-    tokenize = Tokenize(tokenizer, max_source_length, max_target_length, too_long)
-    chunks = (grain.MapDataset.source(pairs).seed(seed).shuffle().repeat()
-              .batch(CHUNK, batch_fn=list).map(tokenize.many)
-              .to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4)))
-    return PackedBatchIterDataset(
-        chunks, batch_size=batch_size,
-        lengths={"inputs": max_source_length, "targets": max_target_length},
-        examples_per_epoch=len(pairs))
+    if too_long == "drop":
+        fits = ((source.lengths("inputs")[indices] <= max_source_length)
+                & (source.lengths("targets")[indices] <= max_target_length))
+        if not fits.any():
+            raise DataError(f"all {len(indices)} training pairs were dropped: none fits the "
+                            f"rows ({max_source_length} + {max_target_length} tokens); cut them "
+                            f"instead (too_long='truncate') or make the rows longer")
+        indices = indices[fits]
+    chunks = grain.MapDataset.source(ShuffledChunks(indices, seed)).to_iter_dataset(
+        grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
+    batches = PackedBatchIterDataset(
+        chunks, source, batch_size=batch_size,
+        lengths={"inputs": max_source_length, "targets": max_target_length})
+    if num_workers == 0:
+        return batches
+    if not flags.FLAGS.is_parsed():  # grain 0.2.18's workers read an absl flag: defaults do
+        flags.FLAGS.mark_as_parsed()
+    return batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers,
+                                                            per_worker_buffer_size=4))
 
 
-def eval_batches(pairs, tokenizer: Tokenizer, *, batch_size: int, max_source_length: int,
-                 max_target_length: int, shard_index: int = 0, shard_count: int = 1):
-    """Padded batches holding every example of `pairs` exactly once.
+def eval_batches(source, *, batch_size: int, max_source_length: int, max_target_length: int,
+                 shard_index: int = 0, shard_count: int = 1):
+    """Padded batches holding every pair of `source` (a prepared split) exactly once.
 
     Every process gets the same number of batches (some may be all padding), so
-    collective evaluation steps line up. Too-long examples are cut, never
-    dropped. Each batch has `inputs`, `targets`, `example_mask` (False on padding
-    rows) and `index` (the example's position in `pairs`, -1 on padding rows).
+    collective evaluation steps line up. Too-long pairs are cut, never dropped.
+    Each batch has `inputs`, `targets`, `example_mask` (False on padding rows) and
+    `index` (the pair's position in `source`, -1 on padding rows).
     """
-    examples = list(pairs)
-    tokenize = Tokenize(tokenizer, max_source_length, max_target_length, "truncate")
-    mine = list(range(len(examples)))[shard_index::shard_count]
-    num_batches = math.ceil(math.ceil(len(examples) / shard_count) / batch_size)
+    mine = np.arange(shard_index, len(source), shard_count)
+    num_batches = math.ceil(math.ceil(len(source) / shard_count) / batch_size)
+    lengths = {"inputs": max_source_length, "targets": max_target_length}
+    sizes = {key: np.minimum(source.lengths(key), length) for key, length in lengths.items()}
     for b in range(num_batches):
         indices = mine[b * batch_size:(b + 1) * batch_size]
-        batch = {
-            "inputs": np.full((batch_size, max_source_length), PAD_ID, np.int32),
-            "targets": np.full((batch_size, max_target_length), PAD_ID, np.int32),
-            "example_mask": np.zeros((batch_size,), bool),
-            "index": np.full((batch_size,), -1, np.int32),
-        }
-        for row, i in enumerate(indices):
-            ids = tokenize(examples[i])
-            batch["inputs"][row, : len(ids["inputs"])] = ids["inputs"]
-            batch["targets"][row, : len(ids["targets"])] = ids["targets"]
-            batch["example_mask"][row] = True
-            batch["index"][row] = i
+        batch = {"example_mask": np.arange(batch_size) < len(indices),
+                 "index": np.full((batch_size,), -1, np.int32)}
+        batch["index"][:len(indices)] = indices
+        for key, length in lengths.items():
+            size = sizes[key][indices]
+            rows = np.full((batch_size, length), PAD_ID, np.int32)
+            rows[:len(indices)][np.arange(length) < size[:, None]] = source.gather(
+                key, indices, size)
+            batch[key] = rows
         yield batch

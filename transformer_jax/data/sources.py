@@ -71,6 +71,34 @@ def load_split(data_config, split: str, *, shard_index: int = 0, shard_count: in
     return _keep_text(split, _read_pairs(records, indices, data_config, f"{kind} {split}"))
 
 
+def describe_split(data_config, split: str) -> dict:
+    """What a split's pairs come from, cheaply (nothing is read): the dataset, its
+    version or files (size and modification time), the languages. Equal descriptions
+    mean the same pairs, so ids prepared from one serve the other."""
+    kind, _, arg = data_config.dataset.partition(":")
+    about = {"dataset": data_config.dataset, "split": split,
+             "languages": [data_config.source_lang, data_config.target_lang]}
+    if data_config.dataset == "numbers":
+        from transformer_jax.data.numbers import Numbers
+
+        return {**about, "numbers_size": data_config.numbers_size,
+                "version": str(Numbers.VERSION)}
+    if kind == "tfds" and arg:
+        import tensorflow_datasets as tfds
+
+        builder = tfds.builder(arg, data_dir=data_config.data_dir, file_format="array_record")
+        splits = builder.info.splits  # empty for an unprepared (or mocked) dataset
+        return {**about, "version": str(builder.version),
+                "pairs": splits[split].num_examples if split in splits else None}
+    files = [os.path.join(arg, f"{split}.{lang}") for lang in about["languages"]]
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise DataError(f"missing {', '.join(missing)}: the files of {data_config.dataset}")
+    stats = [os.stat(f) for f in files]
+    return {**about, "files": [[os.path.abspath(f), s.st_size, s.st_mtime_ns]
+                               for f, s in zip(files, stats)]}
+
+
 def _read_pairs(records, indices, data_config, what: str, chunk: int = 4096) -> list:
     """Reads TFDS records in chunks (one `__getitems__` call each) as str pairs."""
     src, tgt = data_config.source_lang, data_config.target_lang

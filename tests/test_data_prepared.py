@@ -1,0 +1,370 @@
+"""Prepared ids: they decode to the text, batches equal a reference packer, a killed
+preparation resumes, a stale one is refused, a second prepare reads and tokenizes nothing.
+
+The data is a small folder corpus (numbers in words). Expected values are computed
+here from the text with `tokenizer.encode`, never read back from the prepared files.
+"""
+
+import itertools
+import os
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+from num2words import num2words
+
+from transformer_jax.data import prepared as prepared_module
+from transformer_jax.data.pipeline import CHUNK, train_dataset
+from transformer_jax.data.prepared import open_split, prepare
+from transformer_jax.data.sources import DataError
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.run_config import data_fields
+from transformer_jax.token_ids import EOS_ID
+
+PAIRS = [{"source": num2words(n, lang="de"), "target": num2words(n, lang="en")}
+         for n in range(0, 3000, 7)]  # the training split: 429 pairs
+VALIDATION = PAIRS[5:45]  # 40 pairs
+VOCAB_SIZE = 400  # the minimum is 261 + the 27 distinct characters: 288
+QUIET = dict(log=lambda line: None)
+
+
+def write_corpus(folder, pairs=PAIRS, validation=VALIDATION):
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, split_pairs in (("train", pairs), ("validation", validation)):
+        for lang, side in (("de", "source"), ("en", "target")):
+            (folder / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in split_pairs))
+    return data_fields(dataset=f"folder:{folder}", vocab_size=VOCAB_SIZE)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The corpus folder's config, read only by the tests that share it."""
+    return write_corpus(tmp_path_factory.mktemp("prepared") / "corpus")
+
+
+@pytest.fixture(scope="module")
+def run(corpus, tmp_path_factory):
+    """(workdir, tokenizer, splits): the corpus prepared once."""
+    workdir = str(tmp_path_factory.mktemp("run"))
+    tokenizer, splits = prepare(corpus, workdir, **QUIET)
+    return workdir, tokenizer, splits
+
+
+def prepared_arrays(workdir, split):
+    folder = os.path.join(workdir, "prepared", split)
+    return {name: np.load(os.path.join(folder, f"{name}.npy"))
+            for name in ("inputs", "targets", "inputs_offsets", "targets_offsets")}
+
+
+def count_calls(monkeypatch, obj, name, fail_after=None):
+    """Wraps obj.name to record its calls' first argument; raises once fail_after calls ran."""
+    original, calls = getattr(obj, name), []
+    original = getattr(original, "__wrapped__", original)  # not a wrapper made before
+
+    def wrapper(*args, **kwargs):
+        if fail_after is not None and len(calls) >= fail_after:
+            raise KeyboardInterrupt("killed")
+        calls.append(args[0])
+        return original(*args, **kwargs)
+
+    wrapper.__wrapped__ = original
+    monkeypatch.setattr(obj, name, wrapper)
+    return calls
+
+
+# --- what is prepared -------------------------------------------------------------------------
+
+
+def test_prepared_ids_are_the_encoded_text(run):
+    """Every pair's ids are `encode(text) + [EOS]`, and decode back to the text."""
+    _, tokenizer, splits = run
+    for split, pairs in (("train", PAIRS), ("validation", VALIDATION)):
+        prepared = splits[split]
+        assert len(prepared) == len(pairs)
+        for i, pair in enumerate(pairs):
+            ids = prepared[i]
+            for side, key in (("inputs", "source"), ("targets", "target")):
+                assert ids[side].dtype == np.int32
+                assert ids[side].tolist() == tokenizer.encode(pair[key]) + [EOS_ID]
+                assert tokenizer.decode(ids[side]) == pair[key]
+        last = prepared[-1]["targets"].tolist()
+        assert last == tokenizer.encode(pairs[-1]["target"], add_eos=True)
+        with pytest.raises(IndexError):
+            prepared[len(pairs)]
+    manifest = splits["train"].manifest
+    assert manifest["pairs"] == 429 and manifest["dtype"] == "uint16"
+    assert manifest["tokens"]["targets"] == sum(
+        len(tokenizer.encode(p["target"])) + 1 for p in PAIRS)
+
+
+def test_lengths_and_gather(run):
+    """lengths() is each pair's id count; gather() the first counts[k] ids of pair indices[k]."""
+    _, tokenizer, splits = run
+    train = splits["train"]
+    for side, key in (("inputs", "source"), ("targets", "target")):
+        expected = [len(tokenizer.encode(p[key])) + 1 for p in PAIRS]
+        np.testing.assert_array_equal(train.lengths(side), expected)
+    indices = np.asarray([17, 3, 428, 3, 0, 250])  # repeated, unordered, the last pair
+    for side, key in (("inputs", "source"), ("targets", "target")):
+        full = train.lengths(side)[indices]
+        counts = np.asarray([1, full[1] - 1, full[2], 0, full[4], 2])  # whole, cut, none
+        expected = list(itertools.chain.from_iterable(
+            tokenizer.encode(PAIRS[i][key], add_eos=True)[:n] for i, n in zip(indices, counts)))
+        got = train.gather(side, indices, counts)
+        assert got.dtype == np.int32 and got.tolist() == expected
+    assert train.gather("targets", np.zeros((0,), np.int64), np.zeros((0,), np.int64)).size == 0
+
+
+def test_a_prepared_split_pickles_as_its_folder(run):
+    """Grain workers get the folder and open their own maps: the same ids, no array copied."""
+    train = run[2]["train"]
+    data = pickle.dumps(train)
+    assert len(data) < 1000  # the folder's name, not 4k+ tokens of ids
+    again = pickle.loads(data)
+    assert len(again) == len(train)
+    for i in (0, 211, 428):
+        for side in ("inputs", "targets"):
+            np.testing.assert_array_equal(again[i][side], train[i][side])
+
+
+# --- batches from prepared ids equal a reference ----------------------------------------------
+
+
+def reference_stream(num_pairs, seed, indices=None):
+    """The pipeline's example order: each epoch a NumPy permutation seeded by (seed, epoch)."""
+    indices = np.arange(num_pairs) if indices is None else indices
+    for epoch in itertools.count():
+        yield from indices[np.random.default_rng([seed, epoch]).permutation(len(indices))]
+
+
+def reference_batches(examples, batch_size, max_source_length, max_target_length):
+    """Naive first fit, one example at a time: a batch ends when an example fits in no row,
+    and that example opens the next batch. `examples` yields (source ids, target ids)."""
+    lengths = {"inputs": max_source_length, "targets": max_target_length}
+    rows = [[] for _ in range(batch_size)]  # each row's (source, target) list
+    for source, target in examples:
+        source, target = source[:max_source_length], target[:max_target_length]
+        for row in rows:
+            if (sum(len(s) for s, _ in row) + len(source) <= max_source_length
+                    and sum(len(t) for _, t in row) + len(target) <= max_target_length):
+                row.append((source, target))
+                break
+        else:
+            yield to_arrays(rows, lengths)
+            rows = [[(source, target)]] + [[] for _ in range(batch_size - 1)]
+
+
+def to_arrays(rows, lengths):
+    batch = {}
+    for k, (side, length) in enumerate(lengths.items()):
+        ids, seg, pos = (np.zeros((len(rows), length), np.int32) for _ in range(3))
+        for r, row in enumerate(rows):
+            at = 0
+            for s, pair in enumerate(row, start=1):
+                n = len(pair[k])
+                ids[r, at:at + n], seg[r, at:at + n], pos[r, at:at + n] = pair[k], s, range(n)
+                at += n
+        batch[side], batch[f"{side}_segmentation"], batch[f"{side}_positions"] = ids, seg, pos
+    return batch
+
+
+def encoded_pairs(tokenizer, pairs=PAIRS):
+    return [tuple(tokenizer.encode(p[key], add_eos=True) for key in ("source", "target"))
+            for p in pairs]
+
+
+@pytest.mark.parametrize("case", [
+    dict(batch_size=4, max_source_length=24, max_target_length=20, seed=0),
+    dict(batch_size=3, max_source_length=6, max_target_length=9, seed=5),  # cut
+    dict(batch_size=3, max_source_length=6, max_target_length=9, seed=5, too_long="drop"),
+    dict(batch_size=2, max_source_length=12, max_target_length=12, seed=1, shard_index=1,
+         shard_count=3),
+], ids=["rows", "cut", "drop", "shard"])
+def test_batches_equal_a_reference_first_fit(run, case):
+    """200 batches equal the reference's: past several epochs' ends (chunks span them) and,
+    for "rows", past the first chunk's."""
+    _, tokenizer, splits = run
+    ids = encoded_pairs(tokenizer)
+    indices = np.arange(case.get("shard_index", 0), len(PAIRS), case.get("shard_count", 1))
+    if case.get("too_long") == "drop":
+        indices = np.asarray([i for i in indices if len(ids[i][0]) <= 6 and len(ids[i][1]) <= 9])
+        assert 50 < len(indices) < 400
+    rows = {k: case[k] for k in ("batch_size", "max_source_length", "max_target_length")}
+    want = reference_batches((ids[i] for i in reference_stream(len(PAIRS), case["seed"], indices)),
+                             **rows)
+    got = iter(train_dataset(splits["train"], **case))
+    for n in range(200):
+        expected, batch = next(want), next(got)
+        assert batch.keys() == expected.keys()
+        for key in expected:
+            np.testing.assert_array_equal(batch[key], expected[key], err_msg=f"{n}: {key}")
+
+
+def test_worker_processes_pack_slices_of_the_chunks_in_turn(run):
+    """With 2 grain workers, worker w packs chunks w, w + 2, ... and batches alternate
+    between them; the state after some batches resumes exactly in new workers."""
+    _, tokenizer, splits = run
+    ids = encoded_pairs(tokenizer)
+    rows = dict(batch_size=4, max_source_length=24, max_target_length=20)
+    stream = list(itertools.islice(reference_stream(len(PAIRS), 7), 4 * CHUNK))
+    chunks = [stream[k * CHUNK:(k + 1) * CHUNK] for k in range(4)]
+    per_worker = [reference_batches((ids[i] for i in chunks[w] + chunks[w + 2]), **rows)
+                  for w in (0, 1)]
+    want = [next(per_worker[n % 2]) for n in range(12)]
+    first = iter(train_dataset(splits["train"], seed=7, num_workers=2, **rows))
+    try:
+        got = [{k: np.array(v) for k, v in next(first).items()} for _ in range(8)]
+        state = first.get_state()
+        got += [{k: np.array(v) for k, v in next(first).items()} for _ in range(4)]
+    finally:
+        first.close()
+    for n, (batch, expected) in enumerate(zip(got, want)):
+        for key in expected:
+            np.testing.assert_array_equal(batch[key], expected[key], err_msg=f"{n}: {key}")
+    resumed = iter(train_dataset(splits["train"], seed=7, num_workers=2, **rows))
+    try:
+        resumed.set_state(state)
+        for n in range(8, 12):
+            batch = next(resumed)
+            for key in want[n]:
+                np.testing.assert_array_equal(batch[key], want[n][key], err_msg=f"{n}: {key}")
+    finally:
+        resumed.close()
+
+
+# --- a killed preparation ---------------------------------------------------------------------
+
+
+def test_a_killed_preparation_resumes_from_its_whole_parts(corpus, run, tmp_path, monkeypatch):
+    """Killed after the first of 5 parts: nothing opens; a rerun keeps that part, writes the
+    other 4 (and the validation split's one) and equals a clean preparation."""
+    monkeypatch.setattr(prepared_module, "PART_PAIRS", 100)  # 429 pairs: parts of 100
+    workdir = str(tmp_path / "run")
+    count_calls(monkeypatch, prepared_module, "_write_part", fail_after=1)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(corpus, workdir, **QUIET)
+    tokenizer = Tokenizer.load(os.path.join(workdir, "tokenizer.model"))
+    for split in ("train", "validation"):
+        with pytest.raises(DataError, match=f"{split} is not prepared"):
+            open_split(corpus, workdir, split, tokenizer)
+    partial = os.path.join(workdir, "prepared", "train.partial")
+    assert sorted(os.listdir(partial)) == ["made_from.json", "part-00000.npz"]
+    part = np.load(os.path.join(partial, "part-00000.npz"))
+    np.testing.assert_array_equal(part["targets_lengths"],
+                                  [len(t) for _, t in encoded_pairs(tokenizer, PAIRS[:100])])
+    # What a kill inside np.savez leaves: a truncated temporary file, never read.
+    with open(os.path.join(partial, "part-00001.npz.tmp-xyz"), "wb") as f:
+        f.write(b"PK\x03\x04 truncated")
+
+    written = count_calls(monkeypatch, prepared_module, "_write_part")
+    _, splits = prepare(corpus, workdir, **QUIET)
+    assert [os.path.relpath(p, os.path.join(workdir, "prepared")) for p in written] == [
+        f"train.partial/part-0000{k}.npz" for k in (1, 2, 3, 4)] + [
+        "validation.partial/part-00000.npz"]
+    assert not os.path.exists(partial)
+    for split in ("train", "validation"):
+        clean = prepared_arrays(run[0], split)
+        for name, array in prepared_arrays(workdir, split).items():
+            assert array.dtype == clean[name].dtype
+            np.testing.assert_array_equal(array, clean[name], err_msg=f"{split} {name}")
+        assert splits[split].manifest == run[2][split].manifest
+
+
+def test_parts_made_from_other_files_are_not_reused(tmp_path, monkeypatch):
+    """Killed, then the corpus changes: the rerun tokenizes every part anew, from the new text."""
+    monkeypatch.setattr(prepared_module, "PART_PAIRS", 100)
+    config = write_corpus(tmp_path / "corpus")
+    workdir = str(tmp_path / "run")
+    count_calls(monkeypatch, prepared_module, "_write_part", fail_after=2)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(config, workdir, **QUIET)
+    # Other pairs (the workdir's tokenizer is kept: its settings are the same).
+    changed = list(reversed(PAIRS)) + [{"source": "null", "target": "nothing"}]
+    write_corpus(tmp_path / "corpus", changed)
+    written = count_calls(monkeypatch, prepared_module, "_write_part")
+    tokenizer, splits = prepare(config, workdir, **QUIET)
+    assert len(written) == 5 + 1 and len(splits["train"]) == 430
+    for i in (0, 1, 100, 199, 428, 429):
+        assert splits["train"][i]["inputs"].tolist() == tokenizer.encode(
+            changed[i]["source"], add_eos=True)
+
+
+# --- a stale preparation ----------------------------------------------------------------------
+
+
+def test_changed_files_make_a_split_stale(run, tmp_path):
+    """The train files changed after preparing (even only touched): open_split and prepare
+    refuse the split, naming the files; the unchanged validation split still opens."""
+    folder = tmp_path / "corpus"
+    config = write_corpus(folder)
+    workdir = str(tmp_path / "run")
+    tokenizer, _ = prepare(config, workdir, **QUIET)
+    path = folder / "train.en"
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # the same bytes
+    for call in (lambda: open_split(config, workdir, "train", tokenizer),
+                 lambda: prepare(config, workdir, **QUIET)):
+        with pytest.raises(DataError, match=r"prepared/train is stale \(files: prepared from") as e:
+            call()
+        assert "train.en" in str(e.value) and "tokenizer_sha256" not in str(e.value)
+    assert len(open_split(config, workdir, "validation", tokenizer)) == len(VALIDATION)
+    path.write_text(path.read_text().replace("one", "eins"))  # other text, other size
+    with pytest.raises(DataError, match="files: prepared from"):
+        open_split(config, workdir, "train", tokenizer)
+
+
+def test_another_tokenizer_or_direction_makes_a_split_stale(corpus, run, tmp_path):
+    """Ids prepared with one tokenizer are refused with another, naming its SHA-256; and
+    with the languages swapped, naming the languages."""
+    workdir, tokenizer, _ = run
+    other, _ = prepare(data_fields(**{**corpus, "vocab_size": VOCAB_SIZE - 60}),
+                       str(tmp_path / "other"), splits=("validation",), **QUIET)
+    assert other.model_proto != tokenizer.model_proto
+    with pytest.raises(DataError, match=r"stale \(tokenizer_sha256: prepared from '[0-9a-f]{64}'"):
+        open_split(corpus, workdir, "train", other)
+    swapped = data_fields(**{**corpus, "source_lang": "en", "target_lang": "de"})
+    with pytest.raises(DataError, match=r"languages: prepared from \['de', 'en'\], "
+                                        r"now \['en', 'de'\]\)"):
+        open_split(swapped, workdir, "validation", tokenizer)
+    assert len(open_split(corpus, workdir, "train", tokenizer)) == len(PAIRS)
+
+
+# --- a second prepare -------------------------------------------------------------------------
+
+
+def test_a_second_prepare_reads_and_tokenizes_nothing(corpus, run, monkeypatch):
+    """With the tokenizer and every split prepared, prepare neither reads the text nor
+    trains nor tokenizes, and returns the same ids."""
+    workdir, tokenizer, splits = run
+
+    def fail(*args, **kwargs):
+        raise AssertionError("prepare read or tokenized again")
+
+    monkeypatch.setattr(prepared_module, "load_split", fail)
+    monkeypatch.setattr(Tokenizer, "encode_batch", fail)
+    monkeypatch.setattr("transformer_jax.data.vocabulary.train_tokenizer", fail)
+    again_tokenizer, again = prepare(corpus, workdir, **QUIET)
+    assert again_tokenizer.model_proto == tokenizer.model_proto
+    for split in ("train", "validation"):
+        assert len(again[split]) == len(splits[split])
+        for side in ("inputs", "targets"):
+            np.testing.assert_array_equal(again[split].lengths(side), splits[split].lengths(side))
+        np.testing.assert_array_equal(again[split][7]["targets"], splits[split][7]["targets"])
+
+
+def test_prepare_redoes_only_the_missing_split(corpus, run, tmp_path, monkeypatch):
+    """Validation deleted: prepare reads only the validation text and tokenizes only it."""
+    workdir = str(tmp_path / "run")
+    shutil.copytree(run[0], workdir)
+    shutil.rmtree(os.path.join(workdir, "prepared", "validation"))
+    read = []
+    original = prepared_module.load_split
+    monkeypatch.setattr(prepared_module, "load_split",
+                        lambda config, split: read.append(split) or original(config, split))
+    written = count_calls(monkeypatch, prepared_module, "_write_part")
+    prepare(corpus, workdir, **QUIET)
+    assert read == ["validation"] and len(written) == 1
+    clean = prepared_arrays(run[0], "validation")
+    for name, array in prepared_arrays(workdir, "validation").items():
+        np.testing.assert_array_equal(array, clean[name])
