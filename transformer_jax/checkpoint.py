@@ -66,7 +66,7 @@ def _is_orbax_noise(error: BaseException | None, where: object = None) -> bool:
     coroutines of a failed read."""
     text = f"{error} {where}"
     return ("Event loop is closed" in text or "Encountered error while reading array" in text
-            or "orbax" in repr(where))
+            or "in OCDBT database" in text or "orbax" in repr(where))
 
 
 class _OrbaxNoiseFilter(logging.Filter):
