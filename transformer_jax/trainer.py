@@ -2,8 +2,9 @@
 
     train(config, workdir)  # what `python train.py --config=... --workdir=...` runs
 
-The first start prepares the data (DIR/prepared: the tokenizer's ids of every
-split, `python -m transformer_jax.data prepare`); later starts only open it.
+The first start prepares the data (DIR/prepared: the training and validation
+splits as the tokenizer's ids, `python -m transformer_jax.data prepare`); later
+starts only open it.
 Restarting the same command resumes from the latest checkpoint in
 DIR/checkpoints, exactly: the state, the data iterator and the dropout keys
 (derived from seed and step) continue where they stopped; a damaged latest

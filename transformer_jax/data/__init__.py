@@ -1,6 +1,6 @@
 """Data: sources, tokenizer, prepared token ids, batches.
 
-    tokenizer, splits = prepare(config.data, workdir)   # every split as ids, once
+    tokenizer, splits = prepare(config.data, workdir)   # train and validation as ids, once
     batches = train_dataset(splits["train"], batch_size=64, max_source_length=32,
                             max_target_length=32)    # packed rows, grain IterDataset
     pairs = load_split(config.data, "validation").pairs   # text: {"source": str, "target": str}

@@ -3,8 +3,8 @@
     python -m transformer_jax.data prepare --config=configs/default.py --workdir=runs/default
     python -m transformer_jax.data --config=configs/default.py --split=validation --show=5
 
-`prepare` trains (or loads) the run's tokenizer and writes every split as token
-ids into WORKDIR/prepared, with progress and rates; `train.py` does the same on
+`prepare` trains (or loads) the run's tokenizer and writes the training and
+validation splits as token ids into WORKDIR/prepared, with progress and rates; `train.py` does the same on
 its first start, so this is for preparing ahead (e.g. before a multi-host run).
 Without a command, a split's examples are shown as text, ids and pieces, then
 statistics.
@@ -17,11 +17,11 @@ import tempfile
 from absl import app, flags
 from ml_collections import config_flags
 
+from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.data import report
 from transformer_jax.data.prepared import prepare, prepared_dir
 from transformer_jax.data.sources import DataError, load_split
 from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path
-from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.run_config import parse_flags
 from transformer_jax.workdir_lock import workdir_lock
 

@@ -18,8 +18,8 @@ import math
 import sys
 
 import grain
-from absl import flags
 import numpy as np
+from absl import flags
 
 from transformer_jax.data.packing import PackedBatchIterDataset
 from transformer_jax.data.sources import DataError

@@ -47,7 +47,7 @@ from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path
 PREPARED_DIR = "prepared"
 # The splits read as ids: training batches and the validation loss. The test split is
 # only translated and scored, from its text (evaluate.py).
-SPLITS = ("train", "validation")
+PREPARED_SPLITS = ("train", "validation")
 SIDES = ("inputs", "targets")
 PART_PAIRS = 250_000  # pairs per part: the work a kill can lose
 FORMAT_VERSION = 1
@@ -131,9 +131,9 @@ def _refuse_stale(recorded: dict, wanted: dict, folder: str) -> None:
                         f"trained on the old ids), or use another workdir.")
 
 
-def prepare(data_config, workdir: str, *, splits=SPLITS,
+def prepare(data_config, workdir: str, *, splits=PREPARED_SPLITS,
             log=print) -> tuple[Tokenizer, dict[str, PreparedSplit]]:
-    """Trains or loads the run's tokenizer, then tokenizes every split not yet prepared.
+    """Trains or loads the run's tokenizer, then tokenizes each of `splits` not yet prepared.
 
     Returns the tokenizer and the prepared splits; a stale one is a DataError.
     `log` gets one line per split with its size and rate.
