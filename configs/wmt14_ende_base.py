@@ -3,12 +3,14 @@
     python train.py --config=configs/wmt14_ende_base.py --workdir=runs/wmt14_base
 
 Hardware: meant for 8 accelerators (the paper: 8 P100 GPUs, about 0.4 s per step, 100k
-steps in 12 hours). Each update packs 8 devices x 12 rows x 256 tokens, about 25k target
-tokens (and as many source tokens) as in §5.1. With fewer devices keep the update the same:
-one H100 takes all 96 rows at once in bfloat16 (about 44 ms per step, README "On a GPU"),
-    --config.per_device_batch_size=96 --config.model.dtype=bfloat16
+steps in 12 hours). Each update holds at most 25,000 source and 25,000 target tokens, as
+in §5.1 (`data.tokens_per_batch`), whatever the number of devices: 8 devices pack 12 rows
+of 256 tokens each (96 rows); one H100 takes all 97 rows at once in bfloat16 (about 44 ms
+per step at 96 rows, README "On a GPU"),
+    --config.model.dtype=bfloat16
 and a smaller GPU splits them into micro-batches with --config.accumulation_steps=N.
---config.model.dtype=bfloat16 computes in bfloat16 (parameters stay float32).
+--config.model.dtype=bfloat16 computes in bfloat16 (parameters stay float32). The paper
+batched pairs of similar length instead of packing them: --config.data.batching=bucketed.
 
 Data: TFDS prepares wmt14_translate/de-en on first use (a download of several GB; about
 4.5M pairs); validation is newstest2013. Expected result: the paper reports 27.3 BLEU on
@@ -32,7 +34,8 @@ def get_config() -> ConfigDict:
         optim=optim_fields(warmup_steps=4000, label_smoothing=0.1),  # §5.3, §5.4
     )
     config.num_train_steps = 100_000
-    config.per_device_batch_size = 12  # x 8 devices x 256 tokens: about 25k tokens per update
+    config.per_device_batch_size = 0  # rows from the token budget:
+    config.data.tokens_per_batch = 25_000  # per update and side (§5.1), over all devices
     config.log_every_steps = 100
     config.eval_every_steps = 2000
     # §6.1: the base model averages the last 5 checkpoints, written every 10 minutes

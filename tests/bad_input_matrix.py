@@ -29,7 +29,9 @@ BAD_CONFIGS = [f"--config.{c}" for c in (
     "decode.max_extra_length=-1", "decode.bleu_examples=0", "model.num_heads=5",
     "model.d_model=0", "model.num_layers=0", "model.dropout_rate=1.5",
     "model.attention_implementation=cudnn", "model.attention_implementation=flash",
-    "optim.warmup_steps=0", "num_train_stepz=5")] + ["--config=configs/missing.py"]
+    "optim.warmup_steps=0", "num_train_stepz=5", "data.batching=sorted",
+    "data.tokens_per_batch=25000", "data.tokens_per_batch=-1", "data.num_buckets=0")] + [
+    "--config.per_device_batch_size=0 --config.data.tokens_per_batch=20"] + ["--config=configs/missing.py"]
 
 
 def bad_inputs(workdir, scratch):
@@ -98,7 +100,8 @@ def main() -> int:
         subprocess.run([sys.executable, "train.py", "--config=configs/default.py",
                         f"--workdir={workdir}", *TINY, "--config.num_train_steps=2"],
                        cwd=ROOT, capture_output=True, check=True)
-        cases = [(flag, [sys.executable, "train.py", f"--workdir={scratch}/bad", *TINY, flag], "")
+        cases = [(flag, [sys.executable, "train.py", f"--workdir={scratch}/bad", *TINY,
+                         *flag.split()], "")
                  for flag in BAD_CONFIGS] + bad_inputs(workdir, scratch)
         failed = [(name, why) for name, command, stdin in cases
                   if (why := check(name, command, stdin))]

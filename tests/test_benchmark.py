@@ -13,7 +13,7 @@ from transformer_jax import Transformer, count_parameters, get_model_config
 from transformer_jax.benchmark import SUITES, decode, flops, machine, report
 from transformer_jax.benchmark.__main__ import main
 from transformer_jax.benchmark.model import model_configs, synthetic_batch
-from transformer_jax.benchmark.pipeline import _packed_counts
+from transformer_jax.benchmark.pipeline import _counts
 
 # Fields each suite's JSON rows must hold with positive values.
 POSITIVE = {
@@ -45,7 +45,7 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
         assert all(row.get(f, 0) <= 1 for row in result["results"] for f in ("source_fill",
                                                                                "target_fill"))
         assert [row["resumed_exactly"] for row in result["results"] if "resume_s" in row] == [
-            True]
+            True, True]  # packed and bucketed
     assert "tflops" in capsys.readouterr().out or suite in ("decode", "pipeline")
 
 
@@ -177,14 +177,18 @@ def test_torch_peer_is_the_same_model():
     assert peer_total == count_parameters(config)["total"] + 2 * 2 * config.d_model
 
 
-def test_pipeline_packed_counts():
+def test_pipeline_counts():
     """Examples from the target segments; tokens are the non-padding positions per side,
-    under our keys and under grain's packers' keys."""
+    under our keys and under grain's packers' keys; slots the rows' sizes. Padded batches:
+    one example per row that has target ids."""
     segments = {"inputs": np.array([[1, 1, 2, 2, 2, 0], [1, 1, 0, 0, 0, 0]]),
                 "targets": np.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 0, 0, 0]])}
     for suffix in ("_segmentation", "_segment_ids"):
         batch = {key + suffix: value for key, value in segments.items()}
-        assert _packed_counts(batch, suffix) == (3, 7, 8)
+        assert _counts(batch, suffix) == (3, 7, 8, 12, 12)
+    padded = {"inputs": np.array([[5, 9, 1, 0], [7, 1, 0, 0], [0, 0, 0, 0]]),
+              "targets": np.array([[4, 1, 0], [8, 8, 1], [0, 0, 0]])}
+    assert _counts(padded) == (2, 5, 5, 12, 9)
 
 
 def test_table_aligns_every_key():
@@ -263,14 +267,17 @@ def test_pipeline_adds_workers_on_hosts_of_many_cores(monkeypatch):
     def workers(data, cores):
         monkeypatch.setattr(pipeline.os, "cpu_count", lambda: cores)
         chosen = [case for case in pipeline.cases(False) if case.data == data]
-        sizes = {(case.rows, case.source_length, case.target_length) for case in chosen}
+        sizes = {(case.rows, case.source_length, case.target_length) for case in chosen
+                 if not case.tokens}
         assert sizes == ({(64, 16, 32)} if data == "numbers" else {(96, 256, 256)})
-        return [case.workers for case in chosen]
+        budgets = [(case.tokens, case.workers) for case in chosen if case.tokens]
+        assert budgets == ([(64 * 32, 0)] if data == "numbers" else [(25_000, 0), (25_000, 2)])
+        return [case.workers for case in chosen if not case.tokens]
 
     assert workers("wmt", 16) == [0, 1, 2, 4, 8, 16]
     assert workers("wmt", 12) == [0, 1, 2, 4, 8]
     assert workers("wmt", 2) == workers("numbers", 16) == workers("numbers", 2) == [0, 1, 2]
-    assert [case.workers for case in pipeline.cases(True)] == [0, 0]
+    assert [case.workers for case in pipeline.cases(True)] == [0, 0, 0, 0]
 
 
 def test_pipeline_corpus_has_wmt_like_lengths_and_is_deterministic(tmp_path):

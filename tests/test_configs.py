@@ -5,6 +5,7 @@ import importlib.util
 import pathlib
 
 import pytest
+from transformer_jax.config_checks import check_config
 from transformer_jax.model_config import ModelConfig, get_model_config
 from transformer_jax.run_config import build_model_config, data_fields, model_fields
 
@@ -20,6 +21,7 @@ def test_config_builds_a_model_and_has_every_data_key(path):
     model = build_model_config(config.model, vocab_size=config.data.vocab_size)
     assert isinstance(model, ModelConfig) and model.vocab_size == config.data.vocab_size
     assert set(config.data) == set(data_fields())
+    check_config(config)  # the values too: the batch sized one way, the choices known
     assert path.read_text().startswith('"""')  # a docstring with the command
 
 

@@ -44,7 +44,7 @@ def test_model_example(run_block, capsys):
 
 def test_data_example(run_block, tmp_path):
     """The data example builds "small" numbers, saves the tokenizer, prepares the ids, packs
-    a 64-row batch and reads the validation text."""
+    a 64-row batch, buckets a batch within 2,048 tokens and reads the validation text."""
     namespace = run_block(BLOCKS[1])
     assert len(namespace["train"]) == 4000 and len(namespace["pairs"]) == 200
     assert (tmp_path / "runs" / "demo" / "tokenizer.model").exists()
@@ -53,3 +53,7 @@ def test_data_example(run_block, tmp_path):
     assert tokenizer.decode(first["inputs"]) and first["inputs"][-1] == 1  # text, then EOS
     batch = namespace["batch"]
     assert batch["inputs"].shape == (64, 16) and batch["targets_positions"].shape == (64, 32)
+    padded = namespace["padded"]  # a bucket of 8 or of 16 tokens
+    rows, length = padded["targets"].shape
+    assert padded.keys() == {"inputs", "targets"} and rows * length <= 2048 < (rows + 1) * length
+    assert padded["inputs"].shape == (rows, min(length, 16)) and (padded["targets"] != 0).any(1).all()

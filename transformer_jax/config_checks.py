@@ -9,7 +9,7 @@ import tempfile
 
 from transformer_jax.attention import cudnn_unsupported
 from transformer_jax.data.numbers import CONFIG_SIZES as NUMBERS_SIZES
-from transformer_jax.data.pipeline import TOO_LONG
+from transformer_jax.data.pipeline import BATCHING, TOO_LONG
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import STRATEGIES
 from transformer_jax.run_config import build_model_config
@@ -21,7 +21,7 @@ class ConfigError(ValueError):
 
 def check_config(config) -> None:
     """Fails fast, naming the key, on values that could only fail later (before data is read)."""
-    positive = ("num_train_steps", "per_device_batch_size", "accumulation_steps",
+    positive = ("num_train_steps", "accumulation_steps",
                 "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
                 "checkpoints_to_keep", "decode.beam_size",
                 "decode.bleu_examples")
@@ -36,9 +36,7 @@ def check_config(config) -> None:
         _require_int(config, f"data.max_{side}_length", 2, "an integer >= 2")
     if not isinstance(config.decode.alpha, (int, float)) or config.decode.alpha < 0:
         raise ConfigError(f"config.decode.alpha must be a number >= 0, got {config.decode.alpha!r}")
-    if config.per_device_batch_size % config.accumulation_steps:
-        raise ConfigError(f"config.per_device_batch_size={config.per_device_batch_size} must "
-                          f"split into config.accumulation_steps={config.accumulation_steps}")
+    _check_batch_size(config)
     _require_choice(config, "parallelism", STRATEGIES)
     _require_choice(config, "data.too_long", TOO_LONG)
     if config.data.dataset == "numbers":
@@ -49,6 +47,32 @@ def check_config(config) -> None:
     except ValueError as error:
         raise ConfigError(f"config.model / config.optim: {error}") from None
     _check_model_fits_the_run(model_config, config.data)
+
+
+def _check_batch_size(config) -> None:
+    """Rows per device, or a token budget (§5.1): exactly one sizes the batch."""
+    _require_int(config, "per_device_batch_size", 0, "a positive integer (or 0 with "
+                 "config.data.tokens_per_batch)")
+    _require_int(config, "data.tokens_per_batch", 0, "an integer >= 0 (0: "
+                 "config.per_device_batch_size rows per device)")
+    _require_int(config, "data.num_buckets", 1, "a positive integer")
+    _require_choice(config, "data.batching", BATCHING)
+    rows, tokens = config.per_device_batch_size, config.data.tokens_per_batch
+    if not rows and not tokens:
+        raise ConfigError("config.per_device_batch_size must be a positive integer, got 0 "
+                          "(0 only with config.data.tokens_per_batch > 0)")
+    if rows and tokens:
+        raise ConfigError(f"config.per_device_batch_size={rows} and config.data.tokens_per_batch"
+                          f"={tokens} both size the batch: set per_device_batch_size=0 to batch "
+                          f"by tokens, or tokens_per_batch=0")
+    longest = max(config.data.max_source_length, config.data.max_target_length)
+    if 0 < tokens < longest:
+        raise ConfigError(f"config.data.tokens_per_batch={tokens} holds not one row of "
+                          f"{longest} tokens (config.data.max_source_length / "
+                          f"max_target_length)")
+    if rows % config.accumulation_steps:
+        raise ConfigError(f"config.per_device_batch_size={rows} must split into "
+                          f"config.accumulation_steps={config.accumulation_steps}")
 
 
 def _check_model_fits_the_run(model_config, data) -> None:

@@ -42,6 +42,13 @@ def data_fields(**overrides) -> ml_collections.ConfigDict:
     data.max_source_length = 32  # tokens per packed row, EOS included
     data.max_target_length = 32
     data.too_long = "truncate"  # pairs longer than a row: "truncate" or "drop"
+    # "packed": pairs share rows of the lengths above; "bucketed": pairs of similar length,
+    # padded to their bucket's length (§5.1's way, at most num_buckets shapes to compile).
+    data.batching = "packed"
+    # Tokens per update on each side (§5.1: about 25,000), over all devices and processes,
+    # in place of config.per_device_batch_size (set that to 0); 0: per_device_batch_size.
+    data.tokens_per_batch = 0
+    data.num_buckets = 8  # "bucketed" only: bucket lengths at quantiles of the pair lengths
     data.num_workers = 0  # grain worker processes that pack batches; 0: in the training process
     data.lock().update(overrides)  # locked: a misspelt key is an error, not a new field
     return data.unlock()
@@ -67,7 +74,7 @@ def base_config(*, model: ml_collections.ConfigDict, data: ml_collections.Config
     config = ml_collections.ConfigDict()
     config.seed = 0  # fixes initialisation, data order and dropout
     config.num_train_steps = 100_000  # optimizer updates
-    config.per_device_batch_size = 64  # packed rows per device per update
+    config.per_device_batch_size = 64  # rows per device per update; 0: data.tokens_per_batch
     config.accumulation_steps = 1  # micro-batches per update (split the rows, sum the gradients)
     config.parallelism = "pmap"  # "pmap" or "sharded" (jit on a device mesh)
     config.log_every_steps = 100  # metrics to metrics.jsonl, TensorBoard and the progress bar

@@ -31,7 +31,14 @@ from jax.experimental import multihost_utils
 from transformer_jax.bleu import score
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config_checks import ConfigError, check_config, writable_folder
-from transformer_jax.data import eval_batches, load_split, prepare, train_dataset
+from transformer_jax.data import (
+    budget_rows,
+    bucketed_dataset,
+    eval_batches,
+    load_split,
+    prepare,
+    train_dataset,
+)
 from transformer_jax.data.vocabulary import tokenizer_path
 from transformer_jax.model import Transformer
 from transformer_jax.optim import optimizer_from_config
@@ -198,6 +205,38 @@ def _train(config, workdir: str, stop: _StopSignal) -> TrainResult:
         checkpointer.close()
 
 
+def _batch_rows(config, num_local_devices: int) -> int:
+    """This process's rows per update: `per_device_batch_size` per device, or as many
+    full-length rows as its share of `data.tokens_per_batch` holds (§5.1)."""
+    d = config.data
+    if not d.tokens_per_batch:
+        return config.per_device_batch_size * num_local_devices
+    multiple = num_local_devices * config.accumulation_steps  # whole micro-batches per device
+    longest = max(d.max_source_length, d.max_target_length)
+    rows = budget_rows(d.tokens_per_batch // jax.process_count(), longest, multiple)
+    if not rows:
+        raise ConfigError(f"config.data.tokens_per_batch={d.tokens_per_batch} holds no "
+                          f"{multiple} rows of {longest} tokens in each of "
+                          f"{jax.process_count()} processes ({num_local_devices} devices x "
+                          f"{config.accumulation_steps} micro-batches each); raise it")
+    return rows
+
+
+def _train_batches(config, source, rows: int, num_local_devices: int):
+    """The run's endless training batches: packed (`rows` rows) or bucketed."""
+    d = config.data
+    common = dict(max_source_length=d.max_source_length, max_target_length=d.max_target_length,
+                  too_long=d.too_long, seed=config.seed, num_workers=d.num_workers,
+                  shard_index=jax.process_index(), shard_count=jax.process_count())
+    if d.batching == "packed":
+        return train_dataset(source, batch_size=rows, **common)
+    budget = (dict(tokens_per_batch=d.tokens_per_batch // jax.process_count(),
+                   rows_multiple=num_local_devices * config.accumulation_steps)
+              if d.tokens_per_batch else dict(batch_size=rows))
+    return bucketed_dataset(source, num_buckets=d.num_buckets, **budget, **common,
+                            log=print if jax.process_index() == 0 else None)
+
+
 class _Loop:
     """The state of one training run between its steps."""
 
@@ -215,15 +254,11 @@ class _Loop:
             learning_rate_fn=optimizer.learning_rate_fn,
             accumulation_steps=config.accumulation_steps))
         self.p_eval = parallel.compile_eval_step(functools.partial(eval_step, model=self.model))
-        d = config.data
-        self.rows = config.per_device_batch_size * parallel.num_local_devices
+        self.rows = _batch_rows(config, parallel.num_local_devices)
         self.validation = splits["validation"]
-        self.eval_pairs = load_split(d, "validation").pairs  # text: BLEU's sources, references
-        self.data = iter(train_dataset(
-            splits["train"], batch_size=self.rows, max_source_length=d.max_source_length,
-            max_target_length=d.max_target_length, too_long=d.too_long, seed=config.seed,
-            num_workers=d.num_workers, shard_index=jax.process_index(),
-            shard_count=jax.process_count()))
+        self.eval_pairs = load_split(config.data, "validation").pairs  # BLEU's text
+        self.data = iter(_train_batches(config, splits["train"], self.rows,
+                                        parallel.num_local_devices))
         self.state = create_train_state(self.model, optimizer.tx, jax.random.key(config.seed))
         self._window = _Window()
 

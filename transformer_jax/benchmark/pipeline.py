@@ -1,16 +1,18 @@
-"""The `pipeline` suite: how fast prepared token ids become packed training batches.
+"""The `pipeline` suite: how fast prepared token ids become training batches.
 
 Three groups of rows:
 
 - numbers: the default run's data (configs/default.py: the built-in numbers
   dataset, a 512-piece vocabulary, 64 rows of 16 + 32 tokens), prepared once,
-  read by `train_dataset` with 0, 1 and 2 grain worker processes.
+  read by `train_dataset` with 0, 1 and 2 grain worker processes; and bucketed
+  (`bucketed_dataset`) within the same budget, 64 x 32 tokens.
 - grain first-fit / best-fit: grain's own packers over the same prepared split
   at the same sizes, one example per grain element, for comparison.
 - wmt-like: a generated corpus of WMT14 EN-DE's size (4.5 M pairs, `corpus.py`),
   prepared with a 32k vocabulary: the time to prepare it, to the first batch,
   to the first batch of a resume, the memory the reading takes, and the rate
-  at the GPU step's batch, 96 rows of 256 + 256 tokens.
+  at the GPU step's batch, 96 rows of 256 + 256 tokens, packed; and bucketed
+  within the paper's budget of 25,000 tokens (8 buckets).
 
 Examples are the sentence pairs packed into the rows (counted from the target
 segment ids); tokens are the non-padding source and target tokens; fill is the
@@ -28,7 +30,13 @@ import grain
 import numpy as np
 
 from transformer_jax.benchmark.corpus import write_wmt_like_corpus
-from transformer_jax.data import PreparedSplit, get_tokenizer, prepare, train_dataset
+from transformer_jax.data import (
+    PreparedSplit,
+    bucketed_dataset,
+    get_tokenizer,
+    prepare,
+    train_dataset,
+)
 from transformer_jax.run_config import data_fields
 
 WMT_PAIRS = 4_500_000  # WMT14 EN-DE's training pairs
@@ -36,8 +44,11 @@ WMT_QUICK_PAIRS = 3_000
 GRAIN_PACKERS = {"grain first-fit": grain.experimental.FirstFitPackIterDataset,
                  "grain best-fit": grain.experimental.BestFitPackIterDataset}
 
-# One rate row: which data, how many rows of which lengths, how many grain workers.
-Case = collections.namedtuple("Case", "data rows source_length target_length workers")
+# One rate row: which data, how many rows of which lengths, how many grain workers; and
+# `tokens`: 0 packs `rows` rows, > 0 buckets within that budget.
+Case = collections.namedtuple("Case", "data rows source_length target_length workers tokens",
+                              defaults=(0,))
+BUDGET = 25_000  # §5.1's tokens per side and batch
 
 
 def cases(quick: bool) -> list[Case]:
@@ -45,19 +56,28 @@ def cases(quick: bool) -> list[Case]:
     step's batch on the WMT-like corpus at 0-2 workers, and up to 16 on hosts of 8 cores
     or more (quick: one of each, no workers)."""
     if quick:
-        return [Case("numbers", 64, 16, 32, 0), Case("wmt", 96, 256, 256, 0)]
+        return [Case("numbers", 64, 16, 32, 0), Case("numbers", 0, 16, 32, 0, 64 * 32),
+                Case("wmt", 96, 256, 256, 0), Case("wmt", 0, 256, 256, 0, BUDGET)]
     cores = os.cpu_count() or 1
     many = [w for w in (4, 8, 16) if w <= cores] if cores >= 8 else []
     return ([Case("numbers", 64, 16, 32, w) for w in (0, 1, 2)]
-            + [Case("wmt", 96, 256, 256, w) for w in [0, 1, 2] + many])
+            + [Case("numbers", 0, 16, 32, 0, 64 * 32)]
+            + [Case("wmt", 96, 256, 256, w) for w in [0, 1, 2] + many]
+            + [Case("wmt", 0, 256, 256, w, BUDGET) for w in (0, 2)])
 
 
-def _packed_counts(batch: dict, segments: str = "_segmentation") -> tuple[int, int, int]:
-    """(examples, source tokens, target tokens) in one packed batch; `segments` is the
-    suffix of the segment-id keys (grain's packers write "_segment_ids")."""
-    examples = int(batch["targets" + segments].max(axis=1).sum())
-    return (examples, int(np.count_nonzero(batch["inputs" + segments])),
-            int(np.count_nonzero(batch["targets" + segments])))
+def _counts(batch: dict, segments: str = "_segmentation") -> tuple[int, ...]:
+    """(examples, source tokens, target tokens, source slots, target slots) in one batch,
+    packed (`segments`: the suffix of the segment-id keys; grain's packers write
+    "_segment_ids") or padded (no segment ids: a row per example, PAD_ID is 0)."""
+    if "targets" + segments in batch:
+        examples = int(batch["targets" + segments].max(axis=1).sum())
+        source, target = batch["inputs" + segments], batch["targets" + segments]
+    else:
+        source, target = batch["inputs"], batch["targets"]
+        examples = int(np.count_nonzero(target.any(axis=1)))
+    return (examples, int(np.count_nonzero(source)), int(np.count_nonzero(target)),
+            source.size, target.size)
 
 
 def time_batches(batches, num_batches: int, warmup: int, segments: str = "_segmentation") -> dict:
@@ -65,31 +85,32 @@ def time_batches(batches, num_batches: int, warmup: int, segments: str = "_segme
     times `num_batches`: batches, examples and tokens per second, and the fill of the rows."""
     for _ in range(warmup):
         next(batches)
-    counts = np.zeros(3, np.int64)
+    counts = np.zeros(5, np.int64)
     start = time.perf_counter()
     for _ in range(num_batches):
-        batch = next(batches)
-        counts += _packed_counts(batch, segments)
+        counts += _counts(next(batches), segments)
     seconds = time.perf_counter() - start
-    examples, source, target = counts.tolist()
+    examples, source, target, source_slots, target_slots = counts.tolist()
     return {"batches_per_sec": num_batches / seconds, "examples_per_sec": examples / seconds,
             "tokens_per_sec": (source + target) / seconds,
             "target_tokens_per_sec": target / seconds,
-            "source_fill": source / (num_batches * batch["inputs"].size),
-            "target_fill": target / (num_batches * batch["targets"].size)}
+            "source_fill": source / source_slots, "target_fill": target / target_slots}
 
 
 def _rate_row(data: str, packer: str, case: Case, figures: dict) -> dict:
-    return {"data": data, "stage": f"pack ({packer})", "rows": case.rows,
+    stage = f"bucket, {case.tokens} tokens" if case.tokens else f"pack ({packer})"
+    return {"data": data, "stage": stage, "rows": case.rows or "budget",
             "row_tokens": f"{case.source_length}+{case.target_length}",
             "workers": case.workers, **figures}
 
 
 def _batches(split: PreparedSplit, case: Case):
-    """An iterator of our packed batches for `case`."""
-    return iter(train_dataset(split, batch_size=case.rows, max_source_length=case.source_length,
-                              max_target_length=case.target_length,
-                              num_workers=case.workers))
+    """An iterator of our batches for `case`: packed, or bucketed (8 buckets)."""
+    lengths = dict(max_source_length=case.source_length, max_target_length=case.target_length,
+                   num_workers=case.workers)
+    if case.tokens:
+        return iter(bucketed_dataset(split, tokens_per_batch=case.tokens, **lengths))
+    return iter(train_dataset(split, batch_size=case.rows, **lengths))
 
 
 def _prepare_train(data, workdir: str) -> PreparedSplit:
@@ -231,6 +252,8 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
         "examples: sentence pairs packed into the rows; tokens: non-padding source + target "
         "tokens",
         "source_fill / target_fill: non-padding tokens / (rows x row length), per side",
+        "bucket rows: bucketed_dataset, pairs of similar length padded, 8 buckets, as many "
+        "rows as the budget holds on each side (rows x bucket length <= tokens)",
         "grain first-fit / best-fit: grain.experimental's packers (64 bins), one example per "
         "grain element, over the same prepared split (workers: grain worker processes)",
         "wmt-like: a generated corpus shaped like WMT14 EN-DE (not real language; "

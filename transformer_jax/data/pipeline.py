@@ -8,7 +8,9 @@ in every segment, the keys `Transformer.__call__` takes:
     targets, targets_segmentation, targets_positions   (B, max_target_length)
 
 A batch of B rows holds at most B * max_target_length target tokens: the
-paper's token budget (§5.1, about 25k per step) is a choice of B and length.
+paper's token budget (§5.1, about 25k per step) is a choice of B and length,
+`budget_rows`. Bucketing (bucketing.py) is the other way to batch: pairs of
+similar length, padded.
 
 Evaluation batches are padded, never packed, and hold every example once:
 `example_mask` is False on the rows that only pad the last batch.
@@ -26,6 +28,7 @@ from transformer_jax.data.sources import DataError
 from transformer_jax.token_ids import PAD_ID
 
 TOO_LONG = ("truncate", "drop")
+BATCHING = ("packed", "bucketed")  # this module's packing, or bucketing.py
 
 CHUNK = 1024  # example indices per grain element: grain's cost is per element, not per pair
 
@@ -39,8 +42,8 @@ class ShuffledChunks:
     here is one NumPy permutation, seeded by (seed, epoch), kept for its chunks.
     """
 
-    def __init__(self, indices: np.ndarray, seed: int, chunk: int = CHUNK):
-        self._indices, self._seed, self._chunk = indices, seed, chunk
+    def __init__(self, indices: np.ndarray, seed: int | tuple[int, ...], chunk: int = CHUNK):
+        self._indices, self._seed, self._chunk = indices, (seed,) if isinstance(seed, int) else tuple(seed), chunk
         self._epoch, self._order = -1, None
 
     def __len__(self) -> int:
@@ -57,9 +60,19 @@ class ShuffledChunks:
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         if epoch != self._epoch:
-            rng = np.random.default_rng([self._seed, epoch])
+            rng = np.random.default_rng([*self._seed, epoch])
             self._epoch, self._order = epoch, self._indices[rng.permutation(len(self._indices))]
         return self._order
+
+
+def budget_rows(tokens_per_batch: int, length: int, multiple: int = 1) -> int:
+    """The most rows of `length` tokens within `tokens_per_batch` tokens, a multiple of
+    `multiple` (devices x micro-batches); 0 when not even `multiple` rows fit.
+
+    §5.1's budget is about 25,000 source and 25,000 target tokens per update: rows
+    of `length` tokens on each side hold at most rows x length of each.
+    """
+    return tokens_per_batch // length // multiple * multiple
 
 
 def train_dataset(source, *, batch_size: int, max_source_length: int, max_target_length: int,
@@ -75,9 +88,23 @@ def train_dataset(source, *, batch_size: int, max_source_length: int, max_target
     batches come from them in turn: the same batches for the same worker count.
     `iter(...)` gives an iterator whose `get_state()` / `set_state()` resume exactly.
     """
+    indices = usable_pairs(source, np.arange(shard_index, len(source), shard_count),
+                           too_long=too_long, max_source_length=max_source_length,
+                           max_target_length=max_target_length)
+    chunks = grain.MapDataset.source(ShuffledChunks(indices, seed)).to_iter_dataset(
+        grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
+    batches = PackedBatchIterDataset(
+        chunks, source, batch_size=batch_size,
+        lengths={"inputs": max_source_length, "targets": max_target_length})
+    return in_workers(batches, num_workers)
+
+
+def usable_pairs(source, indices: np.ndarray, *, too_long: str, max_source_length: int,
+                 max_target_length: int) -> np.ndarray:
+    """`indices` less the pairs longer than a row when `too_long` is "drop"; a DataError
+    when none is left."""
     if too_long not in TOO_LONG:
         raise ValueError(f"too_long must be one of {TOO_LONG}, got {too_long!r}")
-    indices = np.arange(shard_index, len(source), shard_count)
     if not len(indices):
         raise DataError("no training pairs: the training split is empty")
     if too_long == "drop":
@@ -88,17 +115,26 @@ def train_dataset(source, *, batch_size: int, max_source_length: int, max_target
                             f"rows ({max_source_length} + {max_target_length} tokens); cut them "
                             f"instead (too_long='truncate') or make the rows longer")
         indices = indices[fits]
-    chunks = grain.MapDataset.source(ShuffledChunks(indices, seed)).to_iter_dataset(
-        grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
-    batches = PackedBatchIterDataset(
-        chunks, source, batch_size=batch_size,
-        lengths={"inputs": max_source_length, "targets": max_target_length})
+    return indices
+
+
+def in_workers(batches: grain.IterDataset, num_workers: int) -> grain.IterDataset:
+    """`batches` made by `num_workers` grain worker processes (`mp_prefetch`); 0: as is."""
     if num_workers == 0:
         return batches
     if not flags.FLAGS.is_parsed():  # grain 0.2.18's workers read an absl flag: defaults do
         flags.FLAGS.mark_as_parsed()
     return batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers,
                                                             per_worker_buffer_size=4))
+
+
+def padded_rows(source, side: str, indices: np.ndarray, rows: int, length: int) -> np.ndarray:
+    """(rows, length) int32: pair `indices[k]`'s ids on `side` in row k, cut to `length`,
+    then PAD_ID; the rows past `len(indices)` are all padding."""
+    size = np.minimum(source.lengths(side)[indices], length)
+    array = np.full((rows, length), PAD_ID, np.int32)
+    array[:len(indices)][np.arange(length) < size[:, None]] = source.gather(side, indices, size)
+    return array
 
 
 def eval_batches(source, *, batch_size: int, max_source_length: int, max_target_length: int,
@@ -112,17 +148,11 @@ def eval_batches(source, *, batch_size: int, max_source_length: int, max_target_
     """
     mine = np.arange(shard_index, len(source), shard_count)
     num_batches = math.ceil(math.ceil(len(source) / shard_count) / batch_size)
-    lengths = {"inputs": max_source_length, "targets": max_target_length}
-    sizes = {key: np.minimum(source.lengths(key), length) for key, length in lengths.items()}
     for b in range(num_batches):
         indices = mine[b * batch_size:(b + 1) * batch_size]
         batch = {"example_mask": np.arange(batch_size) < len(indices),
                  "index": np.full((batch_size,), -1, np.int32)}
         batch["index"][:len(indices)] = indices
-        for key, length in lengths.items():
-            size = sizes[key][indices]
-            rows = np.full((batch_size, length), PAD_ID, np.int32)
-            rows[:len(indices)][np.arange(length) < size[:, None]] = source.gather(
-                key, indices, size)
-            batch[key] = rows
+        batch["inputs"] = padded_rows(source, "inputs", indices, batch_size, max_source_length)
+        batch["targets"] = padded_rows(source, "targets", indices, batch_size, max_target_length)
         yield batch

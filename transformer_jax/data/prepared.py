@@ -77,7 +77,7 @@ class PreparedSplit:
         self.folder = folder
         with open(os.path.join(folder, "manifest.json")) as f:
             self.manifest = json.load(f)
-        self._ids, self._offsets = {}, {}
+        self._ids, self._offsets, self._lengths = {}, {}, {}
         for side in SIDES:  # plain arrays over the maps: np.memmap's indexing is slower
             self._ids[side] = np.asarray(np.load(os.path.join(folder, f"{side}.npy"),
                                                  mmap_mode="r"))
@@ -96,8 +96,12 @@ class PreparedSplit:
                 for side, o in self._offsets.items()}
 
     def lengths(self, side: str) -> np.ndarray:
-        """(N,) int32: the number of ids of each pair on `side` ("inputs" or "targets")."""
-        return np.diff(self._offsets[side]).astype(np.int32)
+        """(N,) int32, read-only: the number of ids of each pair on `side` ("inputs" or
+        "targets"); computed once."""
+        if side not in self._lengths:
+            self._lengths[side] = np.diff(self._offsets[side]).astype(np.int32)
+            self._lengths[side].flags.writeable = False
+        return self._lengths[side]
 
     def gather(self, side: str, indices: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """The first `counts[k]` ids of pair `indices[k]`, for every k, end to end (int32).
