@@ -1,15 +1,23 @@
-"""Strict JAX for every test, and 8 simulated CPU devices for the multi-device ones.
+"""Strict JAX for every test, and 8 simulated CPU devices for the multi-device ones; one
+trained run that the tests reading a trained workdir share.
 
 XLA_FLAGS must be set before JAX starts, so this runs before any test imports jax.
 """
 
+import contextlib
+import fcntl
+import json
 import os
+import pathlib
+import shutil
+from typing import NamedTuple
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 
 import jax  # noqa: E402
+import ml_collections  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -40,3 +48,54 @@ def standard_dtype_promotion():
     bfloat16 (it mixes bfloat16 and float32 inside)."""
     with jax.numpy_dtype_promotion("standard"):
         yield
+
+
+class TrainedRun(NamedTuple):
+    """A trained workdir the tests share: they read it, and copy it to change anything."""
+
+    workdir: pathlib.Path
+    config: ml_collections.ConfigDict  # run_configs.shared_run(), what it was trained with
+    records: list[dict]  # the training records `train` returned
+    fetched: list[list[str]]  # the keys of each tree its training brought to the host
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> TrainedRun:
+    """run_configs.shared_run() trained once: the first pytest-xdist worker to need it
+    trains it, the others wait for it and read what it wrote."""
+    from run_configs import shared_run
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, shared by its workers
+    workdir, summary = root / "trained_run", root / "trained_run.json"
+    with _exclusive(root / "trained_run.lock"):
+        if not summary.exists():
+            shutil.rmtree(workdir, ignore_errors=True)  # a worker's failed attempt
+            summary.write_text(json.dumps(_train_counting_fetches(shared_run(), workdir)))
+    return TrainedRun(workdir, shared_run(), **json.loads(summary.read_text()))
+
+
+@contextlib.contextmanager
+def _exclusive(lock_file: pathlib.Path):
+    """Holds an exclusive lock on `lock_file` (an flock, released if the process dies)."""
+    with open(lock_file, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _train_counting_fetches(config, workdir: pathlib.Path) -> dict:
+    """Trains `config` in `workdir`: {"records": its training records, "fetched": the keys
+    of each tree `Parallel.to_host` brought to the host meanwhile}."""
+    from transformer_jax.parallel import Parallel
+    from transformer_jax.trainer import train
+
+    fetched, to_host = [], Parallel.to_host
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Parallel, "to_host", lambda self, tree: fetched.append(
+            sorted(tree)) or to_host(self, tree))
+        result = train(config, str(workdir))
+    return {"records": result.records, "fetched": fetched}

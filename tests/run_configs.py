@@ -1,5 +1,5 @@
-"""Small run configs for the training tests: configs/default.py shrunk to seconds; and the
-files of a checkpoint step that the damage tests break."""
+"""Small run configs for the training tests: configs/default.py shrunk to seconds, and the
+one run the tests share; and the files of a checkpoint step that the damage tests break."""
 
 import importlib.util
 import pathlib
@@ -39,6 +39,15 @@ def tiny_run(**overrides):
             target = target[group]
         target[name] = value
     return config
+
+
+def shared_run(**overrides):
+    """The run conftest.py's `trained_run` trains once for the tests that read a trained
+    workdir: 4 steps of the tiny run, logged and saved at steps 2 and 4, no evaluation, and
+    gradient clipping (one optimizer stage more than the default). `overrides` as in
+    `tiny_run`, e.g. more steps to resume a copy of it."""
+    return tiny_run(**{"num_train_steps": 4, "checkpoint_every_steps": 2, "num_eval_batches": 0,
+                       "optim.grad_clip_norm": 1.0, **overrides})
 
 
 def array_files(step_dir: pathlib.Path) -> list[pathlib.Path]:

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,6 @@ import tensorflow_datasets as tfds
 from run_configs import ROOT, load_config, tiny_run
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config_checks import writable_folder
-from transformer_jax.parallel import Parallel
 from transformer_jax.trainer import ConfigError, NonFiniteLossError, check_config, train
 
 
@@ -53,18 +53,18 @@ def test_one_step_on_mock_tfds_data(tmp_path):
     assert result.step == 1 and records(tmp_path)[-1]["eval_loss"] > 0
 
 
-def test_each_steps_metrics_reach_the_host_once(tmp_path, monkeypatch):
+def test_each_steps_metrics_reach_the_host_once(trained_run):
     """Steps 2 and 4 both log and save: each step's metrics are fetched once, not once per
-    periodic action (no evaluation here, which fetches its own sums)."""
-    fetched = []
-    to_host = Parallel.to_host
-    monkeypatch.setattr(Parallel, "to_host", lambda self, tree: fetched.append(
-        sorted(tree)) or to_host(self, tree))
-    result = train(tiny_run(num_train_steps=4, log_every_steps=2, checkpoint_every_steps=2,
-                            num_eval_batches=0), str(tmp_path))
-    assert [r["step"] for r in result.records] == [2, 4]
+    periodic action (no evaluation here, which fetches its own sums). The shared run
+    (conftest.py) notes each `Parallel.to_host` while it trains."""
+    config = trained_run.config
+    assert (config.num_train_steps, config.log_every_steps, config.checkpoint_every_steps,
+            config.num_eval_batches) == (4, 2, 2, 0)
+    assert [r["step"] for r in trained_run.records] == [2, 4]
+    fetched = trained_run.fetched
     assert len(fetched) == 4 and all("loss_sum" in keys for keys in fetched)
-    assert Checkpointer(str(tmp_path / "checkpoints"), keep=2).all_steps() == [2, 4]
+    with Checkpointer(str(trained_run.workdir / "checkpoints"), keep=2) as checkpointer:
+        assert checkpointer.all_steps() == [2, 4]
 
 
 def test_loss_falls_over_30_steps(tmp_path):
@@ -120,10 +120,11 @@ def test_resume_is_exact(tmp_path, dtype):
     assert losses["logged"] == losses["straight"]
 
 
-def test_refuses_a_workdir_of_another_model(tmp_path):
-    train(tiny_run(num_train_steps=1), str(tmp_path))
+def test_refuses_a_workdir_of_another_model(trained_run, tmp_path):
+    """A copy of the shared run (conftest.py), whose tiny model has d_model 32."""
+    shutil.copytree(trained_run.workdir, tmp_path / "run")
     with pytest.raises(ConfigError, match="another model.*d_model: saved 32, now 64"):
-        train(tiny_run(num_train_steps=2, **{"model.d_model": 64}), str(tmp_path))
+        train(tiny_run(num_train_steps=2, **{"model.d_model": 64}), str(tmp_path / "run"))
 
 
 def test_non_finite_loss_stops_and_saves_nothing(tmp_path):

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from run_configs import ROOT, array_files, tiny_run
+from run_configs import ROOT, array_files, shared_run, tiny_run
 from transformer_jax.bleu import score
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.data import load_split
+from transformer_jax.data.vocabulary import tokenizer_path
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.optim import optimizer_from_config
@@ -26,12 +27,19 @@ from transformer_jax.translation import TranslationError, Translator, cross_atte
 SENTENCES = ["dreihundertzweiundvierzig", "einundzwanzigtausendfünf", "null"]
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """4 steps of the tiny run, checkpoints at steps 2 and 4."""
-    path = tmp_path_factory.mktemp("run")
-    train(tiny_run(num_train_steps=4, checkpoint_every_steps=2), str(path))
-    return path
+@pytest.fixture
+def workdir(trained_run):
+    """The shared run (conftest.py): 4 steps of the tiny run, checkpoints at steps 2 and 4.
+    Only read: a test that writes in a workdir takes `workdir_copy`."""
+    return trained_run.workdir
+
+
+@pytest.fixture
+def workdir_copy(workdir, tmp_path):
+    """A copy of the shared run, tmp_path/run, for one test to change."""
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy)
+    return copy
 
 
 def run(script, *args, stdin=None):
@@ -161,12 +169,14 @@ def test_attention_maps_are_the_weights_of_the_layers_own_queries_and_keys(workd
                                rtol=1e-5, atol=1e-6)
 
 
-def test_evaluate_writes_hypotheses_and_scores(workdir):
-    result = run("evaluate.py", f"--workdir={workdir}", "--split=validation", "--beam_size=2")
+def test_evaluate_writes_hypotheses_and_scores(workdir_copy):
+    result = run("evaluate.py", f"--workdir={workdir_copy}", "--split=validation",
+                 "--beam_size=2")
     assert result.returncode == 0, result.stderr
     assert "sacreBLEU signature: nrefs:1|case:mixed" in result.stdout
-    record = json.loads((workdir / "eval" / "validation-4.json").read_text())
-    hypotheses = (workdir / "eval" / "validation-4.hyp.txt").read_text(encoding="utf-8").splitlines()
+    record = json.loads((workdir_copy / "eval" / "validation-4.json").read_text())
+    hypotheses = (workdir_copy / "eval" / "validation-4.hyp.txt").read_text(
+        encoding="utf-8").splitlines()
     references = [p["target"] for p in load_split(tiny_run().data, "validation").pairs]
     assert len(hypotheses) == len(references) == record["sentences"]
     assert record["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
@@ -174,17 +184,18 @@ def test_evaluate_writes_hypotheses_and_scores(workdir):
     assert record["sentences_per_sec"] > 0
 
 
-def test_evaluate_names_the_averaged_checkpoints(workdir):
+def test_evaluate_names_the_averaged_checkpoints(workdir_copy):
     """--checkpoint=average:2 averages steps 2 and 4, says so, and files the result under its
     own name, not as step 4's; the deprecated --average_last cannot be given beside it."""
-    result = run("evaluate.py", f"--workdir={workdir}", "--split=validation",
+    result = run("evaluate.py", f"--workdir={workdir_copy}", "--split=validation",
                  "--checkpoint=average:2", "--beam_size=1")
     assert result.returncode == 0, result.stderr
     assert "sentences, steps 2, 4 averaged): BLEU" in result.stdout
-    record = json.loads((workdir / "eval" / "validation-4-average2.json").read_text())
+    record = json.loads((workdir_copy / "eval" / "validation-4-average2.json").read_text())
     assert record["checkpoints"] == [2, 4] and record["beam_size"] == 1
-    assert (workdir / "eval" / "validation-4-average2.hyp.txt").exists()
-    both = run("evaluate.py", f"--workdir={workdir}", "--checkpoint=2", "--average_last=2")
+    assert (workdir_copy / "eval" / "validation-4-average2.hyp.txt").exists()
+    both = run("evaluate.py", f"--workdir={workdir_copy}", "--checkpoint=2",
+               "--average_last=2")
     assert both.returncode == 1
     assert both.stderr.strip() == ("error: give --checkpoint or the deprecated --average_last, "
                                    "not both")
@@ -203,10 +214,9 @@ def test_search_settings_default_to_the_runs_decode_group(workdir):
     assert translator.search_settings()["alpha"] == 0.25
 
 
-def test_evaluate_checks_its_results_folder_before_translating(workdir, tmp_path):
+def test_evaluate_checks_its_results_folder_before_translating(workdir_copy):
     """An `eval` that is a file stops evaluate.py at once, with one line, before any search."""
-    copy = tmp_path / "run"
-    shutil.copytree(workdir, copy)
+    copy = workdir_copy
     shutil.rmtree(copy / "eval", ignore_errors=True)
     (copy / "eval").write_text("")
     result = run("evaluate.py", f"--workdir={copy}", "--split=validation")
@@ -240,35 +250,35 @@ def test_bleu_while_training_matches_evaluating_the_checkpoint(tmp_path):
     assert bleu_records[0]["eval_chrf"] == pytest.approx(expected["chrf"])
 
 
-def test_translation_restores_the_parameters_alone(tmp_path):
-    """A run trained with gradient clipping (one more optimizer stage) whose saved optim
-    config no optimizer can be built from translates, from a moved workdir, with exactly
-    the parameters it saved: inference never rebuilds the optimizer."""
-    config = tiny_run(num_train_steps=1, **{"optim.grad_clip_norm": 1.0})
-    train(config, str(tmp_path / "run"))
-    with Checkpointer(str(tmp_path / "run" / "checkpoints"), keep=1) as checkpointer:
-        model = Transformer(ModelConfig(**checkpointer.metadata(1)["model"]))
+def test_translation_restores_the_parameters_alone(trained_run, workdir_copy, tmp_path):
+    """A run trained with gradient clipping (one more optimizer stage; a copy of the shared
+    run) whose saved optim config no optimizer can be built from translates, from a moved
+    workdir, with exactly the parameters it saved: inference never rebuilds the optimizer."""
+    config = trained_run.config
+    assert config.optim.grad_clip_norm > 0
+    with Checkpointer(str(workdir_copy / "checkpoints"), keep=2) as checkpointer:
+        model = Transformer(ModelConfig(**checkpointer.metadata(4)["model"]))
         tx = optimizer_from_config(config.optim, model.config.d_model).tx
-        saved = checkpointer.restore(1, abstract_train_state(model, tx))[0].params
-    metadata_file = tmp_path / "run" / "checkpoints" / "1" / "metadata" / "metadata"
-    metadata = json.loads(metadata_file.read_text())
-    metadata["config"]["optim"] = {"name": "an optimizer this version does not know"}
-    metadata_file.write_text(json.dumps(metadata))
+        saved = checkpointer.restore(4, abstract_train_state(model, tx))[0].params
+    for metadata_file in (workdir_copy / "checkpoints").glob("*/metadata/metadata"):
+        metadata = json.loads(metadata_file.read_text())
+        metadata["config"]["optim"] = {"name": "an optimizer this version does not know"}
+        metadata["tokenizer"] = tokenizer_path(str(workdir_copy))  # as if trained there
+        metadata_file.write_text(json.dumps(metadata))
     with pytest.raises(KeyError):
         optimizer_from_config(metadata["config"]["optim"], model.config.d_model)
-    (tmp_path / "run").rename(tmp_path / "moved")  # the workdir's tokenizer is found anyway
+    workdir_copy.rename(tmp_path / "moved")  # the workdir's tokenizer is found anyway
     translator = Translator.from_workdir(str(tmp_path / "moved"))
-    assert translator.steps == [1] and len(translator.translate(SENTENCES, beam_size=1)) == 3
+    assert translator.steps == [4] and len(translator.translate(SENTENCES, beam_size=1)) == 3
     assert jax.tree.structure(translator.params) == jax.tree.structure(saved)
     jax.tree.map(np.testing.assert_array_equal, translator.params, saved)
 
 
-def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(workdir, tmp_path):
+def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(workdir_copy):
     """Step 4's array data deleted (the parameters' too: translation reads no other array):
     translate.py names the damaged step once and translates with step 2; training moves
     step 4 aside, resumes from step 2 and finishes."""
-    copy = tmp_path / "run"
-    shutil.copytree(workdir, copy)
+    copy = workdir_copy
     for data_file in array_files(copy / "checkpoints" / "4"):
         data_file.unlink()
     result = run("translate.py", f"--workdir={copy}", stdin="null\n")
@@ -281,7 +291,7 @@ def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(work
     assert named.returncode == 1 and "Traceback" not in named.stderr
     assert named.stderr.strip() .startswith("error: checkpoint 4 cannot be read: ")
     with pytest.warns(UserWarning, match="checkpoint 4 cannot be read"):
-        resumed = train(tiny_run(num_train_steps=6, checkpoint_every_steps=2), str(copy))
+        resumed = train(shared_run(num_train_steps=6), str(copy))
     assert [r["step"] for r in resumed.records] == [4, 6]
     assert sorted(int(p.name) for p in (copy / "checkpoints").iterdir()
                   if p.name.isdigit()) == [2, 4, 6]

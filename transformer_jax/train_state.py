@@ -28,9 +28,16 @@ def init_params(model, rng) -> dict:
     return model.init(rng, tokens_11, tokens_11)["params"]
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _compiled_init_params(model, rng) -> dict:
+    """`init_params` under jit, compiled once per model: an equal model (a run started
+    again in the same process) reuses the compilation."""
+    return init_params(model, rng)
+
+
 def create_train_state(model, tx: optax.GradientTransformation, rng) -> TrainState:
     """Step 0, fresh parameters from `rng` and `tx`'s initial state for them."""
-    params = jax.jit(functools.partial(init_params, model))(rng)
+    params = _compiled_init_params(model, rng)
     return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
