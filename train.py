@@ -7,6 +7,7 @@ and --process_id (or let JAX read them from a cluster environment such as SLURM)
 """
 
 import functools
+import os
 import sys
 
 from absl import app, flags, logging
@@ -36,8 +37,15 @@ def main(argv) -> None:
     try:
         trainer.train(loaded_config(_CONFIG.value), _WORKDIR.value)
     except (trainer.ConfigError, DataError, trainer.NonFiniteLossError,
-            trainer.StoppedAtOnce, CheckpointWriteError) as error:
+            CheckpointWriteError) as error:
         sys.exit(f"error: {error}")
+    except trainer.StoppedAtOnce as error:
+        # XLA looks for signals while it compiles, so the stop may have been raised inside a
+        # compilation; the interpreter's exit after that crashes (SIGSEGV, jax 0.10 on CPU).
+        # Nothing is left to save or release (the workdir lock is): leave without teardown.
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ parameters restored alone."""
 
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -341,6 +342,24 @@ def test_readers_fall_back_without_moving_and_none_is_none(two_steps, tmp_path, 
     assert (directory / "4").exists() and not (tmp_path / "ckpt-damaged").exists()
     with pytest.warns(UserWarning):
         assert checkpointer.newest(lambda s: 1 / 0, move_aside=False) is None
+
+
+def test_a_stop_signal_during_a_read_is_not_damage(two_steps, tmp_path, open_checkpointer):
+    """A stop signal raised while a step is read (StoppedAtOnce: a BaseException, as
+    KeyboardInterrupt is) passes through the reader: the step stays, nothing is moved aside."""
+    from transformer_jax.trainer import StoppedAtOnce
+
+    directory = tmp_path / "ckpt"
+    shutil.copytree(two_steps, directory)
+    checkpointer = open_checkpointer(directory=directory)
+
+    def stopped_while_reading(step):
+        checkpointer.restore(step, large_state(0))
+        raise StoppedAtOnce("SIGTERM before the first step: stopped at once", signal.SIGTERM)
+
+    with pytest.raises(StoppedAtOnce):
+        checkpointer.newest(stopped_while_reading)
+    assert checkpointer.all_steps() == [2, 4] and not (tmp_path / "ckpt-damaged").exists()
 
 
 FULL_DISK = """

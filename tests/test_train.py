@@ -166,8 +166,8 @@ def test_bad_config_values_name_the_key(key, value, message):
         check_config(config)
 
 
-def run_train_py(workdir, *overrides, **popen):
-    command = [sys.executable, "train.py", "--config=configs/default.py", f"--workdir={workdir}",
+def run_train_py(workdir, *overrides, launch=(), **popen):
+    command = [sys.executable, *launch, "train.py", "--config=configs/default.py", f"--workdir={workdir}",
                "--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_layers=2",
                "--config.data.numbers_size=small", 
                "--config.optim.warmup_steps=10", *overrides]
@@ -215,15 +215,66 @@ def test_a_signal_before_training_or_a_second_one_stops_at_once(capsys):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_sigterm_during_setup_stops_at_once_with_one_line(tmp_path):
-    """SIGTERM once the run holds its workdir, before any step (data, tokenizer and the
-    step's compilation take seconds more): exit 1, one line, nothing saved."""
-    process = run_train_py(tmp_path)
-    deadline = time.time() + 120
-    while str(process.pid) not in _read(tmp_path / "train.lock"):
-        assert process.poll() is None and time.time() < deadline, process.communicate()
-        time.sleep(0.02)
-    process.send_signal(signal.SIGTERM)
+def test_a_stop_raised_inside_a_gc_callback_is_not_lost(capsys):
+    """Python drops an error raised in a garbage-collector callback (jax has one) and prints
+    "Exception ignored": a stop signal handled there is sent again, and raised in the
+    run's own code, silently."""
+    import gc
+
+    from transformer_jax.trainer import StoppedAtOnce, _StopSignal
+
+    def in_gc(phase, info):
+        del info
+        if phase == "start":
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, in the callback
+
+    stop = _StopSignal()
+    gc.callbacks.append(in_gc)
+    try:
+        with pytest.raises(StoppedAtOnce, match="SIGTERM before the first step"):
+            try:
+                gc.collect()
+            finally:
+                gc.callbacks.remove(in_gc)
+            time.sleep(1)  # the stop comes again within 10 ms; this is never finished
+    finally:
+        stop.restore()
+    assert "Exception ignored" not in capsys.readouterr().err
+
+
+# Sends SIGTERM 0.2 s into the first large XLA compilation, which looks for signals in C++.
+STOP_WHILE_COMPILING = """
+import os, runpy, signal, sys, threading
+import jax
+
+def stop_while_compiling(event, duration, **kwargs):
+    if event == "/jax/core/compile/jaxpr_to_mlir_module_duration" and duration > 0.06 and not sent:
+        sent.append(threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)))
+        sent[0].start()  # lowered: XLA compiles it next, for seconds
+
+sent = []
+jax.monitoring.register_event_duration_secs_listener(stop_while_compiling)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("when", ["once it holds the workdir", "while XLA compiles"])
+def test_sigterm_during_setup_stops_at_once_with_one_line(tmp_path, when):
+    """SIGTERM before any step (data, tokenizer and the step's compilation take seconds):
+    exit 1, one line, nothing saved. Inside a compilation too, where a normal exit of the
+    interpreter would crash (SIGSEGV)."""
+    if when == "while XLA compiles":
+        # One CPU device, as a user's run has: there, a normal exit crashes every time.
+        process = run_train_py(tmp_path, launch=("-c", STOP_WHILE_COMPILING),
+                               env={**os.environ, "XLA_FLAGS": ""})
+    else:
+        process = run_train_py(tmp_path)
+        deadline = time.time() + 120
+        while str(process.pid) not in _read(tmp_path / "train.lock"):
+            assert process.poll() is None and time.time() < deadline, process.communicate()
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 1 and "Traceback" not in err, err
     last = err.replace("\r", "\n").strip().splitlines()[-1]

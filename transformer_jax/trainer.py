@@ -13,6 +13,7 @@ finishes the current step, saves, and returns. DIR/train.lock keeps a second
 run off the same workdir.
 """
 
+import _thread
 import contextlib
 import dataclasses
 import functools
@@ -20,6 +21,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -64,8 +66,14 @@ def _refuse_other_model(saved: dict, model_config, workdir) -> None:
                           f"--workdir or the config it was trained with")
 
 
-class StoppedAtOnce(Exception):
-    """A stop signal before training started, or a second one: the run ended unsaved."""
+class StoppedAtOnce(BaseException):
+    """A stop signal before training started, or a second one: the run ended unsaved. A
+    BaseException, as KeyboardInterrupt is, so that no `except Exception` it passes through
+    (the checkpoint reader's, which moves damaged steps aside) takes it for a failure."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
 
 
 class _StopSignal:
@@ -76,8 +84,10 @@ class _StopSignal:
 
     def __init__(self):
         self.requested = self.training = False
+        self.stopped: StoppedAtOnce | None = None
         self._previous = {s: signal.signal(s, self._handle)
                           for s in (signal.SIGTERM, signal.SIGINT)}
+        self._previous_unraisable, sys.unraisablehook = sys.unraisablehook, self._unraisable
 
     def _handle(self, signum, frame):
         del frame
@@ -88,8 +98,25 @@ class _StopSignal:
                   file=sys.stderr, flush=True)
             return
         when = "a second time" if self.requested else "before the first step"
-        raise StoppedAtOnce(f"{name} {when}: stopped at once; nothing saved since the last "
-                            f"checkpoint, where a restart resumes")
+        self.stopped = StoppedAtOnce(f"{name} {when}: stopped at once; nothing saved since the "
+                                     f"last checkpoint, where a restart resumes", signum)
+        raise self.stopped
+
+    def _unraisable(self, unraisable):
+        """The handler runs wherever Python is, and Python drops (and prints) an error raised
+        where it cannot propagate: in a garbage-collector callback such as jax's, or a
+        `__del__`. A stop dropped there is sent again 10 ms later (to this handler, or to
+        none once restored), to be raised in the run's own code; `check` raises it before
+        the first step and at every step in any case."""
+        if unraisable.exc_value is not None and unraisable.exc_value is self.stopped:
+            threading.Timer(0.01, _thread.interrupt_main, (self.stopped.signum,)).start()
+        else:
+            self._previous_unraisable(unraisable)
+
+    def check(self) -> None:
+        """Raises a stop that a signal raised where Python dropped it."""
+        if self.stopped is not None:
+            raise self.stopped
 
     def agreed(self) -> bool:
         """True if any process was asked to stop (all must save together)."""
@@ -100,6 +127,7 @@ class _StopSignal:
     def restore(self):
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+        sys.unraisablehook = self._previous_unraisable
 
 
 def _first_process_then_others(fn):
@@ -282,6 +310,7 @@ class _Loop:
         work = self._periodic_work(log, records)
         try:
             self._window.start()
+            stop.check()
             stop.training = True
             while step < self.config.num_train_steps:
                 placed, metrics = self.p_train(placed, self.parallel.put_batch(next(self.data)))
@@ -346,6 +375,7 @@ class _Loop:
         return {"eval_bleu": result["bleu"], "eval_chrf": result["chrf"]}
 
     def _stop_requested(self, stop: _StopSignal, step: int) -> bool:
+        stop.check()
         if jax.process_count() == 1:
             return stop.requested
         # A collective, so only at the steps that log, where every process agrees to look.
