@@ -1,6 +1,8 @@
 """pmap and the sharded mesh give the parameters of one device on the same global batch."""
 
+import contextlib
 import functools
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -62,17 +64,47 @@ def _run_one_device(n_steps, accumulation_steps):
     return state.params, losses
 
 
-def run_parallel(strategy, n_steps):
+class ParallelRun(NamedTuple):
+    """4 updates with one strategy: the parameters and losses after 3, and the number of
+    compilations during each step (placing its batch and running it)."""
+
+    params: dict
+    losses: list[float]
+    compiles: list[int]
+
+
+def run_parallel(strategy) -> ParallelRun:
     model, state = initial_state()
     parallel = Parallel(strategy, CPUS)
     placed = parallel.put_state(state)
     step = parallel.compile_train_step(step_fn(model))
-    losses = []
-    for batch in batches(n_steps):
-        placed, metrics = step(placed, parallel.put_batch(batch))
-        host = parallel.to_host(metrics)
-        losses.append(host["loss_sum"] / host["weight_sum"])
-    return parallel.get_state(placed).params, losses
+    with counted_compiles() as compiled:
+        losses, compiles, params = [], [], None
+        for batch in batches(4):
+            before = len(compiled)
+            placed, metrics = step(placed, parallel.put_batch(batch))
+            compiles.append(len(compiled) - before)
+            host = parallel.to_host(metrics)
+            losses.append(host["loss_sum"] / host["weight_sum"])
+            if len(losses) == 3:  # a host copy: the next step donates the placed buffers
+                params = jax.device_get(parallel.get_state(placed).params)
+    return ParallelRun(params, losses[:3], compiles)
+
+
+@contextlib.contextmanager
+def counted_compiles():
+    """A list that gets one entry for each XLA compilation while the block runs."""
+    compiles = []
+
+    def count(event, duration, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        yield compiles
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
 
 
 @pytest.fixture(scope="module")
@@ -80,16 +112,21 @@ def one_device():
     return run_one_device(3)
 
 
-@pytest.mark.parametrize("strategy", ["pmap", "sharded"])
-def test_eight_devices_match_one(one_device, strategy):
+@pytest.fixture(scope="module", params=["pmap", "sharded"])
+def eight_devices(request) -> ParallelRun:
+    """`run_parallel` of one strategy, run once for the tests of that strategy."""
+    return run_parallel(request.param)
+
+
+def test_eight_devices_match_one(one_device, eight_devices):
     """3 updates on 8 simulated devices (2 rows each) = 3 updates on one device (16 rows)."""
     assert len(CPUS) == 8
-    params, losses = run_parallel(strategy, 3)
+    params, losses = eight_devices.params, eight_devices.losses
     expected_params, expected_losses = one_device
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
                  jax.device_get(params), jax.device_get(expected_params))
-    moved = jax.tree.leaves(jax.tree.map(lambda a, b: np.abs(a - b).max(), jax.device_get(params),
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: np.abs(a - b).max(), params,
                                          jax.device_get(initial_state()[1].params)))
     assert max(moved) > 1e-3  # the updates did something
 
@@ -125,28 +162,8 @@ def test_rows_must_split_over_devices():
         Parallel("tpu-magic")
 
 
-@pytest.mark.parametrize("strategy", ["pmap", "sharded"])
-def test_no_recompilation_after_the_first_step(strategy, request):
+def test_no_recompilation_after_the_first_step(eight_devices):
     """Steps 2..4 reuse step 1's executable: the state's types do not drift between steps."""
-    model, state = initial_state()
-    parallel = Parallel(strategy, CPUS)
-    placed = parallel.put_state(state)
-    step = parallel.compile_train_step(step_fn(model))
-    compiles = []
-
-    def count_compiles(event, duration, **kw):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(count_compiles)
-    request.addfinalizer(lambda: jax.monitoring.unregister_event_duration_listener(
-        count_compiles))
-    data = batches(4)
-    placed, metrics = step(placed, parallel.put_batch(data[0]))
-    jax.block_until_ready(metrics)
-    first = len(compiles)
+    first, *later = eight_devices.compiles
     assert first >= 1
-    for batch in data[1:]:
-        placed, metrics = step(placed, parallel.put_batch(batch))
-    jax.block_until_ready(metrics)
-    assert len(compiles) == first
+    assert later == [0, 0, 0]
