@@ -242,6 +242,23 @@ def test_a_stop_raised_inside_a_gc_callback_is_not_lost(capsys):
     assert "Exception ignored" not in capsys.readouterr().err
 
 
+def test_an_error_a_stop_caused_ends_the_run_as_the_stop():
+    """Code a stop interrupts may wrap it (Python 3.11 wraps errors in `__set_name__`, as
+    TFDS's lazy imports met) or fail from it: the run still ends as the stop."""
+    from transformer_jax.trainer import StoppedAtOnce, _StopSignal
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(StoppedAtOnce, match="SIGTERM before the first step") as caught:
+        with _StopSignal():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)  # the handler raises between bytecodes; this is never finished
+            except BaseException as error:
+                raise RuntimeError("Error calling __set_name__") from error
+    assert isinstance(caught.value.__context__, RuntimeError)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 # Sends SIGTERM 0.2 s into the first large XLA compilation, which looks for signals in C++.
 STOP_WHILE_COMPILING = """
 import os, runpy, signal, sys, threading

@@ -129,6 +129,17 @@ class _StopSignal:
             signal.signal(s, handler)
         sys.unraisablehook = self._previous_unraisable
 
+    def __enter__(self) -> "_StopSignal":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        """Restores the handlers. A stop is raised wherever Python is, and the code it
+        interrupts may wrap it on the way out (Python 3.11 wraps an error in `__set_name__`
+        in a RuntimeError) or fail from it: once a stop was raised, the run ends as it."""
+        self.restore()
+        if self.stopped is not None and error is not None and error is not self.stopped:
+            raise self.stopped from None
+
 
 def _first_process_then_others(fn):
     """Runs `fn` on process 0, then on the others, so they find what it wrote."""
@@ -207,12 +218,9 @@ def train(config, workdir: str) -> TrainResult:
     workdir = writable_folder(workdir)
     # One run per workdir; in a multi-host run, process 0 holds the lock for all.
     lock = workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
-    stop = _StopSignal()  # from here on: while data is read and the step compiles too
-    try:
-        with lock:
-            return _train(config, workdir, stop)
-    finally:
-        stop.restore()
+    # From here on: while data is read and the step compiles too.
+    with _StopSignal() as stop, lock:
+        return _train(config, workdir, stop)
 
 
 def _train(config, workdir: str, stop: _StopSignal) -> TrainResult:
