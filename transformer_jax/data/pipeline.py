@@ -17,6 +17,7 @@ Evaluation batches are padded, never packed, and hold every example once:
 """
 
 import math
+import signal
 import sys
 
 import grain
@@ -133,7 +134,19 @@ def in_workers(batches: grain.IterDataset, num_workers: int) -> grain.IterDatase
     batches = grain.experimental.WithOptionsIterDataset(
         batches, grain.experimental.DatasetOptions(min_shm_size=MIN_SHARED_MEMORY_BYTES))
     return batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers,
-                                                            per_worker_buffer_size=4))
+                                                            per_worker_buffer_size=4),
+                               worker_init_fn=_ignore_stop_signals)
+
+
+def _ignore_stop_signals(worker_index: int, worker_count: int) -> None:
+    """In each worker: ignore SIGINT and SIGTERM, which reach the whole process group (Ctrl-C
+    in a terminal, a scheduler's preemption). The training process answers them: it saves,
+    then closes its workers (grain sets their stop event, then kills). A worker that died
+    of the signal printed a KeyboardInterrupt traceback, or, killed while writing a batch,
+    left grain's close waiting forever on the half-written batch."""
+    del worker_index, worker_count
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def padded_rows(source, side: str, indices: np.ndarray, rows: int, length: int) -> np.ndarray:
