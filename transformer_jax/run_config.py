@@ -48,7 +48,7 @@ def data_fields(**overrides) -> ml_collections.ConfigDict:
     # Tokens per update on each side (§5.1: about 25,000), over all devices and processes,
     # in place of config.per_device_batch_size (set that to 0); 0: per_device_batch_size.
     data.tokens_per_batch = 0
-    data.num_buckets = 8  # "bucketed" only: bucket lengths at quantiles of the pair lengths
+    data.num_buckets = 8  # "bucketed" only: at most this many lengths, chosen to pad least
     data.num_workers = 0  # grain worker processes that pack batches; 0: in the training process
     data.lock().update(overrides)  # locked: a misspelt key is an error, not a new field
     return data.unlock()

@@ -241,15 +241,22 @@ def _train(config, workdir: str, stop: _StopSignal) -> TrainResult:
         checkpointer.close()
 
 
+def _token_share(config, num_local_devices: int) -> tuple[int, int]:
+    """This process's share of `data.tokens_per_batch`, and the multiple its rows must be
+    (whole micro-batches on every local device)."""
+    return (config.data.tokens_per_batch // jax.process_count(),
+            num_local_devices * config.accumulation_steps)
+
+
 def _batch_rows(config, num_local_devices: int) -> int:
     """This process's rows per update: `per_device_batch_size` per device, or as many
     full-length rows as its share of `data.tokens_per_batch` holds (§5.1)."""
     d = config.data
     if not d.tokens_per_batch:
         return config.per_device_batch_size * num_local_devices
-    multiple = num_local_devices * config.accumulation_steps  # whole micro-batches per device
+    tokens, multiple = _token_share(config, num_local_devices)
     longest = max(d.max_source_length, d.max_target_length)
-    rows = budget_rows(d.tokens_per_batch // jax.process_count(), longest, multiple)
+    rows = budget_rows(tokens, longest, multiple)
     if not rows:
         raise ConfigError(f"config.data.tokens_per_batch={d.tokens_per_batch} holds no "
                           f"{multiple} rows of {longest} tokens in each of "
@@ -266,9 +273,11 @@ def _train_batches(config, source, rows: int, num_local_devices: int):
                   shard_index=jax.process_index(), shard_count=jax.process_count())
     if d.batching == "packed":
         return train_dataset(source, batch_size=rows, **common)
-    budget = (dict(tokens_per_batch=d.tokens_per_batch // jax.process_count(),
-                   rows_multiple=num_local_devices * config.accumulation_steps)
-              if d.tokens_per_batch else dict(batch_size=rows))
+    if d.tokens_per_batch:
+        tokens, multiple = _token_share(config, num_local_devices)
+        budget = dict(tokens_per_batch=tokens, rows_multiple=multiple)
+    else:
+        budget = dict(batch_size=rows)
     return bucketed_dataset(source, num_buckets=d.num_buckets, **budget, **common,
                             log=print if jax.process_index() == 0 else None)
 

@@ -44,7 +44,8 @@ class ShuffledChunks:
     """
 
     def __init__(self, indices: np.ndarray, seed: int | tuple[int, ...], chunk: int = CHUNK):
-        self._indices, self._seed, self._chunk = indices, (seed,) if isinstance(seed, int) else tuple(seed), chunk
+        self._indices, self._chunk = indices, chunk
+        self._seed = (seed,) if isinstance(seed, int) else tuple(seed)
         self._epoch, self._order = -1, None
 
     def __len__(self) -> int:
