@@ -3,6 +3,9 @@
 Reads one sentence per line from --input (or stdin; UTF-8, lines end at "\\n" only) and
 writes the translations, one line each, in order, to --output (or stdout). Beam search as in
 §6.1 by default.
+
+--engine=jax (the default) translates with the run's checkpoints; --engine=ctranslate2 or
+stablehlo with a directory that `python -m transformer_jax.export` wrote (--exported=DIR).
 """
 
 import os
@@ -15,14 +18,22 @@ from transformer_jax.data import DataError
 from transformer_jax.data.sources import decode_lines
 from transformer_jax import run_config
 from transformer_jax.run_config import define_search_flags, parse_flags
-from transformer_jax.translation import TranslationError, Translator
+from transformer_jax.export.engines import open_engine
+from transformer_jax.translation import TranslationError
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
+_ENGINE = flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2", "stablehlo"],
+                            "jax: a training run (--workdir); ctranslate2, stablehlo: an "
+                            "export of one (--exported)")
+_WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory (--engine=jax)")
+_EXPORTED = flags.DEFINE_string("exported", None, "a directory python -m "
+                                "transformer_jax.export wrote (--engine=ctranslate2|stablehlo)")
 _INPUT = flags.DEFINE_string("input", None, "a UTF-8 file, one sentence per line (default stdin)")
 _OUTPUT = flags.DEFINE_string("output", None, "where translations go (default stdout)")
 _BEAM, _ALPHA, _EXTRA = define_search_flags()
 flags.adopt_module_key_flags(run_config)  # so that --helpshort lists them
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, a step, or average:N")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, a step, or average:N "
+                                  "(--engine=jax; an export holds the parameters it was made "
+                                  "with)")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "sentences per search", lower_bound=1)
 _MAX_INPUT = flags.DEFINE_integer(
     "max_input_length", None, "the most tokens a sentence may have, EOS included (default: "
@@ -37,7 +48,8 @@ def main(argv) -> None:
             if os.path.isdir(_OUTPUT.value):
                 raise ConfigError(f"--output {_OUTPUT.value} is a folder; name a file")
             writable_folder(os.path.dirname(os.path.abspath(_OUTPUT.value)), "--output's folder")
-        translator = Translator.from_workdir(_WORKDIR.value, _CHECKPOINT.value)
+        engine = open_engine(_ENGINE.value, workdir=_WORKDIR.value, exported=_EXPORTED.value,
+                             checkpoint=_CHECKPOINT.value)
         if _INPUT.value:
             with open(_INPUT.value, "rb") as f:
                 lines = decode_lines(f.read(), _INPUT.value)
@@ -45,13 +57,11 @@ def main(argv) -> None:
             lines = decode_lines(sys.stdin.buffer.read(), "stdin")
     except (TranslationError, DataError, ConfigError, OSError) as error:
         sys.exit(f"error: {error}")
-    steps = ", ".join(map(str, translator.steps))
-    print(f"checkpoint {steps} of {_WORKDIR.value}", file=sys.stderr)  # stdout: translations
+    print(engine.source, file=sys.stderr)  # stdout: translations
     try:
-        translations = translator.translate(
+        translations = engine.translate(
             lines, beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_length=_EXTRA.value,
-            batch_size=_BATCH.value,
-            max_input_length=_MAX_INPUT.value or translator.model.config.max_length,
+            batch_size=_BATCH.value, max_input_length=_MAX_INPUT.value or engine.max_length,
             progress=_INPUT.value is not None)
     except TranslationError as error:
         sys.exit(f"error: {error}")

@@ -65,15 +65,28 @@ def trained_run(tmp_path_factory) -> TrainedRun:
     trains it, the others wait for it and read what it wrote."""
     from run_configs import shared_run
 
+    return _trained_once(tmp_path_factory, "trained_run", shared_run())
+
+
+@pytest.fixture(scope="session")
+def translating_run(tmp_path_factory) -> TrainedRun:
+    """run_configs.translating_run() trained once (as `trained_run`): a model whose
+    translations end where the data's do (test BLEU about 60), for comparing searches."""
+    from run_configs import translating_run
+
+    return _trained_once(tmp_path_factory, "translating_run", translating_run())
+
+
+def _trained_once(tmp_path_factory, name: str, config) -> TrainedRun:
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the session's folder, shared by its workers
-    workdir, summary = root / "trained_run", root / "trained_run.json"
-    with _exclusive(root / "trained_run.lock"):
+    workdir, summary = root / name, root / f"{name}.json"
+    with _exclusive(root / f"{name}.lock"):
         if not summary.exists():
             shutil.rmtree(workdir, ignore_errors=True)  # a worker's failed attempt
-            summary.write_text(json.dumps(_train_counting_fetches(shared_run(), workdir)))
-    return TrainedRun(workdir, shared_run(), **json.loads(summary.read_text()))
+            summary.write_text(json.dumps(_train_counting_fetches(config, workdir)))
+    return TrainedRun(workdir, config, **json.loads(summary.read_text()))
 
 
 @contextlib.contextmanager

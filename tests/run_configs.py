@@ -50,6 +50,16 @@ def shared_run(**overrides):
                        "optim.grad_clip_norm": 1.0, **overrides})
 
 
+def translating_run():
+    """A model that translates (test BLEU 63 measured), trained in about 25 s: the tiny run
+    twice as wide for 300 steps of 32 rows. Its outputs end with EOS where the data's do,
+    so searches compared on it are compared where they matter."""
+    return tiny_run(**{"num_train_steps": 300, "checkpoint_every_steps": 300,
+                       "log_every_steps": 100, "eval_every_steps": 300,
+                       "per_device_batch_size": 4, "optim.warmup_steps": 100,
+                       "model.d_model": 64, "model.d_ff": 128})
+
+
 def array_files(step_dir: pathlib.Path) -> list[pathlib.Path]:
     """The array data files of checkpoint folder `step_dir` (orbax's OCDBT layout)."""
     return list(step_dir.glob("state/ocdbt.process_0/d/*"))

@@ -49,6 +49,32 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
     assert "tflops" in capsys.readouterr().out or suite in ("decode", "pipeline")
 
 
+def test_decode_peers_time_ctranslate2_beside_ours_on_the_same_outputs(tmp_path):
+    """decode --peers: each search by ours, CTranslate2 float32 and int8; tokens/s are the
+    engine's own output tokens over its time, ratios are against CTranslate2 float32, and
+    CTranslate2 float32 writes our outputs (random tiny weights)."""
+    pytest.importorskip("ctranslate2", reason="the peer is CTranslate2 ('.[serve]')")
+    path = tmp_path / "peers.json"
+    assert main(["decode", "--peers", "--quick", f"--json={path}"]) == 0
+    result = json.loads(path.read_text())
+    assert result["suite"] == "decode --peers" and result["machine"]["ctranslate2"]
+    rows = {(r["search"], r["engine"]): r for r in result["results"]}
+    engines = ("ours (jax float32)", "ctranslate2 float32", "ctranslate2 int8")
+    assert set(rows) == {(s, e) for s in ("greedy", "beam4") for e in engines}
+    for (search, engine), row in rows.items():
+        assert row["tokens_per_sec"] == pytest.approx(row["tokens"] / row["s"])
+        peer = rows[search, "ctranslate2 float32"]
+        assert row["ratio"] == pytest.approx(row["tokens_per_sec"] / peer["tokens_per_sec"])
+        assert row["sentences"] == 8 and row["tokens"] > 0
+    assert rows["greedy", "ctranslate2 float32"]["same"] == 1.0
+
+
+def test_peers_are_for_the_decode_suite(capsys):
+    with pytest.raises(SystemExit):
+        main(["model", "--peers"])
+    assert "--peers is for the decode suite" in capsys.readouterr().err
+
+
 def test_compare_has_torch_and_flax_peers(tmp_path):
     pytest.importorskip("torch", reason="the compare suite's peer is PyTorch ('.[bench]')")
     path = tmp_path / "compare.json"

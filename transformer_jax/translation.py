@@ -54,11 +54,8 @@ class Translator:
                    ml_collections.ConfigDict(trained.metadata["config"]), trained.steps)
 
     def search_settings(self, **given) -> dict:
-        """beam_size, alpha and max_extra_length: those `given` (not None), else the run's
-        `config.decode` (§6.1's beam 4, α 0.6, input length + 50, unless it was changed)."""
-        decode = self.run_config.get("decode") or decode_fields()
-        return {key: decode[key] if given.get(key) is None else given[key]
-                for key in ("beam_size", "alpha", "max_extra_length")}
+        """`search_settings` of this run's config: those `given`, else its decode group's."""
+        return search_settings(self.run_config, **given)
 
     def translate(self, sentences: list[str], *, beam_size: int | None = None,
                   alpha: float | None = None, max_extra_length: int | None = None,
@@ -76,14 +73,8 @@ class Translator:
         """
         search = self.search_settings(beam_size=beam_size, alpha=alpha,
                                       max_extra_length=max_extra_length)
-        cap = max_input_length or float("inf")
         ids = self.tokenizer.encode_batch(sentences, add_eos=True)
-        too_long = [(i, len(x)) for i, x in enumerate(ids) if len(x) > cap]
-        if too_long:
-            line, length = too_long[0]
-            raise TranslationError(
-                f"sentence {line + 1} has {length} tokens, more than max_input_length={cap} "
-                f"({len(too_long)} sentence(s) too long); split it or raise the limit")
+        check_lengths(ids, max_input_length)
         outputs = predict(self.model, self.params, ids, batch_size=batch_size,
                           progress=progress, **search)
         return self.tokenizer.decode_batch(outputs)
@@ -111,6 +102,26 @@ class Translator:
 
         return {"source": pieces(source_ids), "target": pieces(target_ids),
                 "cross_attention": np.asarray(weights_LBNTS[:, 0])}
+
+
+def search_settings(run_config, **given) -> dict:
+    """beam_size, alpha and max_extra_length: those `given` (not None), else
+    `run_config.decode`'s (§6.1's beam 4, α 0.6, input length + 50, unless it was changed)."""
+    decode = run_config.get("decode") or decode_fields()
+    return {key: decode[key] if given.get(key) is None else given[key]
+            for key in ("beam_size", "alpha", "max_extra_length")}
+
+
+def check_lengths(source_ids: list[list[int]], max_input_length: int | None) -> None:
+    """A TranslationError naming the first source of more than `max_input_length` ids
+    (None: no limit), raised before any search."""
+    cap = max_input_length or float("inf")
+    too_long = [(i, len(x)) for i, x in enumerate(source_ids) if len(x) > cap]
+    if too_long:
+        line, length = too_long[0]
+        raise TranslationError(
+            f"sentence {line + 1} has {length} tokens, more than max_input_length={cap} "
+            f"({len(too_long)} sentence(s) too long); split it or raise the limit")
 
 
 @functools.partial(jax.jit, static_argnames=("model",))

@@ -1,4 +1,5 @@
-"""python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png] [--markdown] [--profile=DIR]"""
+"""python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png] [--markdown] [--profile=DIR]
+python -m transformer_jax.benchmark decode --peers [--workdir=DIR]"""
 
 import argparse
 import importlib
@@ -23,7 +24,14 @@ def parse_args(argv):
                              "where the time went, per kind of XLA operation")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="also draw a PNG (attention: TFLOP/s against sequence length)")
+    parser.add_argument("--peers", action="store_true",
+                        help="decode: our search beside CTranslate2's on the same weights and "
+                             "sentences (needs the serve extra)")
+    parser.add_argument("--workdir", default="runs/default",
+                        help="decode --peers: the trained run whose test split it translates")
     args = parser.parse_args(argv)
+    if args.peers and args.suite != "decode":
+        parser.error("--peers is for the decode suite")
     if args.plot and not args.plot.lower().endswith(".png"):
         parser.error(f"--plot needs a .png file name, got {args.plot!r}")
     return args
@@ -40,8 +48,13 @@ def main(argv=None) -> int:
           f"({about['backend']}, {about['cpu_count']} CPUs, {about['processor']}), "
           f"jax {about['jax']}" + (" [quick]" if args.quick else ""), flush=True)
     timing.trace_timed_calls(args.profile)
-    suite = importlib.import_module(f"transformer_jax.benchmark.{args.suite}")
-    rows, notes = suite.run(quick=args.quick)
+    if args.peers:
+        from transformer_jax.benchmark import decode_peers
+
+        rows, notes = decode_peers.run(quick=args.quick, workdir=args.workdir)
+    else:
+        suite = importlib.import_module(f"transformer_jax.benchmark.{args.suite}")
+        rows, notes = suite.run(quick=args.quick)
     print(report.markdown(rows) if args.markdown else report.table(rows))
     for note in notes:
         print(f"  {note}")
@@ -51,7 +64,8 @@ def main(argv=None) -> int:
         print(f"\nwhere the timed calls spent their time (all threads; traces in {args.profile}):")
         print(report.table(profile.summarize(args.profile)))
     if args.json:
-        report.write_json(args.json, report.document(args.suite, rows, quick=args.quick,
+        name = "decode --peers" if args.peers else args.suite
+        report.write_json(args.json, report.document(name, rows, quick=args.quick,
                                                      notes=notes))
         print(f"wrote {args.json}")
     if args.plot:

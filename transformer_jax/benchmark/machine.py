@@ -66,7 +66,8 @@ def describe() -> dict:
         "cpu_count": os.cpu_count(),
         "processor": _processor(),
         "python": platform.python_version(),
-        **{name: _version(name) for name in ("jax", "jaxlib", "flax", "optax", "torch")},
+        **{name: _version(name) for name in ("jax", "jaxlib", "flax", "optax", "torch",
+                                              "ctranslate2")},
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
 

@@ -1,0 +1,201 @@
+"""The CTranslate2 export: the same numbers as our model in another engine.
+
+Scores are compared on random weights for each architecture option (teacher-forced
+log-probabilities, no search to hide a difference); searches on the shared trained run;
+then the CLIs: python -m transformer_jax.export and translate.py --engine=ctranslate2.
+"""
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+from run_configs import ROOT  # noqa: E402
+from transformer_jax.bleu import score  # noqa: E402
+from transformer_jax.data import load_split  # noqa: E402
+from transformer_jax.export import ExportError, export  # noqa: E402
+from transformer_jax.export.ctranslate2_model import (  # noqa: E402
+    CTranslate2Translator, check_expressible, save_model, transformer_spec)
+from transformer_jax.model import Transformer  # noqa: E402
+from transformer_jax.model_config import get_model_config  # noqa: E402
+from transformer_jax.predict import predict  # noqa: E402
+from transformer_jax.token_ids import EOS_ID, PAD_ID  # noqa: E402
+from transformer_jax.train_state import init_params  # noqa: E402
+from transformer_jax.translation import Translator  # noqa: E402
+
+# Distinct sizes, so no transpose of a projection passes by accident.
+ARCHITECTURES = {
+    "post-LN, sinusoidal (the paper)": {},
+    "pre-LN": {"pre_layer_norm": True},
+    "learned positions": {"positional_encoding": "learned"},
+    "no positions": {"positional_encoding": "none"},
+}
+
+
+def _random_model(tmp_path, **overrides):
+    config = get_model_config("tiny", vocab_size=61, d_model=24, d_ff=40, num_heads=3,
+                              num_layers=2, max_length=32, layer_norm_epsilon=1e-5,
+                              **overrides)
+    model = Transformer(config)
+    params = init_params(model, jax.random.key(7))
+    # Biases and norms start at 0 and 1: make them count.
+    params = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(x.size), x.shape),
+                          params)
+    pieces = ["<pad>", "</s>", "<s>", "<unk>"] + [f"p{i}" for i in range(4, 61)]
+    save_model(transformer_spec(config, params, pieces, max_positions=32), str(tmp_path))
+    return model, params, pieces
+
+
+def _our_log_probs(model, params, inputs_BS, targets_BT):
+    logits_BTV = model.apply({"params": params}, inputs_BS, targets_BT)
+    logits_BTV = logits_BTV.at[..., PAD_ID].set(-np.inf)  # never emitted, as in decode_step
+    log_probs_BTV = jax.nn.log_softmax(logits_BTV)
+    return np.take_along_axis(np.asarray(log_probs_BTV), targets_BT[..., None], -1)[..., 0]
+
+
+@pytest.mark.parametrize("overrides", ARCHITECTURES.values(), ids=ARCHITECTURES.keys())
+def test_log_probs_equal_ours(tmp_path, overrides):
+    """CTranslate2's log P of every target token (score_batch) equals our teacher-forced
+    log-softmax, for sources and targets of several lengths in one batch."""
+    model, params, pieces = _random_model(tmp_path, **overrides)
+    rng = np.random.default_rng(0)
+    sources = [list(rng.integers(4, 61, n)) + [EOS_ID] for n in (5, 11, 2)]
+    targets = [list(rng.integers(4, 61, n)) + [EOS_ID] for n in (7, 3, 12)]
+    results = ctranslate2.Translator(str(tmp_path)).score_batch(
+        [[pieces[i] for i in s] for s in sources],  # CTranslate2 adds no source EOS: we do;
+        [[pieces[i] for i in t[:-1]] for t in targets])  # it appends the target EOS
+    for source, target, result in zip(sources, targets, results):
+        assert result.tokens == [pieces[i] for i in target[:-1]] + ["</s>"]
+        ours = _our_log_probs(model, params, np.array([source]), np.array([target]))[0]
+        np.testing.assert_allclose(result.log_probs, ours, rtol=1e-4, atol=1e-4)
+
+
+def test_the_output_projection_is_the_embedding_stored_once(tmp_path):
+    """Tied weights (§3.4) stay one matrix in model.bin: the file is about the size of
+    the parameters, not of three V × D tables."""
+    model, params, _ = _random_model(tmp_path)
+    table_bytes = params["embedder"]["table"]["embedding"].nbytes
+    total = sum(x.nbytes for x in jax.tree.leaves(params))
+    positions = 32 * 24 * 4  # one (P, D) float32 table: the encoder's and decoder's are equal
+    size = (tmp_path / "model.bin").stat().st_size
+    assert total + positions < size < total + positions + table_bytes  # + names, a bias
+
+
+def test_what_ctranslate2_cannot_hold_is_refused_by_name():
+    learned = get_model_config("tiny", positional_encoding="learned", max_length=64)
+    check_expressible(learned, max_positions=64)
+    with pytest.raises(ExportError, match="positional_encoding='learned'.*max_length=64"):
+        check_expressible(learned, max_positions=65)
+    check_expressible(get_model_config("tiny", max_length=64), max_positions=1000)
+
+
+@pytest.fixture(scope="module")
+def exported(translating_run, tmp_path_factory):
+    """The shared translating run exported in float32 and in int8."""
+    root = tmp_path_factory.mktemp("ct2")
+    for quantization in ("float32", "int8"):
+        export(str(translating_run.workdir), str(root / quantization), fmt="ctranslate2",
+               quantization=quantization)
+    return root
+
+
+@pytest.fixture(scope="module")
+def test_split(translating_run):
+    """The run's test pairs, its model and their source ids."""
+    ours = Translator.from_workdir(str(translating_run.workdir))
+    pairs = load_split(translating_run.config.data, "test").pairs
+    return ours, pairs, ours.tokenizer.encode_batch([p["source"] for p in pairs],
+                                                    add_eos=True)
+
+
+def _until_eos(row) -> list[int]:
+    row = [int(i) for i in row]
+    return row[:row.index(EOS_ID) + 1] if EOS_ID in row else row
+
+
+@pytest.mark.parametrize("beam_size, alpha", [(1, 0.6), (4, 0.0)])
+def test_searches_without_length_penalty_give_our_ids(test_split, exported, beam_size, alpha):
+    """Greedy search, and beam-4 search with α = 0 (where the length penalties agree), give
+    our output ids for at least 99 % of the test sources."""
+    ours, _, ids = test_split
+    settings = dict(beam_size=beam_size, alpha=alpha, max_extra_length=10)
+    expected = [_until_eos(r) for r in predict(ours.model, ours.params, ids, **settings)]
+    theirs = CTranslate2Translator.from_export(str(exported / "float32")).translate_ids(
+        ids, **settings)
+    same = sum(a == _until_eos(b) for a, b in zip(expected, theirs))
+    assert same >= 0.99 * len(ids), f"{same} of {len(ids)} equal"
+
+
+def test_beam_search_bleu_is_ours_within_0_3(test_split, exported):
+    """Beam 4, α = 0.6 (§6.1): CTranslate2 divides by |Y|^α where we divide by
+    ((5 + |Y|) / 6)^α, and stops by its patience; its BLEU is within 0.3 of ours."""
+    ours, pairs, _ = test_split
+    sources, references = [p["source"] for p in pairs], [p["target"] for p in pairs]
+    theirs = CTranslate2Translator.from_export(str(exported / "float32"))
+    ours_bleu = score(ours.translate(sources, beam_size=4, alpha=0.6), references)["bleu"]
+    theirs_bleu = score(theirs.translate(sources, beam_size=4, alpha=0.6), references)["bleu"]
+    assert ours_bleu > 30  # a model that translates, or the comparison says nothing
+    assert abs(theirs_bleu - ours_bleu) <= 0.3, (ours_bleu, theirs_bleu)
+
+
+def test_int8_stores_a_byte_per_weight_and_translates(exported, test_split):
+    """int8 keeps each matrix weight in one byte instead of four (plus a float scale per
+    row); biases, norms and the position table stay float32."""
+    ours, _, _ = test_split
+    matrix_weights = sum(x.size for x in jax.tree.leaves(ours.params) if x.ndim >= 2)
+    float32, int8 = ((exported / q / "model.bin").stat().st_size for q in ("float32", "int8"))
+    assert 0.95 * 3 * matrix_weights < float32 - int8 < 3 * matrix_weights
+    manifest = json.loads((exported / "int8" / "export.json").read_text())
+    assert manifest["quantization"] == "int8" and manifest["format"] == "ctranslate2"
+    out = CTranslate2Translator.from_export(str(exported / "int8")).translate(
+        ["dreihundertzwei", "null"], beam_size=2)
+    assert len(out) == 2 and all(isinstance(t, str) for t in out)
+
+
+def _run(*args, stdin=None):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, input=stdin, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_translate_py_with_ctranslate2_equals_jax(translating_run, exported):
+    lines = "dreihundertzweiundvierzig\nnull\neinundzwanzigtausendfünf\n"
+    common = ["translate.py", "--beam_size=1", "--max_extra_length=8"]
+    jax_run = _run(*common, f"--workdir={translating_run.workdir}", stdin=lines)
+    ct2_run = _run(*common, "--engine=ctranslate2", f"--exported={exported / 'float32'}",
+                   stdin=lines)
+    assert jax_run.returncode == 0 and ct2_run.returncode == 0, ct2_run.stderr
+    assert ct2_run.stdout == jax_run.stdout and len(ct2_run.stdout.splitlines()) == 3
+    assert ct2_run.stderr.startswith("ctranslate2 export of checkpoint 300 of ")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine=ctranslate2", "--workdir=W"], "--engine=ctranslate2 translates with "
+                                              "--exported=DIR, not --workdir"),
+    (["--engine=stablehlo", "--exported=E"], "holds a ctranslate2 export, not stablehlo"),
+    (["--engine=ctranslate2", "--exported=E", "--checkpoint=2"], "--checkpoint is for "
+                                                                  "--engine=jax"),
+])
+def test_translate_py_engine_errors_are_one_line(exported, args, message):
+    args = [a.replace("=E", f"={exported / 'float32'}") for a in args]
+    result = _run("translate.py", *args, stdin="null\n")
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+
+
+def test_export_cli_refuses_an_existing_output_and_leaves_nothing_half_made(trained_run,
+                                                                           tmp_path):
+    output = tmp_path / "out"
+    output.mkdir()
+    result = _run("-m", "transformer_jax.export", f"--workdir={trained_run.workdir}",
+                  "--format=ctranslate2", f"--output={output}")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert "exists; choose another or pass --force" in result.stderr
+    bad = _run("-m", "transformer_jax.export", f"--workdir={trained_run.workdir}",
+               "--format=ctranslate2", f"--output={tmp_path / 'new'}", "--checkpoint=3")
+    assert bad.returncode == 1 and "checkpoint '3'" in bad.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no partial folder left

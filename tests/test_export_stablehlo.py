@@ -1,0 +1,253 @@
+"""The stablehlo export: its searches give predict.py's ids, served in-process and by the
+self-contained serve_stablehlo.py in a process that cannot import transformer_jax or flax;
+another checkpoint served by replacing params.npz; its one-line errors; its params.npz."""
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from run_configs import ROOT
+from transformer_jax.data import load_split
+from transformer_jax.export import serve_stablehlo
+from transformer_jax.export.manifest import staged_directory, write_manifest
+from transformer_jax.export.serve_stablehlo import StableHLOError, StableHLOTranslator
+from transformer_jax.export.stablehlo import export_stablehlo
+from transformer_jax.predict import predict
+from transformer_jax.trained_params import load_trained_params
+from transformer_jax.translation import Translator
+
+# Buckets equal to the shapes predict.py gives the chosen sources (`sources` below): 4 rows,
+# source lengths padded to 8 and to 16. Then each exported search runs with the
+# max_length predict.py uses (padded length + max_extra_length) on batches of the same
+# shape, so the ids must be identical, not merely close.
+BATCH_SIZES, LENGTHS = (4,), (8, 16)
+
+
+@pytest.fixture(scope="module")
+def translator(trained_run):
+    return Translator.from_workdir(str(trained_run.workdir))
+
+
+@pytest.fixture(scope="module")
+def exported(trained_run, translator, tmp_path_factory):
+    """The shared run exported once, as `python -m transformer_jax.export` writes it."""
+    output = tmp_path_factory.mktemp("stablehlo") / "exported"
+    trained = load_trained_params(str(trained_run.workdir))
+    search = translator.search_settings()
+    with staged_directory(str(output)) as staging:
+        extra = export_stablehlo(trained, staging, search=search, batch_sizes=BATCH_SIZES,
+                                 lengths=LENGTHS)
+        write_manifest(staging, fmt="stablehlo", workdir=str(trained_run.workdir),
+                       trained=trained, search=search, **extra)
+    return output
+
+
+@pytest.fixture(scope="module")
+def reweighted(exported, translator, tmp_path_factory):
+    """(a copy of the export serving other weights, a Translator with those weights).
+
+    The run trained 4 steps writes one token for every source (greedy search) or ends at
+    once (beam search), so equal outputs would not show that each source reached its
+    own row. Its weights plus noise (seed and scale chosen for it) translate each source
+    differently; they go into the copy's params.npz, as another checkpoint of the same
+    model would be served.
+    """
+    leaves, treedef = jax.tree.flatten(translator.params)
+    keys = jax.random.split(jax.random.key(0), len(leaves))
+    noisy = [leaf + 0.5 * jax.random.normal(key, leaf.shape) for leaf, key in zip(leaves, keys)]
+    directory = tmp_path_factory.mktemp("reweighted") / "exported"
+    shutil.copytree(exported, directory)
+    with np.load(exported / "params.npz") as npz:
+        names = sorted(npz.files)
+    np.savez(directory / "params.npz", **{n: np.asarray(leaf) for n, leaf in zip(names, noisy)})
+    return directory, dataclasses.replace(translator, params=jax.tree.unflatten(treedef, noisy))
+
+
+@pytest.fixture(scope="module")
+def sources(trained_run, translator):
+    """8 sources (text, ids with EOS) from the test split: 4 of at most 8 tokens (the
+    batch of the shortest, padded to 8), 4 of 9 to 16 (a batch padded to 16). Its sentences
+    have at most 8 tokens; two of them joined by a space make the longer ones. Given in
+    mixed order: the searches sort them by length and return them in this order."""
+    single = [pair["source"] for pair in load_split(trained_run.config.data, "test").pairs]
+    texts = single + [f"{a} {b}" for a, b in zip(single[::2], single[1::2])]
+    ids = translator.tokenizer.encode_batch(texts, add_eos=True)
+    short = [i for i, x in enumerate(ids) if len(x) <= 8][:4]
+    long = [i for i, x in enumerate(ids) if 8 < len(x) <= 16][:4]
+    assert len(short) == len(long) == 4, "too few sources of these lengths"
+    chosen = [long[0], short[0], long[1], short[1], short[2], long[2], short[3], long[3]]
+    return [texts[i] for i in chosen], [ids[i] for i in chosen]
+
+
+def predicted(translator, source_ids, beam_size: int) -> list[list[int]]:
+    search = translator.search_settings(beam_size=beam_size)
+    outputs = predict(translator.model, translator.params, source_ids, batch_size=4, **search)
+    return [output.tolist() for output in outputs]
+
+
+def test_export_lists_every_search_and_bucket(exported, translator):
+    manifest = json.loads((exported / "export.json").read_text())
+    entry = manifest["stablehlo"]
+    assert manifest["format"] == "stablehlo"
+    assert "cpu" in entry["platforms"]
+    assert entry["attention_implementation"] == "xla"
+    assert StableHLOTranslator(exported).searches == entry["searches"]
+    beam = translator.search_settings()["beam_size"]
+    assert {n: s["beam_size"] for n, s in entry["searches"].items()} == {"greedy": 1,
+                                                                        "beam": beam}
+    for search in entry["searches"].values():
+        shapes = [(b["batch_size"], b["length"], b["max_length"]) for b in search["buckets"]]
+        extra = search["max_extra_length"]
+        assert shapes == [(4, 8, 8 + extra), (4, 16, 16 + extra)]
+        for bucket in search["buckets"]:
+            artifact = jax.export.deserialize(bytearray((exported / bucket["file"]).read_bytes()))
+            assert list(artifact.platforms) == entry["platforms"]
+            assert artifact.out_avals[0].shape == (4, bucket["max_length"])
+
+
+def test_params_npz_holds_the_trained_parameters(exported, trained_run):
+    leaves = jax.tree.leaves(load_trained_params(str(trained_run.workdir)).params)
+    with np.load(exported / "params.npz") as npz:
+        keys = sorted(npz.files)
+        assert len(keys) == len(leaves)
+        for key, leaf in zip(keys, leaves):
+            assert npz[key].dtype == np.float32 and npz[key].shape == leaf.shape, key
+            np.testing.assert_array_equal(npz[key], np.asarray(leaf), err_msg=key)
+
+
+def test_the_reweighted_outputs_tell_the_sources_and_the_searches_apart(reweighted, sources):
+    _, translator = reweighted
+    _, source_ids = sources
+    beam_size = translator.search_settings()["beam_size"]
+    greedy, beam = (predicted(translator, source_ids, k) for k in (1, beam_size))
+    assert len({tuple(output) for output in greedy}) >= 6
+    assert greedy != beam
+
+
+@pytest.mark.parametrize("beam_size", [1, None])
+def test_exported_searches_give_predicts_ids(reweighted, sources, beam_size):
+    directory, translator = reweighted
+    _, source_ids = sources
+    beam = translator.search_settings(beam_size=beam_size)["beam_size"]
+    outputs = StableHLOTranslator(directory).translate_ids(source_ids, beam_size=beam_size)
+    assert all(output.dtype == np.int32 and output.ndim == 1 for output in outputs)
+    assert [output.tolist() for output in outputs] == predicted(translator, source_ids, beam)
+
+
+SERVE_SCRIPT = textwrap.dedent("""
+    import importlib.abc, importlib.util, json, sys
+
+    class Hide(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in ("transformer_jax", "flax"):
+                raise ImportError(f"{name} is hidden")
+
+    sys.meta_path.insert(0, Hide())
+    for hidden in ("transformer_jax", "flax"):
+        try:
+            __import__(hidden)
+        except ImportError:
+            pass
+        else:
+            raise SystemExit(f"{hidden} could be imported")
+    serve_file, directory, ids, texts = sys.argv[1], sys.argv[2], *map(json.loads, sys.argv[3:])
+    spec = importlib.util.spec_from_file_location("serve_stablehlo", serve_file)
+    serve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(serve)
+    translator = serve.StableHLOTranslator(directory)
+    result = {str(k): [o.tolist() for o in translator.translate_ids(ids, beam_size=k)]
+              for k in (1, None)}
+    result["texts"] = translator.translate(texts)
+    assert not {"transformer_jax", "flax"} & {m.partition(".")[0] for m in sys.modules}
+    print(json.dumps(result))
+""")
+
+
+def test_serve_file_alone_translates_as_the_translator(reweighted, sources, tmp_path):
+    directory, translator = reweighted
+    texts, source_ids = sources
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), serve_stablehlo.__file__, str(directory),
+         json.dumps(source_ids), json.dumps(texts)],
+        cwd=tmp_path, env=os.environ.copy(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["1"] == predicted(translator, source_ids, 1)
+    beam = translator.search_settings()["beam_size"]
+    assert result["None"] == predicted(translator, source_ids, beam)
+    assert result["texts"] == translator.translate(texts, batch_size=4)
+
+
+def one_line_error(call) -> str:
+    with pytest.raises(StableHLOError) as caught:
+        call()
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
+def test_a_source_longer_than_every_bucket_is_refused_before_any_search(exported,
+                                                                       monkeypatch):
+    translator = StableHLOTranslator(exported)
+
+    def no_artifact(blob):
+        raise AssertionError("an artifact was read before the lengths were checked")
+
+    monkeypatch.setattr(jax.export, "deserialize", no_artifact)
+    message = one_line_error(lambda: translator.translate_ids([[5, 1], [5] * 16 + [1]]))
+    assert "sentence 2 has 17 tokens" in message and "(16)" in message
+
+
+def test_a_beam_size_that_was_not_exported_is_refused(exported, translator):
+    beam = translator.search_settings()["beam_size"]
+    message = one_line_error(
+        lambda: StableHLOTranslator(exported).translate_ids([[5, 1]], beam_size=beam + 1))
+    assert f"beam_size {beam + 1} was not exported" in message
+    assert "1 (greedy)" in message and f"{beam} (beam)" in message
+
+
+def test_a_ctranslate2_export_is_refused(tmp_path):
+    (tmp_path / "export.json").write_text(json.dumps({"format": "ctranslate2"}))
+    assert "holds a ctranslate2 export" in one_line_error(lambda: StableHLOTranslator(tmp_path))
+
+
+def test_a_missing_directory_is_refused(tmp_path):
+    missing = tmp_path / "nowhere"
+    message = one_line_error(lambda: StableHLOTranslator(missing))
+    assert str(missing) in message and "export.json" in message
+
+
+def test_translate_py_with_stablehlo_equals_jax(translating_run, tmp_path):
+    """The CLIs end to end on a model that translates: python -m transformer_jax.export,
+    then translate.py --engine=stablehlo writes what --engine=jax writes, greedy and beam,
+    and refuses a length penalty other than the exported one in one line."""
+    exported = tmp_path / "hlo"
+    made = subprocess.run(
+        [sys.executable, "-m", "transformer_jax.export", f"--workdir={translating_run.workdir}",
+         "--format=stablehlo", f"--output={exported}", "--batch_sizes=4", "--lengths=8,16"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    assert f"--engine=stablehlo --exported={exported}" in made.stdout
+    lines = "dreihundertzweiundvierzig\nnull\neinundzwanzigtausendfünf\nsiebzehn\nachtzig\n"
+    for search in (["--beam_size=1"], []):
+        outputs = [subprocess.run([sys.executable, "translate.py", *search, *engine],
+                                  cwd=ROOT, input=lines, capture_output=True, text=True,
+                                  timeout=300)
+                   for engine in ([f"--workdir={translating_run.workdir}"],
+                                  ["--engine=stablehlo", f"--exported={exported}"])]
+        assert [o.returncode for o in outputs] == [0, 0], outputs[1].stderr
+        assert outputs[1].stdout == outputs[0].stdout and len(outputs[0].stdout.split("\n")) == 6
+    refused = subprocess.run([sys.executable, "translate.py", "--engine=stablehlo",
+                              f"--exported={exported}", "--alpha=1.0"], cwd=ROOT,
+                             input="null\n", capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 2  # the source, the error
+    assert "was exported with alpha=0.6; export again to change it" in refused.stderr

@@ -1,0 +1,82 @@
+"""translate.py's engines behind one call: the run itself, or an export of it.
+
+    engine = open_engine("ctranslate2", exported="exports/ct2")
+    engine.translate(["dreihundertzwei"], beam_size=None, alpha=None, max_extra_length=None,
+                     batch_size=32, max_input_length=64)
+
+Every engine takes the same settings (None: the run's `config.decode`) and raises a
+TranslationError for what it cannot do, so the CLI has one way to report it.
+"""
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from transformer_jax.export.manifest import ExportError
+from transformer_jax.translation import TranslationError, Translator
+
+ENGINES = ("jax", "ctranslate2", "stablehlo")
+
+
+class Engine(NamedTuple):
+    translate: Callable[..., list[str]]  # Translator.translate's signature
+    source: str  # which parameters, e.g. "checkpoint 400, 800 of runs/default"
+    max_length: int  # the model's max_length: the default --max_input_length
+
+
+def open_engine(name: str, *, workdir: str | None = None, exported: str | None = None,
+                checkpoint: str = "latest") -> Engine:
+    """The engine `name` over a training run (`workdir`, jax) or an export (`exported`)."""
+    need, other = ("workdir", "exported") if name == "jax" else ("exported", "workdir")
+    given = {"workdir": workdir, "exported": exported}
+    if given[other] or not given[need]:
+        raise TranslationError(f"--engine={name} translates with --{need}=DIR"
+                               + (f", not --{other}" if given[other] else ""))
+    if name == "jax":
+        translator = Translator.from_workdir(workdir, checkpoint)
+        steps = ", ".join(map(str, translator.steps))
+        return Engine(translator.translate, f"checkpoint {steps} of {workdir}",
+                      translator.model.config.max_length)
+    if checkpoint != "latest":
+        raise TranslationError(f"--checkpoint is for --engine=jax; {exported} holds the "
+                               f"parameters it was exported with")
+    try:
+        return _open_export(name, exported)
+    except ExportError as error:
+        raise TranslationError(str(error)) from None
+
+
+def _open_export(name: str, directory: str) -> Engine:
+    from transformer_jax.export.manifest import read_manifest
+
+    manifest = read_manifest(directory, name)
+    steps = ", ".join(map(str, manifest["steps"]))
+    source = f"{name} export of checkpoint {steps} of {manifest['workdir']}"
+    if name == "ctranslate2":
+        from transformer_jax.export.ctranslate2_model import CTranslate2Translator
+
+        translate = CTranslate2Translator.from_export(directory).translate
+    else:
+        translate = _stablehlo(directory, manifest["search"])
+    return Engine(translate, source, manifest["model"]["max_length"])
+
+
+def _stablehlo(directory: str, exported: dict) -> Callable[..., list[str]]:
+    """StableHLOTranslator.translate, refusing search settings other than those exported."""
+    from transformer_jax.export.serve_stablehlo import StableHLOError, StableHLOTranslator
+
+    try:
+        translator = StableHLOTranslator(directory)
+    except StableHLOError as error:
+        raise TranslationError(str(error)) from None
+
+    def translate(sentences, *, beam_size=None, alpha=None, max_extra_length=None, **rest):
+        for key, value in (("alpha", alpha), ("max_extra_length", max_extra_length)):
+            if value is not None and value != exported[key]:
+                raise TranslationError(f"{directory} was exported with {key}="
+                                       f"{exported[key]}; export again to change it")
+        try:
+            return translator.translate(sentences, beam_size=beam_size, **rest)
+        except StableHLOError as error:
+            raise TranslationError(str(error)) from None
+
+    return translate

@@ -1,0 +1,82 @@
+"""What every exported directory holds beside its format's files, and how it is written.
+
+    OUT/export.json      format, source workdir and steps, the model's config, the search
+                         settings of §6.1 the run decodes with, and the format's own keys
+    OUT/tokenizer.model  the run's SentencePiece model (the same pieces as the vocabulary)
+
+A directory is written whole or not at all: into a temporary sibling, renamed into
+place last, so an interrupted export leaves no half-written model behind.
+"""
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+
+from transformer_jax.data.vocabulary import TOKENIZER_FILE, tokenizer_path
+
+MANIFEST_FILE = "export.json"
+FORMATS = ("ctranslate2", "stablehlo")
+
+
+class ExportError(ValueError):
+    """An export that cannot be made or read: a setting the format cannot express, an
+    output that exists, a directory that is not an export of the expected format."""
+
+
+@contextlib.contextmanager
+def staged_directory(output: str, *, force: bool = False):
+    """Yields a temporary folder beside `output`; renamed to `output` when the block ends
+    without an error (replacing it when `force`), deleted otherwise."""
+    output = os.path.abspath(output)
+    if os.path.exists(output) and not force:
+        raise ExportError(f"--output {output} exists; choose another or pass --force")
+    parent = os.path.dirname(output)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.partial-", dir=parent)
+    try:
+        yield staging
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would hide it from other users
+        if os.path.exists(output):
+            shutil.rmtree(output)
+        os.rename(staging, output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_manifest(directory: str, *, fmt: str, workdir: str, trained, search: dict,
+                   **extra) -> dict:
+    """export.json for `trained` (a `TrainedParams`) and a copy of `workdir`'s tokenizer."""
+    shutil.copyfile(tokenizer_path(workdir), os.path.join(directory, TOKENIZER_FILE))
+    manifest = {"format": fmt, "workdir": os.path.abspath(workdir), "steps": trained.steps,
+                "model": dataclasses.asdict(trained.model.config),
+                "direction": _direction(trained.metadata), "search": search, **extra}
+    with open(os.path.join(directory, MANIFEST_FILE), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+    return manifest
+
+
+def read_manifest(directory: str, fmt: str) -> dict:
+    """`directory`'s export.json; an ExportError unless it is an export in format `fmt`."""
+    path = os.path.join(directory, MANIFEST_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise ExportError(f"{directory} is not an exported model (no {MANIFEST_FILE}); make "
+                          f"one with python -m transformer_jax.export") from None
+    except (OSError, ValueError) as error:
+        raise ExportError(f"{path} cannot be read: {error}") from None
+    if manifest.get("format") != fmt:
+        raise ExportError(f"{directory} holds a {manifest.get('format')} export, not "
+                          f"{fmt}; pass --engine={manifest.get('format')}")
+    return manifest
+
+
+def _direction(metadata: dict) -> str:
+    data = metadata.get("config", {}).get("data", {})
+    return f"{data.get('source_lang', '?')}-{data.get('target_lang', '?')}"

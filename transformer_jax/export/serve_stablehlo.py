@@ -1,0 +1,203 @@
+"""Translate with a stablehlo export (one that `python -m transformer_jax.export` made).
+
+Self-contained: it imports the standard library, numpy and jax (and sentencepiece, for
+text) and never transformer_jax or flax, so it can be copied next to an exported directory
+and used where the package is not installed:
+
+    from serve_stablehlo import StableHLOTranslator
+    translator = StableHLOTranslator("exported")
+    translator.translate(["dreihundertzweiundvierzig"])               # the exported beam search
+    translator.translate(["dreihundertzweiundvierzig"], beam_size=1)  # greedy search
+    translator.translate_ids([[31, 7, 1]])                            # ids in, ids out
+
+Sources are batched as transformer_jax's predict.py batches them: sorted by length, and
+each batch searched in the smallest exported bucket (rows x source length) that holds it.
+"""
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+
+# These mirror transformer_jax/token_ids.py.
+PAD_ID = 0  # pads sources and outputs; outputs hold it after EOS
+EOS_ID = 1  # ends every source and output
+
+MANIFEST_FILE = "export.json"
+TOKENIZER_FILE = "tokenizer.model"
+
+
+class StableHLOError(ValueError):
+    """A directory that is no stablehlo export for this machine, or a request it cannot
+    serve (a search it does not hold, a source longer than its longest bucket)."""
+
+
+class StableHLOTranslator:
+    """The searches of a stablehlo export, loaded once and compiled per bucket on first use."""
+
+    def __init__(self, directory: str):
+        self.directory = os.fspath(directory)
+        self._entry = _read_entry(self.directory)
+        platform = jax.export.default_export_platform()
+        if platform not in self._entry["platforms"]:
+            raise StableHLOError(
+                f"{self.directory} was exported for {', '.join(self._entry['platforms'])}, "
+                f"but jax runs on {platform} here; export it again on this machine")
+        self._params = _load_params(os.path.join(self.directory, self._entry["params"]))
+        self._functions = {}  # artifact file -> its jitted call
+        self._tokenizer = None
+
+    @property
+    def searches(self) -> dict:
+        """What was exported: {"greedy": {"beam_size": 1, "max_extra_length": ..., "buckets":
+        [{"batch_size", "length", "max_length", "file"}, ...]}, "beam": {... "alpha" ...}}."""
+        return json.loads(json.dumps(self._entry["searches"]))  # a copy
+
+    def translate_ids(self, source_ids: list[list[int]], *, beam_size: int | None = None,
+                      batch_size: int | None = None, progress: bool = False) -> list[np.ndarray]:
+        """The output ids of each source (ids ending with EOS), in the sources' order.
+
+        `beam_size` None is the exported beam search (greedy if none was exported), 1 greedy
+        search. At most `batch_size` sources share a search (None, or more than the largest
+        exported batch size: that size). Each output is a 1-D int32 array of the bucket's
+        max_length: generated ids, EOS included, 0 after.
+        """
+        search = self._search(beam_size)
+        rows = _batch_rows(batch_size, max(b["batch_size"] for b in search["buckets"]))
+        self._check_lengths(source_ids, search["buckets"])
+        order = sorted(range(len(source_ids)), key=lambda i: len(source_ids[i]))
+        outputs = [np.zeros((0,), np.int32)] * len(source_ids)
+        starts = range(0, len(order), rows)
+        for done, start in enumerate(starts):
+            chosen = order[start:start + rows]
+            bucket = _smallest_bucket(search["buckets"], len(chosen),
+                                      max(len(source_ids[i]) for i in chosen))
+            outputs_BT = self._run(bucket, _padded([source_ids[i] for i in chosen], bucket))
+            for i, output_T in zip(chosen, outputs_BT):
+                outputs[i] = output_T
+            if progress:
+                print(f"\rtranslating: batch {done + 1}/{len(starts)}", end="", file=sys.stderr)
+        if progress:
+            print(file=sys.stderr)
+        return outputs
+
+    def translate(self, sentences: list[str], *, beam_size: int | None = None,
+                  batch_size: int | None = None, max_input_length: int | None = None,
+                  progress: bool = False) -> list[str]:
+        """Translations of `sentences`, in their order (`translate_ids` on their pieces).
+
+        A sentence of more than `max_input_length` tokens (EOS included; None: no limit
+        but the longest bucket) is a StableHLOError before any search.
+        """
+        tokenizer = self._load_tokenizer()
+        ids = [pieces + [EOS_ID] for pieces in tokenizer.encode(list(sentences), out_type=int)]
+        # translation.check_lengths' rule and words; this file imports nothing of the package.
+        cap = max_input_length or float("inf")
+        too_long = [(i, len(x)) for i, x in enumerate(ids) if len(x) > cap]
+        if too_long:
+            line, length = too_long[0]
+            raise StableHLOError(
+                f"sentence {line + 1} has {length} tokens, more than max_input_length={cap} "
+                f"({len(too_long)} sentence(s) too long); split it or raise the limit")
+        outputs = self.translate_ids(ids, beam_size=beam_size, batch_size=batch_size,
+                                     progress=progress)
+        # As transformer_jax's Tokenizer.decode: up to the first EOS, PAD ids dropped.
+        return [tokenizer.decode([int(i) for i in _until_eos(output) if i != PAD_ID])
+                for output in outputs]
+
+    def _search(self, beam_size: int | None) -> dict:
+        searches = self._entry["searches"]
+        if beam_size is None:
+            return searches.get("beam", searches["greedy"])
+        for search in searches.values():
+            if search["beam_size"] == beam_size:
+                return search
+        held = ", ".join(f"{s['beam_size']} ({name})" for name, s in searches.items())
+        raise StableHLOError(f"beam_size {beam_size} was not exported; {self.directory} "
+                             f"holds beam_size {held}")
+
+    def _check_lengths(self, source_ids, buckets) -> None:
+        longest = max(b["length"] for b in buckets)
+        for i, ids in enumerate(source_ids):
+            if len(ids) > longest:
+                raise StableHLOError(
+                    f"sentence {i + 1} has {len(ids)} tokens, more than the longest exported "
+                    f"bucket ({longest}); split it or export longer lengths")
+
+    def _run(self, bucket: dict, inputs_BS: np.ndarray) -> np.ndarray:
+        """The bucket's artifact on `inputs_BS`, deserialized and compiled on first use."""
+        if bucket["file"] not in self._functions:
+            with open(os.path.join(self.directory, bucket["file"]), "rb") as f:
+                blob = bytearray(f.read())
+            try:
+                exported = jax.export.deserialize(blob)
+            except ImportError:  # jax reads the artifact with the flatbuffers package
+                raise StableHLOError("reading a stablehlo export needs the flatbuffers "
+                                     "package (pip install flatbuffers)") from None
+            self._functions[bucket["file"]] = jax.jit(exported.call)
+        return np.asarray(self._functions[bucket["file"]](self._params, inputs_BS))
+
+    def _load_tokenizer(self):
+        if self._tokenizer is None:
+            import sentencepiece  # only text needs it
+
+            path = os.path.join(self.directory, TOKENIZER_FILE)
+            if not os.path.exists(path):
+                raise StableHLOError(f"{self.directory} has no {TOKENIZER_FILE}")
+            self._tokenizer = sentencepiece.SentencePieceProcessor(model_file=path)
+        return self._tokenizer
+
+
+def _read_entry(directory: str) -> dict:
+    """export.json's "stablehlo" entry; a StableHLOError unless it is a stablehlo export."""
+    path = os.path.join(directory, MANIFEST_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise StableHLOError(f"{directory} is not an exported model (no {MANIFEST_FILE})") \
+            from None
+    except (OSError, ValueError) as error:
+        raise StableHLOError(f"{path} cannot be read: {error}") from None
+    if manifest.get("format") != "stablehlo" or "stablehlo" not in manifest:
+        raise StableHLOError(f"{directory} holds a {manifest.get('format')} export, "
+                             f"not stablehlo")
+    return manifest["stablehlo"]
+
+
+def _load_params(path: str) -> tuple:
+    """The parameter leaves on the default device, in the order of their keys."""
+    try:
+        with np.load(path) as npz:
+            return tuple(jax.device_put(npz[key]) for key in sorted(npz.files))
+    except OSError as error:
+        raise StableHLOError(f"cannot read the parameters {path}: {error}") from None
+
+
+def _batch_rows(batch_size: int | None, largest: int) -> int:
+    if batch_size is None:
+        return largest
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise StableHLOError(f"batch_size must be a positive integer, got {batch_size!r}")
+    return min(batch_size, largest)
+
+
+def _smallest_bucket(buckets: list[dict], rows: int, length: int) -> dict:
+    """The bucket of fewest cells with at least `rows` rows and `length` columns."""
+    fits = [b for b in buckets if b["batch_size"] >= rows and b["length"] >= length]
+    return min(fits, key=lambda b: (b["batch_size"] * b["length"], b["length"]))
+
+
+def _padded(rows: list[list[int]], bucket: dict) -> np.ndarray:
+    """`rows` as the bucket's int32 `(B, S)` inputs, PAD_ID around them."""
+    inputs_BS = np.full((bucket["batch_size"], bucket["length"]), PAD_ID, np.int32)
+    for row, ids in enumerate(rows):
+        inputs_BS[row, :len(ids)] = ids
+    return inputs_BS
+
+
+def _until_eos(ids: np.ndarray) -> np.ndarray:
+    ends = np.flatnonzero(ids == EOS_ID)
+    return ids[:ends[0]] if ends.size else ids
