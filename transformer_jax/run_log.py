@@ -1,40 +1,80 @@
-"""Where a run's metrics go: DIR/metrics.jsonl, TensorBoard event files, a progress bar.
+"""Where a run's metrics go: DIR/metrics.jsonl, TensorBoard event files, DIR/curves.png,
+a progress bar.
 
 Only process 0 writes; the others get a RunLog that does nothing. On resume,
 metrics.jsonl loses the records past the restored step (they are logged again).
+
+Each record carries `elapsed_s`, the run's wall time: seconds since this RunLog opened
+(just before the first step, so the first record includes compiling; evaluation counts),
+plus, on resume, the `elapsed_s` of the last record kept. The time of steps done again
+after a resume, and between a stop and the restart, is not counted.
 """
 
 import json
 import os
 import sys
+import time
+import warnings
 
 import tqdm
 
+from transformer_jax import plot  # cheap: matplotlib is imported only to draw
+
 
 class RunLog:
-    """Appends one JSON object per record to metrics.jsonl and mirrors it to TensorBoard."""
+    """Appends one JSON object per record to metrics.jsonl, mirrors it to TensorBoard, and
+    draws curves.png at each evaluation and at the end."""
 
     def __init__(self, workdir: str, *, total_steps: int, first_step: int, enabled: bool = True):
         self.enabled = enabled
         if not enabled:
             return
-        path = os.path.join(workdir, "metrics.jsonl")
-        drop_records_after(path, first_step)
+        path = os.path.join(workdir, plot.METRICS)
+        self._records = drop_records_after(path, first_step)
+        self._clock_offset = next((r[plot.ELAPSED] for r in reversed(self._records)
+                                   if plot.ELAPSED in r), 0.0)
+        self._clock_start = time.monotonic()
+        self._curves = os.path.join(workdir, plot.CURVES)
+        self._name = os.path.basename(os.path.normpath(os.path.abspath(workdir)))
+        self._written = self._drawing_failed = False
         self._jsonl = open(path, "a", encoding="utf-8")
         self._tensorboard = _summary_writer(workdir)
         self._progress = tqdm.tqdm(total=total_steps, initial=first_step, unit="step",
                                    dynamic_ncols=True, desc="train")
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
-        """One record: `metrics` at `step` (train and eval records carry their own keys)."""
+        """One record: `metrics` at `step` (train and eval records carry their own keys),
+        and the run's wall time. An evaluation's record redraws curves.png."""
         if not self.enabled:
             return
-        self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        elapsed = self._clock_offset + time.monotonic() - self._clock_start
+        record = {"step": step, **metrics, plot.ELAPSED: round(elapsed, 3)}
+        self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
-        for name, value in metrics.items():
+        self._records.append(record)
+        self._written = True
+        for name, value in metrics.items():  # TensorBoard keeps its own wall time
             group = "eval" if name.startswith("eval_") else "train"
             self._tensorboard.add_scalar(f"{group}/{name.removeprefix('eval_')}", value, step)
         self._tensorboard.flush()
+        if any(name.startswith("eval_") for name in metrics):
+            self.draw()
+
+    def draw(self) -> None:
+        """Redraws curves.png from the records. Training goes on if drawing fails: the
+        first failure is reported in one line, later ones are silent."""
+        if not self.enabled:
+            return
+        try:
+            with warnings.catch_warnings():  # nothing of matplotlib's over the progress bar
+                warnings.simplefilter("ignore")
+                plot.write_curves(self._curves, [(self._name, self._records)])
+        except Exception as error:  # noqa: BLE001 -- a picture never stops a run
+            if not self._drawing_failed:
+                self._drawing_failed = True
+                reason = (str(error).strip().splitlines() or [""])[0]
+                self.message(f"warning: {self._curves} not drawn "
+                             f"({type(error).__name__}: {reason}); training goes on")
 
     def progress(self, step: int, metrics: dict[str, float]) -> None:
         """Moves the bar to `step` and shows the latest loss, learning rate and speed."""
@@ -51,7 +91,10 @@ class RunLog:
             self._progress.write(text)
 
     def close(self) -> None:
+        """Draws curves.png a last time (if this run logged anything) and closes the files."""
         if self.enabled:
+            if self._written:
+                self.draw()
             self._progress.close()
             self._tensorboard.close()
             self._jsonl.close()
@@ -73,19 +116,24 @@ def _summary_writer(workdir: str):
     return SummaryWriter(workdir)
 
 
-def drop_records_after(path: str, step: int) -> None:
-    """Removes the records of steps after `step` from a metrics.jsonl, if any.
+def drop_records_after(path: str, step: int) -> list[dict]:
+    """Removes the records of steps after `step` from a metrics.jsonl, if any, and
+    returns the records kept.
 
     A run killed after logging step N but before its checkpoint resumes from an
     earlier step and logs those steps again; without this they would be there twice.
+    A half-written last line (killed while writing it) goes too, with a warning:
+    the next record would be glued to it.
     """
     if not os.path.exists(path):
-        return
+        return []
     with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
-    if len(kept) == len(lines):
-        return
+        text = f.read()
+    records = plot.parse_records(text, path)
+    kept = [r for r in records if r["step"] <= step]
+    if not text or (len(kept) == len(records) and text.endswith("\n")):
+        return kept
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.writelines(kept)
+        f.writelines(json.dumps(r) + "\n" for r in kept)  # as `write` wrote them
     os.replace(path + ".tmp", path)  # atomic: a crash here leaves the old file or the new one
+    return kept

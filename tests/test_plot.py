@@ -1,0 +1,192 @@
+"""Learning curves: the lines drawn are the records, the wall-time axis is the records'
+clock, the PNG is whole, and the command line fails in one line."""
+
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from transformer_jax import plot
+
+# A run logging every 10 steps, evaluating (loss, then BLEU) at steps 20 and 40.
+RECORDS = [
+    {"step": 10, "loss": 4.0, "learning_rate": 1e-4, "elapsed_s": 12.0},
+    {"step": 20, "loss": 2.0, "learning_rate": 2e-4, "elapsed_s": 14.0},
+    {"step": 20, "eval_loss": 2.5, "eval_accuracy": 0.5, "elapsed_s": 15.0},
+    {"step": 20, "eval_bleu": 10.0, "eval_chrf": 30.0, "elapsed_s": 17.0},
+    {"step": 30, "loss": 1.0, "learning_rate": 1.5e-4, "elapsed_s": 19.0},
+    {"step": 40, "loss": 0.5, "learning_rate": 1.25e-4, "elapsed_s": 21.0},
+    {"step": 40, "eval_loss": 1.25, "eval_accuracy": 0.75, "elapsed_s": 22.0},
+    {"step": 40, "eval_bleu": 20.0, "eval_chrf": 45.0, "elapsed_s": 24.0},
+]
+NO_BLEU = [r for r in RECORDS if "eval_bleu" not in r]
+
+
+def lines_by_gid(ax) -> dict[str, np.ndarray]:
+    return {line.get_gid(): line.get_xydata() for line in ax.get_lines()}
+
+
+def write_run(folder, records, tail: str = ""):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+    return folder
+
+
+def png_size(path) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk, after checking the signature."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_each_line_is_the_records_of_its_key():
+    figure = plot.curves_figure([("run", RECORDS)])
+    loss, quality, rate = figure.axes[:3]
+    assert [ax.get_title() for ax in (loss, quality, rate)] == [
+        "Loss", "BLEU and chrF (validation, beam search)", "Learning rate"]
+    assert loss.get_yscale() == "log"
+    np.testing.assert_array_equal(lines_by_gid(loss)["run:loss"],
+                                  [[10, 4.0], [20, 2.0], [30, 1.0], [40, 0.5]])
+    np.testing.assert_array_equal(lines_by_gid(loss)["run:eval_loss"], [[20, 2.5], [40, 1.25]])
+    assert lines_by_gid(quality).keys() == {"run:eval_bleu", "run:eval_chrf"}
+    np.testing.assert_array_equal(lines_by_gid(quality)["run:eval_bleu"], [[20, 10.0], [40, 20.0]])
+    np.testing.assert_array_equal(lines_by_gid(quality)["run:eval_chrf"], [[20, 30.0], [40, 45.0]])
+    np.testing.assert_array_equal(lines_by_gid(rate)["run:learning_rate"],
+                                  [[10, 1e-4], [20, 2e-4], [30, 1.5e-4], [40, 1.25e-4]])
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == [
+        "training (label-smoothed) (last 0.5)", "validation (last 1.25)"]
+
+
+def test_the_wall_time_axis_maps_steps_to_the_recorded_seconds():
+    """The clock is each step's first record's time, from (0, 0); the axis on top of each
+    panel shows, over any step range, the seconds recorded at its ends."""
+    np.testing.assert_array_equal(plot.wall_time(RECORDS),
+                                  [[0, 0], [10, 12], [20, 14], [30, 19], [40, 21]])
+    figure = plot.curves_figure([("run", RECORDS)])
+    panels = figure.axes[:3]
+    assert [ax.child_axes[0].get_xlabel() for ax in panels] == ["wall time (s)"] * 3
+    for steps, seconds in (((20, 30), (14, 19)), ((10, 40), (12, 21)),
+                           ((5, 45), (6, 22)),  # beyond the records: the end segments
+                           ((0, 25), (0, 16.5))):
+        for ax in panels:
+            ax.set_xlim(*steps)
+        figure.draw_without_rendering()  # a secondary axis follows its parent when drawn
+        for ax in panels:
+            assert ax.child_axes[0].get_xlim() == pytest.approx(seconds)
+
+
+def test_a_long_run_reads_its_clock_in_minutes():
+    records = [{**r, "elapsed_s": 60 * r["elapsed_s"]} for r in RECORDS]
+    figure = plot.curves_figure([("run", records)])
+    ax = figure.axes[0]
+    ax.set_xlim(20, 30)
+    figure.draw_without_rendering()
+    assert ax.child_axes[0].get_xlabel() == "wall time (min)"
+    assert ax.child_axes[0].get_xlim() == pytest.approx((14, 19))
+    assert figure.get_suptitle() == "run: 40 steps, 24 min"
+
+
+def test_records_without_times_draw_no_time_axis():
+    untimed = [{k: v for k, v in r.items() if k != "elapsed_s"} for r in RECORDS]
+    assert plot.wall_time(untimed).shape == (0, 2)
+    figure = plot.curves_figure([("run", untimed)])
+    assert all(not ax.child_axes for ax in figure.axes)
+    assert figure.get_suptitle() == "run: 40 steps"
+
+
+def test_panels_only_for_what_was_logged(tmp_path):
+    figure = plot.curves_figure([("run", NO_BLEU)])
+    assert [ax.get_title() for ax in figure.axes if ax.get_title()] == ["Loss", "Learning rate"]
+    plot.write_curves(str(tmp_path / "curves.png"), [("run", NO_BLEU)])
+    assert png_size(tmp_path / "curves.png") == (2 * 500, 420)
+    with pytest.raises(plot.MetricsError, match="no loss, BLEU, chrF or learning rate"):
+        plot.curves_figure([("run", [{"step": 1, "eval_accuracy": 0.5}])])
+
+
+def test_the_png_is_whole_and_of_the_figures_size(tmp_path):
+    """Three panels of 5 x 4.2 inches at 100 dpi; written under a temporary name, then
+    renamed: nothing else is left in the folder."""
+    import matplotlib.image
+
+    path = tmp_path / "curves.png"
+    plot.write_curves(str(path), [("run", RECORDS)])
+    assert png_size(path) == (1500, 420)
+    assert matplotlib.image.imread(path).shape == (420, 1500, 4)
+    assert [p.name for p in tmp_path.iterdir()] == ["curves.png"]
+
+
+def test_several_runs_one_line_per_run_per_panel():
+    halved = [{k: v / 2 if k == "loss" else v for k, v in r.items()} for r in NO_BLEU]
+    figure = plot.curves_figure([("base", RECORDS), ("halved", halved)])
+    loss, quality, rate = figure.axes[:3]
+    assert sorted(lines_by_gid(loss)) == ["base:eval_loss", "base:loss",
+                                          "halved:eval_loss", "halved:loss"]
+    assert sorted(lines_by_gid(quality)) == ["base:eval_bleu", "base:eval_chrf"]
+    assert sorted(lines_by_gid(rate)) == ["base:learning_rate", "halved:learning_rate"]
+    np.testing.assert_array_equal(lines_by_gid(loss)["halved:loss"],
+                                  [[10, 2.0], [20, 1.0], [30, 0.5], [40, 0.25]])
+    colours = {line.get_gid(): line.get_color() for ax in figure.axes for line in ax.get_lines()}
+    assert {gid.split(":")[0]: c for gid, c in colours.items()} == {"base": "C0", "halved": "C1"}
+    assert all(not ax.child_axes for ax in figure.axes)  # one clock per run: in the legend
+    (legend,) = figure.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["base (40 steps, 24 s)",
+                                                          "halved (40 steps, 22 s)"]
+
+
+def test_run_names_are_folder_names_unless_two_are_the_same():
+    assert plot.run_names(["runs/base", "other/big/"]) == ["base", "big"]
+    assert plot.run_names(["a/run", "b/run"]) == ["a/run", "b/run"]
+
+
+def test_a_half_written_last_line_is_skipped_with_a_warning(tmp_path, capsys):
+    path = write_run(tmp_path, RECORDS[:2], tail='{"step": 30, "lo') / "metrics.jsonl"
+    assert plot.read_records(str(path)) == RECORDS[:2]
+    assert capsys.readouterr().err == f"warning: {path}: skipped its half-written last line\n"
+    path.write_text('{"step": 1\n' + json.dumps(RECORDS[0]) + "\n")
+    with pytest.raises(plot.MetricsError, match=r"line 1: not a JSON record"):
+        plot.read_records(str(path))
+
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "transformer_jax.plot", *map(str, args)],
+                          cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_the_command_line_draws_one_run_into_its_workdir_and_several_here(tmp_path):
+    one = write_run(tmp_path / "runs" / "one", RECORDS, tail='{"step": 50')
+    two = write_run(tmp_path / "runs" / "two", NO_BLEU)
+    done = run_cli(one, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"wrote {one / 'curves.png'}\n"
+    assert done.stderr == f"warning: {one / 'metrics.jsonl'}: skipped its half-written last line\n"
+    assert png_size(one / "curves.png") == (1500, 420)
+    done = run_cli("runs/one", "runs/two", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert png_size(tmp_path / "curves.png") == (1500, 420)
+    assert not (two / "curves.png").exists()
+
+
+@pytest.mark.parametrize("case", ["no metrics.jsonl", "no folder", "empty", "unwritable"])
+def test_command_line_errors_are_one_line(tmp_path, case):
+    run = tmp_path / "run"
+    run.mkdir()
+    args = [run]
+    if case == "no folder":
+        args = [tmp_path / "missing"]
+    elif case == "empty":
+        (run / "metrics.jsonl").write_text("")
+    elif case == "unwritable":  # /proc refuses new entries, even to root
+        write_run(run, RECORDS)
+        args.append("--output=/proc/curves.png")
+    expected = {"no metrics.jsonl": f"error: {run} holds no metrics.jsonl (is it a training "
+                                    f"run's --workdir?)",
+                "no folder": f"error: {tmp_path / 'missing'}: no such folder",
+                "empty": f"error: {run / 'metrics.jsonl'} holds no records yet",
+                "unwritable": "error: cannot write /proc/curves.png: "}[case]
+    done = run_cli(*args, cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout == "" and len(done.stderr.splitlines()) == 1
+    assert done.stderr.startswith(expected), done.stderr
