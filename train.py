@@ -17,6 +17,7 @@ from transformer_jax import parallel, trainer
 from transformer_jax.checkpoint import CheckpointWriteError
 from transformer_jax.data import DataError
 from transformer_jax.run_config import loaded_config, parse_flags
+from transformer_jax.stop_signal import StoppedAtOnce
 
 DEFAULT_CONFIG = "configs/default.py"
 _CONFIG = config_flags.DEFINE_config_file(
@@ -39,7 +40,7 @@ def main(argv) -> None:
     except (trainer.ConfigError, DataError, trainer.NonFiniteLossError,
             CheckpointWriteError) as error:
         sys.exit(f"error: {error}")
-    except trainer.StoppedAtOnce as error:
+    except StoppedAtOnce as error:
         # XLA looks for signals while it compiles, so the stop may have been raised inside a
         # compilation; the interpreter's exit after that crashes (SIGSEGV, jax 0.10 on CPU).
         # Nothing is left to save or release (the workdir lock is): leave without teardown.

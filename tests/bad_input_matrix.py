@@ -23,7 +23,7 @@ BAD_CONFIGS = [f"--config.{c}" for c in (
     "num_train_steps=0", "num_train_steps=-5", "per_device_batch_size=0",
     "per_device_batch_size=-1", "accumulation_steps=0", "log_every_steps=0",
     "eval_every_steps=0", "checkpoint_every_steps=0", "checkpoints_to_keep=0", "seed=-1",
-    "num_eval_batches=-2", "parallelism=mpi", "data.too_long=wrap", "data.numbers_size=medium",
+    "num_eval_batches=-2", "loss_chunk_size=-1", "parallelism=mpi", "data.too_long=wrap", "data.numbers_size=medium",
     "data.max_source_length=0", "data.max_target_length=1", "data.num_workers=-1",
     "decode.beam_size=0", "decode.alpha=-0.5", "decode.bleu_every_steps=-1",
     "decode.max_extra_length=-1", "decode.bleu_examples=0", "model.num_heads=5",

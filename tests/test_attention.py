@@ -409,9 +409,9 @@ def test_register_custom_implementation():
     name = "test_reference_plus_one"
 
     @register_attention(name)
-    def plus_one(query_BTNH, key_BSNH, value_BSNH, mask_B1TS=None, *, is_causal=False,
-                 dropout_rate=0.0, dropout_rng=None):
-        return attention_module.reference_attention(query_BTNH, key_BSNH, value_BSNH, mask_B1TS,
+    def plus_one(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
+                 dropout_rng=None):
+        return attention_module.reference_attention(query, key, value, mask,
                                                     is_causal=is_causal) + 1.0
 
     try:

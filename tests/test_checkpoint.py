@@ -347,7 +347,7 @@ def test_readers_fall_back_without_moving_and_none_is_none(two_steps, tmp_path, 
 def test_a_stop_signal_during_a_read_is_not_damage(two_steps, tmp_path, open_checkpointer):
     """A stop signal raised while a step is read (StoppedAtOnce: a BaseException, as
     KeyboardInterrupt is) passes through the reader: the step stays, nothing is moved aside."""
-    from transformer_jax.trainer import StoppedAtOnce
+    from transformer_jax.stop_signal import StoppedAtOnce
 
     directory = tmp_path / "ckpt"
     shutil.copytree(two_steps, directory)

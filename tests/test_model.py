@@ -366,3 +366,45 @@ def test_cudnn_model_equals_reference_model_on_gpu():
     flat_got, flat_ref = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)])
                           for g in (got_grads, ref_grads))
     assert np.isfinite(flat_got).all() and rel(flat_got, flat_ref) <= 2e-2
+
+
+# --- the loss in chunks -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pre_layer_norm", [False, True])
+def test_chunked_loss_is_the_loss_of_the_logits(variables, pre_layer_norm):
+    """Transformer.loss (output layer and loss 3 target tokens at a time) gives the smoothed
+    loss, token count and accuracy of the full pass's logits, and their gradient, on a
+    packed row with padding; pre-LN reads its final norm first."""
+    from transformer_jax.losses import accuracy, label_smoothed_cross_entropy
+
+    model = Transformer(get_model_config("tiny", pre_layer_norm=pre_layer_norm))
+    params = flax.core.unfreeze(variables["params"])
+    if pre_layer_norm:
+        for part in ("encoder", "decoder"):
+            params[part]["final_norm"] = {"scale": jnp.full(TINY.d_model, 1.5),
+                                          "bias": jnp.full(TINY.d_model, 0.1)}
+    packing = dict(inputs_segmentation=jnp.array([[1, 1, 1, 2, 2, 0]]),
+                   targets_segmentation=jnp.array([[1, 1, 2, 2, 2, 0, 0]]),
+                   inputs_positions=jnp.array([[0, 1, 2, 0, 1, 0]]),
+                   targets_positions=jnp.array([[0, 1, 0, 1, 2, 0, 0]]))
+    inputs, targets = jnp.array([[3, 4, 5, 8, 9, 0]]), jnp.array([[6, 7, 10, 11, 12, 0, 0]])
+
+    def whole(p):
+        logits = model.apply({"params": p}, inputs, targets, **packing)
+        loss, count = label_smoothed_cross_entropy(logits, targets, label_smoothing=0.1)
+        return loss, (count, accuracy(logits, targets)[0])
+
+    def chunked(p):
+        loss, count, correct = model.apply({"params": p}, inputs, targets, **packing,
+                                           label_smoothing=0.1, chunk_size=3,
+                                           method=Transformer.loss)
+        return loss, (count, correct)
+
+    (loss, (count, correct)), grads = jax.value_and_grad(chunked, has_aux=True)(params)
+    (expected, (expected_count, expected_correct)), expected_grads = jax.value_and_grad(
+        whole, has_aux=True)(params)
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    assert count == expected_count == 5 and correct == expected_correct
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 grads, expected_grads)

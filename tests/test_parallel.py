@@ -43,20 +43,21 @@ def initial_state():
     return model, create_train_state(model, OPTIMIZER.tx, jax.random.key(0))
 
 
-def step_fn(model, accumulation_steps=1):
+def step_fn(model, accumulation_steps=1, loss_chunk_size=0):
     return functools.partial(
         train_step, model=model, seed=0, label_smoothing=0.1, accumulation_steps=accumulation_steps,
-        learning_rate_fn=OPTIMIZER.learning_rate_fn)
+        learning_rate_fn=OPTIMIZER.learning_rate_fn, loss_chunk_size=loss_chunk_size)
 
 
-def run_one_device(n_steps, accumulation_steps=1):
+def run_one_device(n_steps, accumulation_steps=1, loss_chunk_size=0):
     with jax.default_device(CPUS[0]):
-        return _run_one_device(n_steps, accumulation_steps)
+        return _run_one_device(n_steps, accumulation_steps, loss_chunk_size)
 
 
-def _run_one_device(n_steps, accumulation_steps):
+def _run_one_device(n_steps, accumulation_steps, loss_chunk_size):
     model, state = initial_state()
-    step = jax.jit(functools.partial(step_fn(model, accumulation_steps), axis_name=None))
+    step = jax.jit(functools.partial(step_fn(model, accumulation_steps, loss_chunk_size),
+                                     axis_name=None))
     losses = []
     for batch in batches(n_steps):
         state, metrics = step(state, batch)
@@ -139,13 +140,26 @@ def test_gradient_accumulation_matches_the_whole_batch(one_device):
                  params, one_device[0])
 
 
+def test_chunked_output_loss_trains_as_the_whole_logits(one_device):
+    """loss_chunk_size=24 (16 × 7 = 112 target tokens: 5 chunks, the last padded) gives the
+    losses and parameters of the whole (B, T, V) logits, 3 updates on."""
+    params, losses = run_one_device(3, loss_chunk_size=24)
+    np.testing.assert_allclose(losses, one_device[1], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
+                 params, one_device[0])
+
+
 def test_eval_step_sums_match_across_strategies():
     """Eval sums (loss, tokens, correct) on 8 devices equal the one-device sums."""
     model, state = initial_state()
     batch = batches(1)[0]
     with jax.default_device(CPUS[0]):
         expected = jax.jit(functools.partial(eval_step, model=model))(state.params, batch)
+        chunked = jax.jit(functools.partial(eval_step, model=model, loss_chunk_size=10))(
+            state.params, batch)
     assert float(expected["weight_sum"]) == float((batch["targets"] > 0).sum())
+    for key, value in expected.items():
+        np.testing.assert_allclose(chunked[key], value, rtol=1e-5)
     for strategy in ("pmap", "sharded"):
         parallel = Parallel(strategy, CPUS)
         placed = parallel.put_state(state)

@@ -1,9 +1,11 @@
 """Scaled dot-product attention (§3.2.1) and its registry of implementations.
 
-Pure JAX, no Flax. Every implementation has one signature,
+Pure JAX, no Flax. Every implementation has one signature, with jax.nn's names,
 
-    fn(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, *, is_causal, dropout_rate, dropout_rng)
-        -> out_BTNH
+    fn(query, key, value, mask, *, is_causal, dropout_rate, dropout_rng) -> output
+
+on query `(B, T, N, H)`, key and value `(B, S, N, H)`, a bool mask broadcastable to
+`(B, 1, T, S)` (or None) and an output `(B, T, N, H)`,
 
 and is chosen by name in one place, `ModelConfig.attention_implementation`:
 
@@ -44,29 +46,30 @@ def attention_implementations() -> tuple[str, ...]:
     return (*_IMPLEMENTATIONS, "auto")
 
 
-def attention_weights(query_BTNH, key_BSNH, mask_B1TS=None):
+def attention_weights(query, key, mask=None):
     """softmax(Q Kᵀ / √d_k), per head: the weights of §3.2.1, float32 `(B, N, T, S)`.
 
-    Logits and softmax are float32 even for bfloat16 inputs. Masked logits get
-    float32's most negative finite value (the paper's −∞ without the NaN): a
-    fully masked row becomes uniform instead of NaN.
+    `query` is `(B, T, N, H)`, `key` `(B, S, N, H)`, `mask` bool, broadcastable to
+    `(B, 1, T, S)`. Logits and softmax are float32 even for bfloat16 inputs. Masked
+    logits get float32's most negative finite value (the paper's −∞ without the
+    NaN): a fully masked row becomes uniform instead of NaN.
     """
-    head_dim = query_BTNH.shape[-1]
+    query_BTNH, key_BSNH, mask_B1TS = jnp.asarray(query), jnp.asarray(key), mask
     logits_BNTS = jnp.einsum(
         "BTNH,BSNH->BNTS", query_BTNH, key_BSNH, preferred_element_type=jnp.float32
     )
-    logits_BNTS = logits_BNTS * jnp.float32(head_dim**-0.5)
+    logits_BNTS = logits_BNTS * jnp.float32(query_BTNH.shape[-1] ** -0.5)
     if mask_B1TS is not None:
         logits_BNTS = jnp.where(mask_B1TS, logits_BNTS, jnp.finfo(jnp.float32).min)
     return jax.nn.softmax(logits_BNTS, axis=-1)
 
 
 @register_attention("reference")
-def reference_attention(query_BTNH, key_BSNH, value_BSNH, mask_B1TS=None, *, is_causal=False,
-                        dropout_rate=0.0, dropout_rng=None):
+def reference_attention(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
+                        dropout_rng=None):
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V (eq. 1), written as two einsums."""
-    return _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, is_causal,
-                                   dropout_rate, dropout_rng)[0]
+    return _reference_with_weights(query, key, value, mask, is_causal, dropout_rate,
+                                   dropout_rng)[0]
 
 
 def _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, is_causal,
@@ -84,19 +87,19 @@ def _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, is_caus
 
 
 @register_attention("xla")
-def xla_attention(query_BTNH, key_BSNH, value_BSNH, mask_B1TS=None, *, is_causal=False,
-                  dropout_rate=0.0, dropout_rng=None):
+def xla_attention(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
+                  dropout_rng=None):
     """jax.nn.dot_product_attention with XLA's own lowering."""
     _refuse_dropout("xla", dropout_rate)
     # jax.nn promotes bfloat16 logits with float32 itself, which strict promotion refuses.
     with jax.numpy_dtype_promotion("standard"):
-        return jax.nn.dot_product_attention(query_BTNH, key_BSNH, value_BSNH, mask=mask_B1TS,
-                                            is_causal=is_causal, implementation="xla")
+        return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=is_causal,
+                                            implementation="xla")
 
 
 @register_attention("cudnn")
-def cudnn_attention(query_BTNH, key_BSNH, value_BSNH, mask_B1TS=None, *, is_causal=False,
-                    dropout_rate=0.0, dropout_rng=None):
+def cudnn_attention(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
+                    dropout_rng=None):
     """cuDNN's fused (flash) attention through jax.nn.dot_product_attention.
 
     Causality goes to cuDNN as its causal mask type, which skips the blocks above
@@ -107,6 +110,7 @@ def cudnn_attention(query_BTNH, key_BSNH, value_BSNH, mask_B1TS=None, *, is_caus
     cuDNN 9.19.
     """
     _refuse_dropout("cudnn", dropout_rate)
+    query_BTNH, key_BSNH, value_BSNH, mask_B1TS = query, key, value, mask
     # Lengths are left to JAX: odd ones with a mask fail only when differentiated.
     reason = cudnn_unsupported(query_BTNH.dtype, head_dim=query_BTNH.shape[-1])
     if reason:
@@ -122,16 +126,18 @@ def cudnn_attention(query_BTNH, key_BSNH, value_BSNH, mask_B1TS=None, *, is_caus
                                         is_causal=is_causal, implementation="cudnn")
 
 
-def open_empty_rows(query_BTNH, mask_BNTS):
+def open_empty_rows(query, mask):
     """(query, mask) with every query row that sees no key turned into one that sees all
     keys with a zero query: uniform weights, as the reference gives such a row (its
     logits are all equally low), and zero gradients into Q and K from it, as there.
+    `query` is `(B, T, N, H)`, `mask` bool `(B, N, T, S)` (N may be 1).
 
     cuDNN 9.19 on an H100 returned NaN query gradients for such rows at T = S = 64
     (the padding queries of packed rows), and NaN times a zero cotangent still
     poisons the weight gradients. With cuDNN's causal mask type an opened row t
     still sees only keys 0..t: it gives their mean, not the mean of all values.
     """
+    query_BTNH, mask_BNTS = query, mask
     empty_BNT1 = ~mask_BNTS.any(axis=-1, keepdims=True)
     empty_BTN1 = jnp.transpose(empty_BNT1, (0, 2, 1, 3))
     return jnp.where(empty_BTN1, 0, query_BTNH).astype(query_BTNH.dtype), mask_BNTS | empty_BNT1
@@ -214,10 +220,10 @@ def available_implementations(dtype=jnp.float32) -> tuple[str, ...]:
 
 
 def dot_product_attention(
-    query_BTNH,
-    key_BSNH,
-    value_BSNH,
-    mask_B1TS=None,
+    query,
+    key,
+    value,
+    mask=None,
     *,
     is_causal: bool = False,
     implementation: str = "reference",
@@ -229,13 +235,17 @@ def dot_product_attention(
 
         Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V
 
+    The parameters take jax.nn.dot_product_attention's names, so
+    `dot_product_attention(q, k, v, mask=m)` works as it does there; the mask is
+    the fourth positional argument here (jax.nn's and Flax's fourth is `bias`).
+
     Args:
-      query_BTNH: `(B, T, N, H)`.
-      key_BSNH, value_BSNH: `(B, S, N, H)`.
-      mask_B1TS: bool, broadcastable to `(B, 1, T, S)` (or `(B, N, T, S)`), True where
+      query: `(B, T, N, H)`.
+      key, value: `(B, S, N, H)`.
+      mask: bool, broadcastable to `(B, 1, T, S)` (or `(B, N, T, S)`), True where
         attention is allowed (see `transformer_jax.masks`).
       is_causal: also hide from query t every key after t (§3.2.3), as
-        `combine_masks(mask_B1TS, causal_mask(T))` would; needs T == S. cuDNN then
+        `combine_masks(mask, causal_mask(T))` would; needs T == S. cuDNN then
         skips the hidden blocks instead of reading them from a bias.
       implementation: a name from `attention_implementations()`.
       dropout_rate: dropout on the attention weights (not in the paper).
@@ -246,8 +256,8 @@ def dot_product_attention(
     Returns:
       `(B, T, N, H)` in value's dtype, or `(output, weights)`.
     """
-    query_BTNH, key_BSNH, value_BSNH = map(jnp.asarray, (query_BTNH, key_BSNH, value_BSNH))
-    mask_B1TS = None if mask_B1TS is None else jnp.asarray(mask_B1TS)
+    query_BTNH, key_BSNH, value_BSNH = map(jnp.asarray, (query, key, value))
+    mask_B1TS = None if mask is None else jnp.asarray(mask)
     _check_inputs(query_BTNH, key_BSNH, value_BSNH, mask_B1TS)
     (_, t, _, h), s = query_BTNH.shape, key_BSNH.shape[1]
     if is_causal and t != s:

@@ -36,7 +36,8 @@ class MultiHeadAttention(nn.Module):
     with h = `num_heads` and d_k = d_v = d_model / h. The per-head projections
     are one kernel each, `(D, N, H)`; the output kernel is `(N, H, D)`.
     Parameter names and shapes match Flax's `nn.MultiHeadDotProductAttention`,
-    so weights move between the two.
+    so weights move between the two, and so do the call's argument names:
+    `mha.apply(variables, inputs_q=x, inputs_kv=memory, mask=m)`.
 
     A full pass is `__call__`. Decoding calls the parts: `keys_values` (the one
     projection of keys and values, which `__call__` uses too), `attend` (queries
@@ -70,24 +71,30 @@ class MultiHeadAttention(nn.Module):
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
 
-    def __call__(self, inputs_q_BTD, inputs_kv_BSD, mask_B1TS=None, *, is_causal: bool = False,
+    def __call__(self, inputs_q, inputs_kv=None, mask=None, *, is_causal: bool = False,
                  deterministic: bool = True):
-        """The queries of `inputs_q_BTD` attend over the keys and values of `inputs_kv_BSD`.
+        """The queries of `inputs_q` `(B, T, D)` attend over the keys and values of
+        `inputs_kv` `(B, S, D)` (`inputs_q` when None, as in Flax: self-attention) under
+        `mask`, bool and broadcastable to `(B, 1, T, S)`. Returns `(B, T, D)`.
 
         `is_causal` hides later keys too (self-attention of a full decoder pass); see
         `dot_product_attention`.
         """
-        return self.attend(inputs_q_BTD, self.keys_values(inputs_kv_BSD), mask_B1TS,
-                           is_causal=is_causal, deterministic=deterministic)
+        inputs_kv = inputs_q if inputs_kv is None else inputs_kv
+        return self.attend(inputs_q, self.keys_values(inputs_kv), mask, is_causal=is_causal,
+                           deterministic=deterministic)
 
-    def keys_values(self, inputs_kv_BSD) -> KeyValue:
-        """K W^K and V W^V of every head: `(B, S, N, H)` each."""
-        return KeyValue(self.key(inputs_kv_BSD), self.value(inputs_kv_BSD))
+    def keys_values(self, inputs_kv) -> KeyValue:
+        """K W^K and V W^V of every head of `inputs_kv` `(B, S, D)`: `(B, S, N, H)` each."""
+        return KeyValue(self.key(inputs_kv), self.value(inputs_kv))
 
-    def attend(self, inputs_q_BTD, kv: KeyValue, mask_B1TS=None, *, is_causal: bool = False,
+    def attend(self, inputs_q, kv: KeyValue, mask=None, *, is_causal: bool = False,
                deterministic: bool = True):
-        """MultiHead(Q, K, V) with the keys and values already projected: `(B, T, D)`."""
-        q_BTNH = self.query(inputs_q_BTD)
+        """MultiHead(Q, K, V) with the keys and values already projected: `(B, T, D)`.
+
+        `inputs_q` is `(B, T, D)`; `mask` as in `__call__`.
+        """
+        q_BTNH, mask_B1TS = self.query(inputs_q), mask
         rate = 0.0 if deterministic else self.dropout_rate
         rng = self.make_rng("dropout") if rate > 0.0 else None
         if self.is_mutable_collection("intermediates"):
@@ -109,17 +116,18 @@ class MultiHeadAttention(nn.Module):
                                self.dtype)
         return KeyValue(empty_BCNH, empty_BCNH)
 
-    def extend(self, inputs_BTD, cache: KeyValue, position, mask_B1TC):
+    def extend(self, inputs_q, cache: KeyValue, position, mask):
         """Self-attention of T new positions over the cache: (out `(B, T, D)`, new cache).
 
-        Their keys and values are written into `cache` at `position` (a scalar, the same
-        for every row), and their queries attend to the C cached positions under
-        `mask_B1TC`, which must hide the slots not written yet.
+        The keys and values of `inputs_q` `(B, T, D)` are written into `cache` at
+        `position` (a scalar, the same for every row), and its queries attend to the C
+        cached positions under `mask` (broadcastable to `(B, 1, T, C)`), which must hide
+        the slots not written yet.
         """
         start = (0, position, 0, 0)
         cache = KeyValue(*(jax.lax.dynamic_update_slice(cached, new.astype(cached.dtype), start)
-                           for cached, new in zip(cache, self.keys_values(inputs_BTD))))
-        return self.attend(inputs_BTD, cache, mask_B1TC), cache
+                           for cached, new in zip(cache, self.keys_values(inputs_q))))
+        return self.attend(inputs_q, cache, mask), cache
 
 
 class FeedForward(nn.Module):
@@ -129,7 +137,9 @@ class FeedForward(nn.Module):
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, x_BTD):
+    def __call__(self, inputs):
+        """FFN of every position of `inputs` `(B, T, D)`: `(B, T, D)`."""
+        x_BTD = inputs
         dense = functools.partial(
             nn.Dense, dtype=self.dtype, param_dtype=jnp.float32, kernel_init=_kernel_init
         )
@@ -175,27 +185,34 @@ class _Layer(nn.Module):
 
 
 class EncoderLayer(_Layer):
-    """Self-attention, then feed-forward, each a residual sublayer (§3.1)."""
+    """Self-attention, then feed-forward, each a residual sublayer (§3.1).
+
+    Called as Flax's WMT example calls its encoder block: `inputs` `(B, S, D)` and
+    `encoder_mask`, broadcastable to `(B, 1, S, S)`.
+    """
 
     def setup(self):
         self.self_attention, self.self_attention_norm = self._attention(), self._norm()
         self.ffn, self.ffn_norm = self._ffn(), self._norm()
         self.dropout = nn.Dropout(self.config.dropout_rate)
 
-    def __call__(self, x_BSD, mask_B1SS=None, *, deterministic: bool = True):
+    def __call__(self, inputs, encoder_mask=None, *, deterministic: bool = True):
         def attend(x):
-            return self.self_attention(x, x, mask_B1SS, deterministic=deterministic)
+            return self.self_attention(x, x, encoder_mask, deterministic=deterministic)
 
-        x_BSD = self._residual(x_BSD, attend, self.self_attention_norm, deterministic)
+        x_BSD = self._residual(inputs, attend, self.self_attention_norm, deterministic)
         return self._residual(x_BSD, self.ffn, self.ffn_norm, deterministic)
 
 
 class DecoderLayer(_Layer):
     """Masked self-attention, encoder-decoder attention, feed-forward (§3.1).
 
-    `__call__` is the full (teacher-forced) pass; it makes its self-attention causal
-    itself (`is_causal`, so cuDNN can skip the hidden blocks): `self_mask_B1TT` holds
-    only padding and segments. `step` decodes from cached keys and values.
+    `__call__` is the full (teacher-forced) pass, named as Flax's WMT example names its
+    decoder block: `targets` `(B, T, D)` (the embedded decoder input), `encoded` `(B, S, D)`
+    (the encoder's memory), `decoder_mask` `(B, 1, T, T)` and `encoder_decoder_mask`
+    `(B, 1, T, S)`, each broadcastable. It makes its self-attention causal itself
+    (`is_causal`, so cuDNN can skip the hidden blocks): `decoder_mask` holds only padding
+    and segments. `step` decodes from cached keys and values.
     """
 
     def setup(self):
@@ -204,37 +221,42 @@ class DecoderLayer(_Layer):
         self.ffn, self.ffn_norm = self._ffn(), self._norm()
         self.dropout = nn.Dropout(self.config.dropout_rate)
 
-    def __call__(self, y_BTD, memory_BSD, self_mask_B1TT=None, cross_mask_B1TS=None, *,
+    def __call__(self, targets, encoded, decoder_mask=None, encoder_decoder_mask=None, *,
                  deterministic: bool = True):
+        memory_BSD = encoded
+
         def attend_self(y):
-            return self.self_attention(y, y, self_mask_B1TT, is_causal=True,
+            return self.self_attention(y, y, decoder_mask, is_causal=True,
                                        deterministic=deterministic)
 
         def attend_memory(y):
-            return self.cross_attention(y, memory_BSD, cross_mask_B1TS,
+            return self.cross_attention(y, memory_BSD, encoder_decoder_mask,
                                         deterministic=deterministic)
 
-        y_BTD = self._residual(y_BTD, attend_self, self.self_attention_norm, deterministic)
+        y_BTD = self._residual(targets, attend_self, self.self_attention_norm, deterministic)
         y_BTD = self._residual(y_BTD, attend_memory, self.cross_attention_norm, deterministic)
         return self._residual(y_BTD, self.ffn, self.ffn_norm, deterministic)
 
-    def step(self, y_BTD, self_kv: KeyValue, cross_kv: KeyValue, position, self_mask_B1TC,
-             cross_mask_B1TS):
-        """The T new positions from `position` on, over the cache: (y, new `self_kv`).
+    def step(self, targets, self_kv: KeyValue, cross_kv: KeyValue, position, decoder_mask,
+             encoder_decoder_mask):
+        """The T new positions `targets` `(B, T, D)` from `position` on, over the cache:
+        (y `(B, T, D)`, new `self_kv`).
 
-        `self_kv` holds the C self-attention positions (see `MultiHeadAttention.extend`);
-        `cross_kv` the memory's keys and values, projected once per sentence.
+        `self_kv` holds the C self-attention positions (see `MultiHeadAttention.extend`),
+        which `decoder_mask` `(B, 1, T, C)` must hide where not written yet; `cross_kv` the
+        memory's keys and values, projected once per sentence, under
+        `encoder_decoder_mask` `(B, 1, T, S)`.
         """
         written = []
 
         def attend_self(y):
-            out_BTD, new_kv = self.self_attention.extend(y, self_kv, position, self_mask_B1TC)
+            out_BTD, new_kv = self.self_attention.extend(y, self_kv, position, decoder_mask)
             written.append(new_kv)
             return out_BTD
 
         def attend_memory(y):
-            return self.cross_attention.attend(y, cross_kv, cross_mask_B1TS)
+            return self.cross_attention.attend(y, cross_kv, encoder_decoder_mask)
 
-        y_BTD = self._residual(y_BTD, attend_self, self.self_attention_norm, True)
+        y_BTD = self._residual(targets, attend_self, self.self_attention_norm, True)
         y_BTD = self._residual(y_BTD, attend_memory, self.cross_attention_norm, True)
         return self._residual(y_BTD, self.ffn, self.ffn_norm, True), written[0]

@@ -42,16 +42,7 @@ def label_smoothed_cross_entropy(
     """
     logits_BTV, targets_BT, weights_BT = _checked(logits_BTV, targets_BT, weights_BT)
     vocab_size = logits_BTV.shape[-1]
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-    if label_smoothing > 0.0 and vocab_size < 2:
-        raise ValueError(f"label smoothing needs a vocabulary of 2 or more, got V={vocab_size}")
-
-    confidence = 1.0 - label_smoothing
-    low = label_smoothing / (vocab_size - 1) if vocab_size > 1 else 0.0
-    entropy = -(
-        confidence * math.log(confidence) + (vocab_size - 1) * low * math.log(low + 1e-20)
-    )
+    confidence, low, entropy = smoothed_target(label_smoothing, vocab_size)
     # log p_v = logit_v - logsumexp(logits), so Σ_v q_v log p_v = low · Σ_v log p_v
     # + (confidence - low) · log p_y needs only three reductions of the logits, which XLA
     # fuses: no (B, T, V) log-probabilities in memory (gigabytes per step for V = 37,000).
@@ -77,6 +68,21 @@ def accuracy(logits_BTV, targets_BT, weights_BT=None) -> tuple[jax.Array, jax.Ar
     logits_BTV, targets_BT, weights_BT = _checked(logits_BTV, targets_BT, weights_BT)
     correct_BT = (jnp.argmax(logits_BTV, axis=-1) == targets_BT).astype(jnp.float32)
     return (correct_BT * weights_BT).sum(), weights_BT.sum()
+
+
+def smoothed_target(label_smoothing: float, vocab_size: int) -> tuple[float, float, float]:
+    """(1 - ε, ε / (V - 1), H(q)): the smoothed target q of `label_smoothed_cross_entropy`
+    (its weight on the true token, on every other token, and its entropy)."""
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    if label_smoothing > 0.0 and vocab_size < 2:
+        raise ValueError(f"label smoothing needs a vocabulary of 2 or more, got V={vocab_size}")
+    confidence = 1.0 - label_smoothing
+    low = label_smoothing / (vocab_size - 1) if vocab_size > 1 else 0.0
+    entropy = -(
+        confidence * math.log(confidence) + (vocab_size - 1) * low * math.log(low + 1e-20)
+    )
+    return confidence, low, entropy
 
 
 def _checked(logits_BTV, targets_BT, weights_BT):

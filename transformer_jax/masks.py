@@ -10,10 +10,12 @@ import jax.numpy as jnp
 from transformer_jax.token_ids import PAD_ID
 
 
-def padding_mask(key_tokens_BS, *, pad_id: int = PAD_ID):
+def padding_mask(key_input, *, pad_id: int = PAD_ID):
     """Hides padding keys from every query. Returns `(B, 1, 1, S)`.
 
-    For keys `[[7, 3, 0, 0]]` (0 is padding), every query row sees:
+    `key_input` holds the token ids of the keys, `(B, S)` (the name is that of
+    flax's `make_attention_mask`). For keys `[[7, 3, 0, 0]]` (0 is padding),
+    every query row sees:
 
         [[[[1, 1, 0, 0]]]]
 
@@ -21,7 +23,7 @@ def padding_mask(key_tokens_BS, *, pad_id: int = PAD_ID):
     its output is ignored by the loss. A row is fully masked only when all its
     keys are padding (attention then averages the values uniformly, no NaN).
     """
-    key_tokens_BS = jnp.asarray(key_tokens_BS)
+    key_tokens_BS = jnp.asarray(key_input)
     return (key_tokens_BS != pad_id)[:, None, None, :]
 
 
@@ -38,7 +40,7 @@ def causal_mask(length: int):
     return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
 
 
-def segment_mask(query_segments_BT, key_segments_BS=None):
+def segment_mask(query_input, key_input=None):
     """Keeps packed examples apart: query and key must share a segment id.
 
     Returns `(B, 1, T, S)`. Segment ids number the examples packed into one row
@@ -50,15 +52,16 @@ def segment_mask(query_segments_BT, key_segments_BS=None):
          [0, 0, 1, 1, 0],
          [0, 0, 0, 0, 1]]
 
+    flax's `make_attention_mask(query_input, key_input, jnp.equal)` builds the same
+    mask (as float32), and names the arguments alike.
+
     Args:
-      query_segments_BT: segment ids of the queries.
-      key_segments_BS: segment ids of the keys; defaults to the queries'
+      query_input: segment ids of the queries, `(B, T)`.
+      key_input: segment ids of the keys, `(B, S)`; defaults to the queries'
         (self-attention). For encoder-decoder attention, pass the source's.
     """
-    query_segments_BT = jnp.asarray(query_segments_BT)
-    if key_segments_BS is None:
-        key_segments_BS = query_segments_BT
-    key_segments_BS = jnp.asarray(key_segments_BS)
+    query_segments_BT = jnp.asarray(query_input)
+    key_segments_BS = query_segments_BT if key_input is None else jnp.asarray(key_input)
     return query_segments_BT[:, None, :, None] == key_segments_BS[:, None, None, :]
 
 

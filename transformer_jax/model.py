@@ -1,8 +1,10 @@
 """The encoder-decoder Transformer (§3, Figure 1) as Flax Linen modules.
 
-Token id 0 is padding. `Transformer(config).apply(variables, inputs_BS, targets_BT)`
-returns float32 logits `(B, T, V)` for every target position, with the decoder
-reading the targets shifted right by one.
+Token id 0 is padding. `Transformer(config).apply(variables, inputs, targets)`, on
+token ids `(B, S)` and `(B, T)`, returns float32 logits `(B, T, V)` for every target
+position, with the decoder reading the targets shifted right by one. Arguments take
+the names of Flax's WMT example (`inputs`, `targets`, `encoded`, `inputs_positions`,
+`inputs_segmentation`, ...); the dimension key names the tensors inside.
 """
 
 from typing import NamedTuple
@@ -14,25 +16,26 @@ import jax.numpy as jnp
 from transformer_jax.layers import DecoderLayer, EncoderLayer, KeyValue
 from transformer_jax.masks import combine_masks, padding_mask, segment_mask
 from transformer_jax.model_config import ModelConfig
+from transformer_jax.output_loss import output_loss
 from transformer_jax.positional import sinusoidal_encoding
 from transformer_jax.token_ids import DECODER_START_ID, PAD_ID
 from transformer_jax.train_state import abstract_params
 
 
-def shift_right(targets_BT, segments_BT=None):
-    """The decoder input: targets moved one step right, `DECODER_START_ID` (0) at the start
-    of each sequence.
+def shift_right(x, segment_ids=None):
+    """The decoder input: targets `x` `(B, T)` moved one step right, `DECODER_START_ID` (0)
+    at the start of each sequence (the arguments of Flax's `shift_inputs`).
 
-    With packed rows the shift restarts in every segment, so no example sees the
-    previous example's last token:
+    With packed rows (`segment_ids` `(B, T)`) the shift restarts in every segment, so no
+    example sees the previous example's last token:
 
-        targets  [[5, 6, 7, 8, 9, 0]]      segments [[1, 1, 1, 2, 2, 0]]
-        shifted  [[0, 5, 6, 0, 8, 0]]
+        x            [[5, 6, 7, 8, 9, 0]]      segment_ids [[1, 1, 1, 2, 2, 0]]
+        shifted      [[0, 5, 6, 0, 8, 0]]
     """
-    targets_BT = jnp.asarray(targets_BT)
+    targets_BT = jnp.asarray(x)
     shifted_BT = jnp.pad(targets_BT, ((0, 0), (1, 0)), constant_values=DECODER_START_ID)[:, :-1]
-    if segments_BT is not None:
-        segments_BT = jnp.asarray(segments_BT)
+    if segment_ids is not None:
+        segments_BT = jnp.asarray(segment_ids)
         same_segment_BT = segments_BT == jnp.pad(segments_BT, ((0, 0), (1, 0)))[:, :-1]
         shifted_BT = jnp.where(same_segment_BT, shifted_BT, DECODER_START_ID)
     return shifted_BT
@@ -51,8 +54,9 @@ class Embedder(nn.Module):
             embedding_init=nn.initializers.normal(stddev=c.d_model**-0.5),
         )
 
-    def encode(self, tokens_BT):
-        """Token embeddings multiplied by √d_model (§3.4).
+    def encode(self, inputs):
+        """Token embeddings multiplied by √d_model (§3.4): token ids `inputs` `(B, T)` to
+        `(B, T, D)`.
 
         The rows are gathered from the float32 table and then cast to the compute
         dtype (nn.Embed casts the whole table first): the gradient is then a float32
@@ -60,12 +64,20 @@ class Embedder(nn.Module):
         this took the base step's scatters on an H100 from 18 to 0.2 ms (BENCHMARKS.md).
         """
         c = self.config
-        rows_BTD = jnp.take(self.table.embedding, tokens_BT, axis=0)
+        rows_BTD = jnp.take(self.table.embedding, inputs, axis=0)
         return rows_BTD.astype(c.compute_dtype) * jnp.sqrt(c.d_model).astype(c.compute_dtype)
 
-    def decode(self, y_BTD):
-        """The tied pre-softmax linear transform (§3.4): float32 logits `(B, T, V)`."""
-        return self.table.attend(y_BTD).astype(jnp.float32)
+    def decode(self, query):
+        """The tied pre-softmax linear transform (§3.4): float32 logits `(B, T, V)` of the
+        decoder's output `query` `(B, T, D)` (the name of Flax's `nn.Embed.attend`)."""
+        return self.table.attend(query).astype(jnp.float32)
+
+    def loss(self, query, targets, *, label_smoothing: float, chunk_size: int):
+        """`output_loss` of `decode(query)`'s logits for `targets` `(B, T)`, `chunk_size`
+        target tokens at a time: (Σ loss, Σ weight, Σ correct), no `(B, T, V)` logits."""
+        return output_loss(query, self.table.embedding, targets,
+                           label_smoothing=label_smoothing, chunk_size=chunk_size,
+                           dtype=self.config.compute_dtype)
 
 
 class AddPositions(nn.Module):
@@ -74,8 +86,11 @@ class AddPositions(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BTD, positions_BT=None, *, deterministic: bool = True):
+    def __call__(self, inputs, inputs_positions=None, *, deterministic: bool = True):
+        """`inputs` `(B, T, D)` plus the encoding of `inputs_positions` `(B, T)` (0, 1, ...
+        when None; packed rows restart at 0 in each segment), then dropout."""
         c = self.config
+        x_BTD, positions_BT = inputs, inputs_positions
         if positions_BT is None:
             positions_BT = jnp.arange(x_BTD.shape[1])[None]
         if c.positional_encoding == "sinusoidal":
@@ -97,9 +112,12 @@ class Encoder(nn.Module):
     embedder: Embedder
 
     @nn.compact
-    def __call__(self, inputs_BS, positions_BS=None, segments_BS=None, *,
+    def __call__(self, inputs, inputs_positions=None, inputs_segmentation=None, *,
                  deterministic: bool = True):
+        """The memory `(B, S, D)` of token ids `inputs` `(B, S)`; packed rows pass
+        `inputs_positions` and `inputs_segmentation` `(B, S)` (see `Transformer`)."""
         c = self.config
+        inputs_BS, positions_BS, segments_BS = inputs, inputs_positions, inputs_segmentation
         x_BSD = AddPositions(c, name="positions")(
             self.embedder.encode(inputs_BS), positions_BS, deterministic=deterministic)
         mask_B1SS = combine_masks(
@@ -147,37 +165,46 @@ class Decoder(nn.Module):
         if c.pre_layer_norm:  # pre-LN leaves the residual stream unnormalised
             self.final_norm = _final_norm(c)
 
-    def __call__(self, memory_BSD, inputs_BS, targets_BT, positions_BT=None, *,
-                 inputs_segments_BS=None, targets_segments_BT=None, deterministic: bool = True):
-        """Logits `(B, T, V)` for every target position, the decoder reading the targets
-        shifted right."""
+    def __call__(self, encoded, inputs, targets, targets_positions=None, **kwargs):
+        """Logits `(B, T, V)` for every position of `targets` `(B, T)`, the decoder reading
+        them shifted right, over the memory `encoded` `(B, S, D)` of `inputs` `(B, S)`."""
+        return self.embedder.decode(self.features(encoded, inputs, targets, targets_positions,
+                                                  **kwargs))
+
+    def features(self, encoded, inputs, targets, targets_positions=None, *,
+                 inputs_segmentation=None, targets_segmentation=None,
+                 deterministic: bool = True):
+        """What the tied output layer reads, `(B, T, D)`: the last layer's output (pre-LN:
+        after the final norm)."""
+        memory_BSD = encoded
         decoder_inputs_BT, self_mask_B1TT, cross_mask_B1TS = self._masks(
-            inputs_BS, targets_BT, inputs_segments_BS, targets_segments_BT)
-        y_BTD = self.positions(self.embedder.encode(decoder_inputs_BT), positions_BT,
+            inputs, targets, inputs_segmentation, targets_segmentation)
+        y_BTD = self.positions(self.embedder.encode(decoder_inputs_BT), targets_positions,
                                deterministic=deterministic)
         for layer in self.layers:
             y_BTD = layer(y_BTD, memory_BSD, self_mask_B1TT, cross_mask_B1TS,
                           deterministic=deterministic)
-        return self._logits(y_BTD)
+        return self._final(y_BTD)
 
-    def init_cache(self, memory_BSD, inputs_BS, max_length: int) -> DecodingCache:
-        """An empty cache of C = `max_length` positions, with the memory's keys and values."""
-        batch_size = memory_BSD.shape[0]
-        memory_BSD = memory_BSD.astype(self.config.compute_dtype)
+    def init_cache(self, encoded, inputs, max_length: int) -> DecodingCache:
+        """An empty cache of C = `max_length` positions, with the keys and values of the
+        memory `encoded` `(B, S, D)` and the padding of its token ids `inputs` `(B, S)`."""
+        batch_size = encoded.shape[0]
+        memory_BSD = encoded.astype(self.config.compute_dtype)
         return DecodingCache(
             position_B=jnp.zeros((batch_size,), jnp.int32),
             self_kv=tuple(layer.self_attention.empty_cache(batch_size, max_length)
                           for layer in self.layers),
             cross_kv=tuple(layer.cross_attention.keys_values(memory_BSD)
                            for layer in self.layers),
-            cross_mask_B11S=padding_mask(inputs_BS),
+            cross_mask_B11S=padding_mask(inputs),
         )
 
-    def step(self, ids_B1, cache: DecodingCache):
-        """One decoding step: the logits `(B, 1, V)` after `ids_B1` (the previous tokens,
-        already shifted: `DECODER_START_ID` first), and the cache one position on."""
+    def step(self, ids, cache: DecodingCache):
+        """One decoding step: the logits `(B, 1, V)` after `ids` `(B, 1)` (the previous
+        tokens, already shifted: `DECODER_START_ID` first), and the cache one position on."""
         position, cache_length = cache.position_B[0], cache.self_kv[0].key_BSNH.shape[1]
-        y_B1D = self.positions(self.embedder.encode(ids_B1), cache.position_B[:, None])
+        y_B1D = self.positions(self.embedder.encode(ids), cache.position_B[:, None])
         # Slots 0..position are written; later ones are still empty.
         self_mask_B11C = (jnp.arange(cache_length) <= position)[None, None, None, :]
         written = []
@@ -185,13 +212,12 @@ class Decoder(nn.Module):
             y_B1D, self_kv = layer.step(y_B1D, self_kv, cross_kv, position, self_mask_B11C,
                                         cache.cross_mask_B11S)
             written.append(self_kv)
-        return self._logits(y_B1D), cache._replace(position_B=cache.position_B + 1,
-                                                   self_kv=tuple(written))
+        logits_B1V = self.embedder.decode(self._final(y_B1D))
+        return logits_B1V, cache._replace(position_B=cache.position_B + 1,
+                                          self_kv=tuple(written))
 
-    def _logits(self, y_BTD):
-        if self.config.pre_layer_norm:
-            y_BTD = self.final_norm(y_BTD)
-        return self.embedder.decode(y_BTD)
+    def _final(self, y_BTD):
+        return self.final_norm(y_BTD) if self.config.pre_layer_norm else y_BTD
 
     @staticmethod
     def _masks(inputs_BS, targets_BT, inputs_segments_BS, targets_segments_BT):
@@ -231,50 +257,67 @@ class Transformer(nn.Module):
         self.encoder = Encoder(self.config, self.embedder)
         self.decoder = Decoder(self.config, self.embedder)
 
-    def encode(self, inputs_BS, *, inputs_positions=None, inputs_segmentation=None,
+    def encode(self, inputs, *, inputs_positions=None, inputs_segmentation=None,
                deterministic: bool = True):
-        """The encoder's output, `memory_BSD`."""
-        return self.encoder(inputs_BS, inputs_positions, inputs_segmentation,
+        """The encoder's output, the memory `(B, S, D)` of token ids `inputs` `(B, S)`."""
+        return self.encoder(inputs, inputs_positions, inputs_segmentation,
                             deterministic=deterministic)
 
-    def decode(self, memory_BSD, inputs_BS, targets_BT, *, targets_positions=None,
+    def decode(self, encoded, inputs, targets, *, targets_positions=None,
                inputs_segmentation=None, targets_segmentation=None,
                deterministic: bool = True):
-        """Logits `(B, T, V)` for each target position, given the encoder's memory."""
-        return self.decoder(memory_BSD, inputs_BS, targets_BT, targets_positions,
-                            inputs_segments_BS=inputs_segmentation,
-                            targets_segments_BT=targets_segmentation,
+        """Logits `(B, T, V)` for each target position of `targets` `(B, T)`, given the
+        encoder's memory `encoded` `(B, S, D)` of `inputs` `(B, S)` (read for its padding)."""
+        return self.decoder(encoded, inputs, targets, targets_positions,
+                            inputs_segmentation=inputs_segmentation,
+                            targets_segmentation=targets_segmentation,
                             deterministic=deterministic)
 
-    def init_cache(self, memory_BSD, inputs_BS, max_length: int) -> DecodingCache:
+    def init_cache(self, encoded, inputs, max_length: int) -> DecodingCache:
         """The decoding cache of a batch (`DecodingCache`), for up to `max_length` tokens.
 
-        The encoder-decoder keys and values are projected from the memory once, here;
-        the self-attention keys and values fill one position per `decode_step`.
+        The encoder-decoder keys and values are projected from the memory `encoded`
+        `(B, S, D)` once, here; the padding of `inputs` `(B, S)` masks them. The
+        self-attention keys and values fill one position per `decode_step`.
         """
-        return self.decoder.init_cache(memory_BSD, inputs_BS, max_length)
+        return self.decoder.init_cache(encoded, inputs, max_length)
 
-    def decode_step(self, ids_B1, cache: DecodingCache):
-        """One step of decoding: the logits `(B, V)` after the previous tokens `ids_B1`.
+    def decode_step(self, ids, cache: DecodingCache):
+        """One step of decoding: the logits `(B, V)` after the previous tokens `ids` `(B, 1)`.
 
         Start from `init_cache` and ids of `DECODER_START_ID` (0). This is
         the `tokens_to_logits(ids, cache)` that `decoding.py`'s searches call.
         """
-        logits_B1V, cache = self.decoder.step(ids_B1, cache)
+        logits_B1V, cache = self.decoder.step(ids, cache)
         # The padding id: training never scores it, so its logit means nothing; never emit it.
         return logits_B1V[:, 0].at[:, PAD_ID].set(jnp.finfo(jnp.float32).min), cache
 
-    def __call__(self, inputs_BS, targets_BT, *, inputs_positions=None, targets_positions=None,
+    def __call__(self, inputs, targets, *, inputs_positions=None, targets_positions=None,
                  inputs_segmentation=None, targets_segmentation=None,
                  deterministic: bool = True):
-        memory_BSD = self.encode(inputs_BS, inputs_positions=inputs_positions,
+        """Logits `(B, T, V)` for token ids `inputs` `(B, S)` and `targets` `(B, T)`."""
+        return self.embedder.decode(self._features(
+            inputs, targets, inputs_positions=inputs_positions,
+            targets_positions=targets_positions, inputs_segmentation=inputs_segmentation,
+            targets_segmentation=targets_segmentation, deterministic=deterministic))
+
+    def loss(self, inputs, targets, *, label_smoothing: float, chunk_size: int, **kwargs):
+        """(Σ loss, Σ weight, Σ correct) of `targets` (§5.4, `output_loss.py`): the pass of
+        `__call__` (same keywords) with the output layer and the loss computed
+        `chunk_size` target tokens at a time, never the whole `(B, T, V)` logits."""
+        return self.embedder.loss(self._features(inputs, targets, **kwargs), targets,
+                                  label_smoothing=label_smoothing, chunk_size=chunk_size)
+
+    def _features(self, inputs, targets, *, inputs_positions=None, targets_positions=None,
+                  inputs_segmentation=None, targets_segmentation=None,
+                  deterministic: bool = True):
+        memory_BSD = self.encode(inputs, inputs_positions=inputs_positions,
                                  inputs_segmentation=inputs_segmentation,
                                  deterministic=deterministic)
-        return self.decode(memory_BSD, inputs_BS, targets_BT,
-                           targets_positions=targets_positions,
-                           inputs_segmentation=inputs_segmentation,
-                           targets_segmentation=targets_segmentation,
-                           deterministic=deterministic)
+        return self.decoder.features(memory_BSD, inputs, targets, targets_positions,
+                                     inputs_segmentation=inputs_segmentation,
+                                     targets_segmentation=targets_segmentation,
+                                     deterministic=deterministic)
 
 
 def count_parameters(config: ModelConfig) -> dict[str, int]:

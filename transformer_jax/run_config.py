@@ -76,6 +76,9 @@ def base_config(*, model: ml_collections.ConfigDict, data: ml_collections.Config
     config.num_train_steps = 100_000  # optimizer updates
     config.per_device_batch_size = 64  # rows per device per update; 0: data.tokens_per_batch
     config.accumulation_steps = 1  # micro-batches per update (split the rows, sum the gradients)
+    # Target tokens per chunk of the output layer and loss (output_loss.py): no (B, T, V)
+    # logits in memory; 0: the whole logits at once. Same loss and gradients either way.
+    config.loss_chunk_size = 0
     config.parallelism = "pmap"  # "pmap" or "sharded" (jit on a device mesh)
     config.log_every_steps = 100  # metrics to metrics.jsonl, TensorBoard and the progress bar
     config.eval_every_steps = 1000  # loss and accuracy on the validation split

@@ -26,11 +26,13 @@ MODEL_KEYS = ("inputs_segmentation", "targets_segmentation", "inputs_positions",
               "targets_positions")
 
 
-def _logits(params, batch, *, model, deterministic: bool, dropout_key=None):
-    kwargs = {key: batch[key] for key in MODEL_KEYS if key in batch}
+def _apply(params, batch, *, model, deterministic: bool, dropout_key=None, **kwargs):
+    """`model.apply` on a batch's inputs, targets and packing; `kwargs` may name another
+    method than `__call__` (the logits) and its arguments."""
+    packing = {key: batch[key] for key in MODEL_KEYS if key in batch}
     rngs = None if deterministic else {"dropout": dropout_key}
-    return model.apply({"params": params}, batch["inputs"], batch["targets"], **kwargs,
-                       deterministic=deterministic, rngs=rngs)
+    return model.apply({"params": params}, batch["inputs"], batch["targets"], **packing,
+                       deterministic=deterministic, rngs=rngs, **kwargs)
 
 
 def _psum(tree, axis_name):
@@ -49,13 +51,18 @@ def dropout_key(seed: int, step, axis_name=None):
 
 
 def train_step(state: TrainState, batch, *, model, seed: int, label_smoothing: float,
-               learning_rate_fn, accumulation_steps: int = 1, axis_name=None):
+               learning_rate_fn, accumulation_steps: int = 1, loss_chunk_size: int = 0,
+               axis_name=None):
     """One optimizer update on a batch of packed rows (B, L); returns (state, metrics).
 
     With `accumulation_steps` k > 1 the batch is split into k micro-batches of
     B / k rows whose gradients are summed before the one update: the same
     update as the whole batch at a k-th of the activation memory (how the
     paper's 25k-token batches fit fewer devices).
+
+    With `loss_chunk_size` > 0 the output layer and the loss run that many target
+    tokens at a time (`output_loss.py`): the same sums and gradients, without the whole
+    `(B, T, V)` logits.
 
     Metrics are sums over the global batch: `loss_sum`, `weight_sum` (target
     tokens), `correct_sum`; and `grad_norm`, `learning_rate` of this update.
@@ -66,7 +73,7 @@ def train_step(state: TrainState, batch, *, model, seed: int, label_smoothing: f
         index, micro_batch = micro
         grad_fn = jax.grad(_loss_and_counts, has_aux=True)
         grads, counts = grad_fn(state.params, micro_batch, model=model,
-                                label_smoothing=label_smoothing,
+                                label_smoothing=label_smoothing, chunk_size=loss_chunk_size,
                                 dropout_key=jax.random.fold_in(key, index))
         return jax.tree.map(jnp.add, carry, (grads, counts)), None
 
@@ -85,26 +92,37 @@ def train_step(state: TrainState, batch, *, model, seed: int, label_smoothing: f
         return state.apply_gradients(grads=grads), metrics
 
 
-def _loss_and_counts(params, batch, *, model, label_smoothing, dropout_key):
+def _loss_and_counts(params, batch, *, model, label_smoothing, chunk_size, dropout_key):
     """The summed smoothed loss (differentiated) and, as aux, the counts to log."""
-    logits_BTV = _logits(params, batch, model=model, deterministic=False,
-                         dropout_key=dropout_key)
+    counts = _counts(params, batch, model=model, label_smoothing=label_smoothing,
+                     chunk_size=chunk_size, deterministic=False, dropout_key=dropout_key)
+    return counts["loss_sum"], counts
+
+
+def _counts(params, batch, *, model, label_smoothing, chunk_size, deterministic,
+            dropout_key=None) -> dict:
+    """loss_sum, weight_sum, correct_sum of a batch: from the whole logits, or
+    `chunk_size` target tokens at a time (`Transformer.loss`)."""
+    run = dict(model=model, deterministic=deterministic, dropout_key=dropout_key)
+    if chunk_size:
+        sums = _apply(params, batch, **run, method=Transformer.loss,
+                      label_smoothing=label_smoothing, chunk_size=chunk_size)
+        return dict(zip(("loss_sum", "weight_sum", "correct_sum"), sums))
+    logits_BTV = _apply(params, batch, **run)
     loss_sum, weight_sum = label_smoothed_cross_entropy(
         logits_BTV, batch["targets"], label_smoothing=label_smoothing)
     correct_sum, _ = accuracy(logits_BTV, batch["targets"])
-    return loss_sum, {"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum}
+    return {"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum}
 
 
-def eval_step(params, batch, *, model, axis_name=None):
+def eval_step(params, batch, *, model, loss_chunk_size: int = 0, axis_name=None):
     """Sums over an evaluation batch: plain cross-entropy (no smoothing) and accuracy.
 
     Rows that only pad the batch have all-zero targets, so they weigh nothing.
     """
-    logits_BTV = _logits(params, batch, model=model, deterministic=True)
-    loss_sum, weight_sum = label_smoothed_cross_entropy(logits_BTV, batch["targets"])
-    correct_sum, _ = accuracy(logits_BTV, batch["targets"])
-    return _psum({"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum},
-                 axis_name)
+    counts = _counts(params, batch, model=model, label_smoothing=0.0,
+                     chunk_size=loss_chunk_size, deterministic=True)
+    return _psum(counts, axis_name)
 
 
 def predict_step(params, inputs_BS, *, model, beam_size: int, max_length: int, alpha: float):

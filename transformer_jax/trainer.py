@@ -13,21 +13,16 @@ finishes the current step, saves, and returns. DIR/train.lock keeps a second
 run off the same workdir.
 """
 
-import _thread
 import contextlib
 import dataclasses
 import functools
 import math
 import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer_jax.bleu import score
@@ -49,6 +44,7 @@ from transformer_jax.predict import predict
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
 from transformer_jax.steps import eval_step, train_step
+from transformer_jax.stop_signal import StopSignal
 from transformer_jax.train_state import create_train_state
 from transformer_jax.workdir_lock import workdir_lock
 
@@ -64,81 +60,6 @@ def _refuse_other_model(saved: dict, model_config, workdir) -> None:
         diffs = ", ".join(f"{k}: saved {saved.get(k)!r}, now {wanted[k]!r}" for k in changed)
         raise ConfigError(f"{workdir} holds a run of another model ({diffs}); use a new "
                           f"--workdir or the config it was trained with")
-
-
-class StoppedAtOnce(BaseException):
-    """A stop signal before training started, or a second one: the run ended unsaved. A
-    BaseException, as KeyboardInterrupt is, so that no `except Exception` it passes through
-    (the checkpoint reader's, which moves damaged steps aside) takes it for a failure."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.signum = signum
-
-
-class _StopSignal:
-    """SIGTERM and Ctrl-C. Once training runs, the first sets a flag: the loop finishes the
-    current step, saves and stops. One before the first step (data, tokenizer, compiling),
-    or a second one (a save or a data wait taking too long), stops at once: StoppedAtOnce,
-    nothing saved, and a restart resumes from the last checkpoint."""
-
-    def __init__(self):
-        self.requested = self.training = False
-        self.stopped: StoppedAtOnce | None = None
-        self._previous = {s: signal.signal(s, self._handle)
-                          for s in (signal.SIGTERM, signal.SIGINT)}
-        self._previous_unraisable, sys.unraisablehook = sys.unraisablehook, self._unraisable
-
-    def _handle(self, signum, frame):
-        del frame
-        name = signal.Signals(signum).name
-        if self.training and not self.requested:
-            self.requested = True
-            print(f"{name}: saving after the current step (send it again to stop at once)",
-                  file=sys.stderr, flush=True)
-            return
-        when = "a second time" if self.requested else "before the first step"
-        self.stopped = StoppedAtOnce(f"{name} {when}: stopped at once; nothing saved since the "
-                                     f"last checkpoint, where a restart resumes", signum)
-        raise self.stopped
-
-    def _unraisable(self, unraisable):
-        """The handler runs wherever Python is, and Python drops (and prints) an error raised
-        where it cannot propagate: in a garbage-collector callback such as jax's, or a
-        `__del__`. A stop dropped there is sent again 10 ms later (to this handler, or to
-        none once restored), to be raised in the run's own code; `check` raises it before
-        the first step and at every step in any case."""
-        if unraisable.exc_value is not None and unraisable.exc_value is self.stopped:
-            threading.Timer(0.01, _thread.interrupt_main, (self.stopped.signum,)).start()
-        else:
-            self._previous_unraisable(unraisable)
-
-    def check(self) -> None:
-        """Raises a stop that a signal raised where Python dropped it."""
-        if self.stopped is not None:
-            raise self.stopped
-
-    def agreed(self) -> bool:
-        """True if any process was asked to stop (all must save together)."""
-        if jax.process_count() == 1:
-            return self.requested
-        return bool(multihost_utils.process_allgather(np.array(self.requested)).any())
-
-    def restore(self):
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        sys.unraisablehook = self._previous_unraisable
-
-    def __enter__(self) -> "_StopSignal":
-        return self
-
-    def __exit__(self, kind, error, traceback) -> None:
-        """Restores the handlers. A stop is raised wherever Python is, and the code it
-        interrupts may wrap it on the way out (Python 3.11 wraps an error in `__set_name__`
-        in a RuntimeError) or fail from it: once a stop was raised, the run ends as it."""
-        self.restore()
-        if self.stopped is not None and error is not None and error is not self.stopped:
-            raise self.stopped from None
 
 
 def _first_process_then_others(fn):
@@ -219,11 +140,11 @@ def train(config, workdir: str) -> TrainResult:
     # One run per workdir; in a multi-host run, process 0 holds the lock for all.
     lock = workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
     # From here on: while data is read and the step compiles too.
-    with _StopSignal() as stop, lock:
+    with StopSignal() as stop, lock:
         return _train(config, workdir, stop)
 
 
-def _train(config, workdir: str, stop: _StopSignal) -> TrainResult:
+def _train(config, workdir: str, stop: StopSignal) -> TrainResult:
     parallel = Parallel(config.parallelism)
     # Process 0 trains the tokenizer and prepares the splits; the others then open them.
     tokenizer, splits = _first_process_then_others(lambda: prepare(config.data, workdir))
@@ -297,8 +218,10 @@ class _Loop:
             train_step, model=self.model, seed=config.seed,
             label_smoothing=config.optim.label_smoothing,
             learning_rate_fn=optimizer.learning_rate_fn,
-            accumulation_steps=config.accumulation_steps))
-        self.p_eval = parallel.compile_eval_step(functools.partial(eval_step, model=self.model))
+            accumulation_steps=config.accumulation_steps,
+            loss_chunk_size=config.loss_chunk_size))
+        self.p_eval = parallel.compile_eval_step(functools.partial(
+            eval_step, model=self.model, loss_chunk_size=config.loss_chunk_size))
         self.rows = _batch_rows(config, parallel.num_local_devices)
         self.validation = splits["validation"]
         self.eval_pairs = load_split(config.data, "validation").pairs  # BLEU's text
@@ -307,7 +230,7 @@ class _Loop:
         self.state = create_train_state(self.model, optimizer.tx, jax.random.key(config.seed))
         self._window = _Window()
 
-    def run(self, stop: _StopSignal) -> TrainResult:
+    def run(self, stop: StopSignal) -> TrainResult:
         found = self.checkpointer.newest(
             lambda step: self.checkpointer.restore(step, self.state, self.data))
         if found is not None:
@@ -391,7 +314,7 @@ class _Loop:
         result = score(self.tokenizer.decode_batch(outputs), [p["target"] for p in pairs])
         return {"eval_bleu": result["bleu"], "eval_chrf": result["chrf"]}
 
-    def _stop_requested(self, stop: _StopSignal, step: int) -> bool:
+    def _stop_requested(self, stop: StopSignal, step: int) -> bool:
         stop.check()
         if jax.process_count() == 1:
             return stop.requested

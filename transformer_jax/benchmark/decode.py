@@ -7,6 +7,7 @@ every earlier position). EOS is never chosen here, so every sentence
 generates exactly `max_length` tokens and both variants do the same steps.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -84,8 +85,14 @@ def cases(quick: bool) -> list[tuple[str, int, int, int]]:
     return [("base", 64, 32, 32)]
 
 
-def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick) -> dict:
-    config = model_configs()[name]
+def dtypes(quick: bool) -> tuple[str, ...]:
+    """float32, and on accelerators bfloat16 beside it (parameters stay float32)."""
+    return ("float32",) if quick or jax.default_backend() == "cpu" else ("float32", "bfloat16")
+
+
+def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick,
+                dtype="float32") -> dict:
+    config = dataclasses.replace(model_configs()[name], dtype=dtype)
     model = Transformer(config)
     inputs_BS = jnp.asarray(synthetic_batch(config, batch, source_len)["inputs"])
     params = jax.jit(functools.partial(init_params, model))(jax.random.key(0))
@@ -93,7 +100,8 @@ def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick
     compiled, compile_s = compile_seconds(search, params, inputs_BS, **kwargs)
     seconds = median_seconds(lambda: compiled(params, inputs_BS).block_until_ready(),
                              warmup=1, iters=3 if quick else 5)
-    return {"model": name, "search": "greedy" if beam_size == 1 else f"beam{beam_size}",
+    return {"model": name, "dtype": dtype,
+            "search": "greedy" if beam_size == 1 else f"beam{beam_size}",
             "cache": "cached" if cached else "uncached", "batch": batch,
             "source_len": source_len, "output_len": max_length, "ms": seconds * 1e3,
             "tokens_per_sec": batch * max_length / seconds, "sentences_per_sec": batch / seconds,
@@ -102,11 +110,12 @@ def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick
 
 def run(quick: bool = False) -> tuple[list[dict], list[str]]:
     rows = []
-    grid = [(case, beam_size) for case in cases(quick) for beam_size in (1, 4)]
-    for (name, batch, source_len, max_length), beam_size in tqdm.tqdm(
+    grid = [(case, dtype, beam_size) for case in cases(quick) for dtype in dtypes(quick)
+            for beam_size in (1, 4)]
+    for (name, batch, source_len, max_length), dtype, beam_size in tqdm.tqdm(
             grid, desc="decode", disable=quick):
         pair = [time_search(name, batch, source_len, max_length, beam_size=beam_size,
-                            cached=cached, quick=quick) for cached in (True, False)]
+                            cached=cached, quick=quick, dtype=dtype) for cached in (True, False)]
         pair[0]["speedup"] = pair[0]["tokens_per_sec"] / pair[1]["tokens_per_sec"]
         rows += pair
     return rows, ["tokens_per_sec: output tokens of the best hypothesis per second "

@@ -99,27 +99,29 @@ def packed_batch(config: ModelConfig, batch: int, length: int, seed: int = 0) ->
             "inputs_positions": positions, "targets_positions": positions}
 
 
-def train_setup(config: ModelConfig, strategy: str, batch: dict):
+def train_setup(config: ModelConfig, strategy: str, batch: dict, loss_chunk_size: int = 0):
     """(compiled step, placed state, placed batch, compile seconds) as the trainer runs them."""
     parallel = Parallel(strategy)
     model = Transformer(config)
     optimizer = make_optimizer(d_model=config.d_model)
     state = parallel.put_state(create_train_state(model, optimizer.tx, jax.random.key(0)))
     step_fn = functools.partial(train_step, model=model, seed=0, label_smoothing=0.1,
-                                learning_rate_fn=optimizer.learning_rate_fn)
+                                learning_rate_fn=optimizer.learning_rate_fn,
+                                loss_chunk_size=loss_chunk_size)
     placed = parallel.put_batch(batch)
     step, seconds = compile_seconds(parallel.compile_train_step(step_fn), state, placed)
     return step, state, placed, seconds
 
 
 def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
-                    packed: bool | None = None) -> dict:
-    """One row; `packed` rows by default on accelerators, full rows on CPUs."""
+                    packed: bool | None = None, loss_chunk_size: int = 0) -> dict:
+    """One row; `packed` rows by default on accelerators, full rows on CPUs;
+    `loss_chunk_size` as `train_step`'s (0: the whole logits)."""
     config = dataclasses.replace(case.config, dtype=dtype)
     packed = jax.default_backend() != "cpu" if packed is None else packed
     make = packed_batch if packed else synthetic_batch
     batch = make(config, case.batch, case.length)
-    step, state, placed, compile_s = train_setup(config, strategy, batch)
+    step, state, placed, compile_s = train_setup(config, strategy, batch, loss_chunk_size)
     holder = [state]
 
     def run_once():
@@ -133,6 +135,7 @@ def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
     tflops = flops / seconds / 1e12
     return {"model": case.name, "dtype": dtype, "strategy": strategy, "batch": case.batch,
             "length": case.length, "rows": "packed" if packed else "full",
+            "loss_chunk": loss_chunk_size,
             "step_ms": seconds * 1e3, "tokens_per_sec": case.batch * case.length / seconds,
             "real_tokens_per_sec": int(np.count_nonzero(batch["targets"])) / seconds,
             "compile_s": compile_s, "tflops": tflops, "mfu": tflops / peak if peak else None,
@@ -152,21 +155,33 @@ def default_dtypes(quick: bool) -> tuple[str, ...]:
     return ("float32", "bfloat16") if jax.default_backend() == "cpu" else ("bfloat16",)
 
 
-def run(quick: bool = False, *, models=None, dtypes=None,
-        strategies=None) -> tuple[list[dict], list[str]]:
-    """(one row per model × dtype × strategy, notes); `models` picks among `cases(quick)`."""
+def default_loss_chunks(quick: bool) -> tuple[int, ...]:
+    """The whole logits (0) and, on accelerators (and in --quick, to run the path), the
+    output layer and loss in chunks of target tokens (`output_loss.py`)."""
+    if quick:
+        return (0, 64)
+    return (0,) if jax.default_backend() == "cpu" else (0, 4096)
+
+
+def run(quick: bool = False, *, models=None, dtypes=None, strategies=None,
+        loss_chunks=None) -> tuple[list[dict], list[str]]:
+    """(one row per model × dtype × strategy × loss chunk, notes); `models` picks among
+    `cases(quick)`."""
     dtypes = dtypes or default_dtypes(quick)
     strategies = strategies or default_strategies()
+    loss_chunks = loss_chunks or default_loss_chunks(quick)
     chosen = [case for case in cases(quick) if models is None or case.name in models]
     if not chosen:
         raise ValueError(f"no model among {models}; this backend times "
                          f"{[case.name for case in cases(quick)]}")
-    grid = [(case, dtype, strategy)
-            for case in chosen for dtype in dtypes for strategy in strategies]
-    rows = [time_train_step(*case, quick=quick)
-            for case in tqdm.tqdm(grid, desc="model", disable=quick)]
+    grid = [(case, dtype, strategy, chunk) for case in chosen for dtype in dtypes
+            for strategy in strategies for chunk in loss_chunks]
+    rows = [time_train_step(case, dtype, strategy, quick=quick, loss_chunk_size=chunk)
+            for case, dtype, strategy, chunk in tqdm.tqdm(grid, desc="model", disable=quick)]
     _, source = peak_tflops("float32", quick=quick)
     return rows, [f"peak: {source}", "tokens_per_sec: target tokens (B·T) per second",
                   "real_tokens_per_sec: non-padding target tokens per second",
+                  "loss_chunk: target tokens per chunk of the output layer and loss "
+                  "(output_loss.py); 0: the whole (B, T, V) logits",
                   "tflops, mfu: train_step_flops() in transformer_jax/benchmark/flops.py; "
                   "mfu_no_attention leaves out softmax(Q Kᵀ) V"]

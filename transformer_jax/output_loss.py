@@ -1,0 +1,137 @@
+"""The tied output layer (§3.4) and the smoothed loss (§5.4) without the whole logits.
+
+    loss_sum, weight_sum, correct_sum = output_loss(features, table, targets, weights,
+                                                    label_smoothing=0.1, chunk_size=4096)
+
+is `label_smoothed_cross_entropy` and `accuracy` of the logits `features @ table.T`, computed
+`chunk_size` rows (target tokens) at a time: no `(B·T, V)` array is ever whole, forward or
+backward. For the paper's 25,000-token batches and 37,000-token vocabulary the logits are
+3.7 GB in float32, read and written several times per step by the softmax, the loss, the
+argmax and their gradients; here a chunk of 4,096 rows is 0.6 GB, and lives only inside
+one iteration of a `lax.scan`.
+
+The gradient is a custom VJP: for each chunk the backward pass computes the logits again
+(one matmul), the softmax from the log-normalizer the forward pass kept (one float per
+row), and dlogits = weight · (softmax − q), q the smoothed target; it then writes
+dfeatures = dlogits @ table for the chunk and adds dlogits^T @ features into the table's
+gradient. Written by hand because no well-kept library computes this loss: optax and
+flax have no chunked or fused projection-and-loss; tokamax 0.0.12's
+`linear_softmax_cross_entropy_loss` has the whole-logits XLA path and a TPU kernel only,
+and neither label smoothing nor token weights; JAX's own autodiff of a scan would keep
+every chunk's logits for the backward pass.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.losses import smoothed_target
+from transformer_jax.token_ids import PAD_ID
+
+
+def output_loss(features, table, targets, weights=None, *, label_smoothing: float = 0.0,
+                chunk_size: int = 4096, dtype=None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Σ weight · loss, Σ weight and Σ weight · [argmax = target] of the tied logits.
+
+    Args:
+      features: `(..., D)`, the decoder's output (after its final norm, if any).
+      table: `(V, D)`, the shared embedding matrix (§3.4): logits = features @ table.T.
+      targets: int `(...)`, token ids in [0, V).
+      weights: `(...)`; default `targets != 0` (0 is padding).
+      label_smoothing: ε of §5.4.
+      chunk_size: rows per chunk; the last chunk is padded with rows of weight 0.
+      dtype: the matmuls' input dtype (the model's compute dtype; default: features');
+        products accumulate and the softmax runs in float32.
+
+    Returns float32 scalars, as `losses.label_smoothed_cross_entropy` and
+    `losses.accuracy` on those logits return them.
+    """
+    features, targets = jnp.asarray(features), jnp.asarray(targets)
+    if features.shape[:-1] != targets.shape or table.shape[-1] != features.shape[-1]:
+        raise ValueError(f"features {features.shape} must be targets {targets.shape} + (D,) "
+                         f"with table (V, D), got table {table.shape}")
+    if weights is None:
+        weights = (targets != PAD_ID).astype(jnp.float32)
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    smoothed_target(label_smoothing, table.shape[0])  # checks ε
+    rows = targets.size
+    chunk = min(chunk_size, rows)
+    pad = -rows % chunk
+
+    def chunked(x, fill=0):  # (...) or (..., D) -> (K, C) or (K, C, D), padded
+        x = x.reshape((rows,) + x.shape[targets.ndim:])
+        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
+        return x.reshape((-1, chunk) + x.shape[1:])
+
+    dtype = jnp.dtype(dtype or features.dtype)
+    return _output_loss(chunked(features), table, chunked(targets, PAD_ID),
+                        chunked(jnp.asarray(weights, jnp.float32)), label_smoothing, dtype)
+
+
+def _logits(x_CD, table_VD, dtype):
+    """One chunk's float32 logits `(C, V)` from `dtype` operands."""
+    return jnp.einsum("CD,VD->CV", x_CD.astype(dtype), table_VD.astype(dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def _targets_mask(targets_C, vocab_size):
+    return jnp.arange(vocab_size)[None, :] == targets_C[:, None]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _output_loss(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype):
+    return _forward(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype)[0]
+
+
+def _forward(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype):
+    vocab_size = table_VD.shape[0]
+    confidence, low, entropy = smoothed_target(label_smoothing, vocab_size)
+    table_cast_VD = table_VD.astype(dtype)  # once, not once per chunk
+
+    def one_chunk(sums, chunk):
+        x_CD, targets_C, weights_C = chunk
+        logits_CV = _logits(x_CD, table_cast_VD, dtype)
+        logsumexp_C = jax.nn.logsumexp(logits_CV, axis=-1)
+        # As in label_smoothed_cross_entropy: three reductions, no log-softmax array.
+        target_C = jnp.where(_targets_mask(targets_C, vocab_size), logits_CV, 0.0).sum(-1)
+        sum_logp_C = logits_CV.sum(-1) - vocab_size * logsumexp_C
+        loss_C = -(low * sum_logp_C + (confidence - low) * (target_C - logsumexp_C)) - entropy
+        correct_C = (jnp.argmax(logits_CV, axis=-1) == targets_C).astype(jnp.float32)
+        sums = (sums[0] + (loss_C * weights_C).sum(), sums[1] + weights_C.sum(),
+                sums[2] + (correct_C * weights_C).sum())
+        return sums, logsumexp_C
+
+    zero = jnp.zeros((), jnp.float32)
+    sums, logsumexp_KC = jax.lax.scan(one_chunk, (zero, zero, zero),
+                                      (x_KCD, targets_KC, weights_KC))
+    return sums, (x_KCD, table_VD, targets_KC, weights_KC, logsumexp_KC)
+
+
+def _backward(label_smoothing, dtype, residuals, cotangents):
+    x_KCD, table_VD, targets_KC, weights_KC, logsumexp_KC = residuals
+    g = cotangents[0]  # the counts' cotangents do not reach the inputs
+    vocab_size = table_VD.shape[0]
+    confidence, low, _ = smoothed_target(label_smoothing, vocab_size)
+    table_cast_VD = table_VD.astype(dtype)
+
+    def one_chunk(dtable_VD, chunk):
+        x_CD, targets_C, weights_C, logsumexp_C = chunk
+        probs_CV = jnp.exp(_logits(x_CD, table_cast_VD, dtype) - logsumexp_C[:, None])
+        q_CV = jnp.where(_targets_mask(targets_C, vocab_size), confidence, low)
+        dlogits_CV = ((g * weights_C)[:, None] * (probs_CV - q_CV)).astype(dtype)
+        dx_CD = jnp.einsum("CV,VD->CD", dlogits_CV, table_cast_VD,
+                           preferred_element_type=jnp.float32)
+        dtable_VD = dtable_VD + jnp.einsum("CV,CD->VD", dlogits_CV, x_CD.astype(dtype),
+                                           preferred_element_type=jnp.float32)
+        return dtable_VD, dx_CD.astype(x_CD.dtype)
+
+    dtable_VD, dx_KCD = jax.lax.scan(one_chunk, jnp.zeros(table_VD.shape, jnp.float32),
+                                     (x_KCD, targets_KC, weights_KC, logsumexp_KC))
+    no_targets = np.zeros(targets_KC.shape, jax.dtypes.float0)
+    return dx_KCD, dtable_VD.astype(table_VD.dtype), no_targets, jnp.zeros_like(weights_KC)
+
+
+_output_loss.defvjp(_forward, _backward)
