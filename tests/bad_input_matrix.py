@@ -6,7 +6,7 @@ Each case runs train.py, translate.py, evaluate.py or `python -m transformer_jax
 with one bad value and passes when the command exits non-zero within 120 s, prints no
 traceback, and its last stderr line starts with "error" (absl's flag errors: "FATAL
 Flags parsing error: ..." and a line pointing at --helpshort). Bad inputs to translate.py and evaluate.py use a tiny run trained
-first. Not part of the test suite (a minute of process starts); its result is in the README.
+first. Not part of the test suite (a minute of process starts); its result is in docs/faults.md.
 """
 
 import os

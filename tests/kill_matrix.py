@@ -7,7 +7,7 @@ so kills land during saves too). Each round starts `train.py` on the same workdi
 random 1-12 s (some kills land while data is read or the step compiles), and kills it with
 SIGKILL. Then one run goes to the end. The figure: how many kills the next start resumed
 from without an error, and whether the final loss equals that of a run never killed (exact
-resume). Not part of the test suite (minutes of training); its result is in the README.
+resume). Not part of the test suite (minutes of training); its result is in docs/faults.md.
 """
 
 import argparse
