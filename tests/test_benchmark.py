@@ -18,7 +18,7 @@ from transformer_jax.benchmark.pipeline import _counts
 # Fields each suite's JSON rows must hold with positive values.
 POSITIVE = {
     "attention": ("ms", "tflops", "peak_tflops", "peak_fraction", "memory_bytes"),
-    "model": ("step_ms", "tokens_per_sec", "compile_s", "tflops", "mfu"),
+    "model": ("step_ms", "tokens_per_sec", "compile_s", "tflops", "mfu", "memory_bytes"),
     "decode": ("ms", "tokens_per_sec", "sentences_per_sec", "compile_s"),
     "pipeline": ("batches_per_sec", "examples_per_sec", "tokens_per_sec", "source_fill",
                  "target_fill", "first_batch_s", "resume_s", "prepare_s", "pairs_per_sec"),
@@ -46,7 +46,76 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
                                                                                "target_fill"))
         assert [row["resumed_exactly"] for row in result["results"] if "resume_s" in row] == [
             True, True]  # packed and bucketed
+    if suite == "attention":
+        assert_attention_masks(result)
     assert "tflops" in capsys.readouterr().out or suite in ("decode", "pipeline")
+
+
+def assert_attention_masks(result):
+    """--quick attention: the grid's rows have no mask; the packed causal rows at the tiny
+    model's shape time each of our implementations, forward and fwd+bwd, with float32
+    "xla" within float32 rounding of the reference (TF32 matmuls on a GPU); the GPU-only
+    ones are named as skipped on a CPU."""
+    rows = result["results"]
+    assert {row["mask"] for row in rows if "model" not in row} == {"none"}
+    packed = {(row["implementation"], row["pass"]): row for row in rows if "model" in row}
+    ours = {(name, p) for name in ("auto", "reference", "xla") for p in ("forward", "fwd+bwd")}
+    assert ours <= set(packed) <= ours | {("pallas_mha", p) for p in ("forward", "fwd+bwd")}
+    for row in packed.values():
+        assert (row["model"], row["mask"], row["causal"], row["dtype"]) == (
+            "tiny", "packed", True, "float32")
+        assert (row["num_heads"], row["head_dim"]) == (4, 8)  # the tiny model's
+        assert 0 < row["ms"] < float("inf") and 0 <= row["error"] < float("inf")
+    bound = 1e-5 if jax.default_backend() == "cpu" else 1e-2
+    assert all(row["error"] < bound for (name, _), row in packed.items() if name == "xla")
+    if jax.default_backend() == "cpu":
+        skipped = next(note for note in result["notes"] if note.startswith("skipped: "))
+        assert "cudnn at float32: needs an NVIDIA GPU" in skipped
+        assert "pallas_mha at float32: needs an NVIDIA GPU (Triton)" in skipped
+
+
+def test_attention_error_sees_a_wrong_mask_and_checks_the_pallas_peer():
+    """The error against the packed reference: about 1 for attention that ignores the
+    segments, float32 rounding for XLA's with them, and for Pallas's kernel (interpreted on
+    this host) given the segment ids: its arguments are wired as our mask means."""
+    import functools
+
+    from transformer_jax.benchmark import attention
+
+    def errors(attend, given):
+        return attention.relative_errors(
+            attention.outputs(attend, qkv, given, causal=True, dtype=jnp.float32), reference)
+
+    with jax.default_device(jax.devices("cpu")[0]):  # float32 matmuls, no TF32
+        segments = attention.mask_segments("packed", 2, 32, (3, 12), seed=4)
+        assert len(np.unique(np.asarray(segments[0][0]))) >= 3  # examples and padding
+        qkv = attention.random_qkv(2, 32, 2, 16, "float32")
+        reference = attention.outputs(attention.ours("reference"), qkv, segments, causal=True,
+                                      dtype=jnp.float32)
+        assert min(errors(attention.ours("xla"), ())) > 0.3
+        assert max(errors(attention.ours("xla"), segments)) < 1e-5
+        pallas = functools.partial(attention.pallas_mha, interpret=True)
+        assert max(errors(pallas, segments)) < 1e-5
+
+
+def test_cross_attention_segments_keep_the_examples_in_order():
+    """Each row's source holds the target's examples in the same order, each with half to
+    all of its target length, then padding."""
+    from transformer_jax.benchmark.attention import source_segments_BS
+    from transformer_jax.benchmark.model import packed_segments_BT
+
+    rng = np.random.default_rng(2)
+    targets = packed_segments_BT(rng, 6, 64)
+    sources = source_segments_BS(rng, targets)
+    assert sources.shape == targets.shape and (sources != targets).any()
+    for target_row, source_row in zip(targets, sources):
+        used = source_row[source_row > 0]
+        assert (source_row[used.size:] == 0).all() and (np.diff(used) >= 0).all()
+        ids, target_sizes = np.unique(target_row[target_row > 0], return_counts=True)
+        source_ids, source_sizes = np.unique(used, return_counts=True)
+        assert (source_ids == ids).all()
+        assert ((target_sizes + 1) // 2 <= source_sizes).all()
+        assert (source_sizes <= target_sizes).all()
 
 
 def test_decode_peers_time_ctranslate2_beside_ours_on_the_same_outputs(tmp_path):

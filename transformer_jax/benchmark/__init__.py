@@ -4,7 +4,8 @@
 
 Suites (each a module here whose `run(quick) -> (rows, notes)` returns one dict per case):
 
-    attention  every available attention implementation: TFLOP/s and peak fraction
+    attention  every available attention implementation: TFLOP/s and peak fraction; on the
+               masks of training (packed rows), also the error against float32
     model      train-step target tokens/s, compile time and MFU per preset, dtype, strategy
     decode     greedy and beam-4 decoding, with and without the key/value cache
     pipeline   packed batches per second and fill, ours beside grain's packers; a WMT-size

@@ -18,7 +18,7 @@ import numpy as np
 
 from transformer_jax.benchmark.flops import train_step_flops
 from transformer_jax.benchmark.machine import peak_tflops
-from transformer_jax.benchmark.timing import compile_seconds, median_seconds
+from transformer_jax.benchmark.timing import compile_seconds, median_seconds, memory_bytes
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig, get_model_config
 from transformer_jax.optim import make_optimizer
@@ -139,7 +139,8 @@ def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
             "step_ms": seconds * 1e3, "tokens_per_sec": case.batch * case.length / seconds,
             "real_tokens_per_sec": int(np.count_nonzero(batch["targets"])) / seconds,
             "compile_s": compile_s, "tflops": tflops, "mfu": tflops / peak if peak else None,
-            "mfu_no_attention": matmuls / seconds / 1e12 / peak if peak else None}
+            "mfu_no_attention": matmuls / seconds / 1e12 / peak if peak else None,
+            "memory_bytes": memory_bytes(step)}
 
 
 def default_strategies() -> tuple[str, ...]:
@@ -184,4 +185,6 @@ def run(quick: bool = False, *, models=None, dtypes=None, strategies=None,
                   "loss_chunk: target tokens per chunk of the output layer and loss "
                   "(output_loss.py); 0: the whole (B, T, V) logits",
                   "tflops, mfu: train_step_flops() in transformer_jax/benchmark/flops.py; "
-                  "mfu_no_attention leaves out softmax(Q Kᵀ) V"]
+                  "mfu_no_attention leaves out softmax(Q Kᵀ) V",
+                  "memory_bytes: arguments + outputs + temporaries in XLA's buffer plan "
+                  "(per device)"]
