@@ -4,8 +4,17 @@
 
 Writes DIR/eval/<split>-<name>.hyp.txt and DIR/eval/<split>-<name>.json (bleu, chrf,
 the sacreBLEU signature, the checkpoints, the decoding settings and sentences/s);
-<name> is the step, or "<last step>-average<N>" for N averaged checkpoints.
+<name> is the step, or "<last step>-average<N>" for N averaged checkpoints. The scores are
+printed first; the two files are written whole or not at all (a full disk: one error line,
+exit status 1, and earlier results of the same name as they were).
 """
+
+import signal
+
+# Ctrl-C while JAX is imported (a second or more) ends the command at once and quietly, as
+# it would a C program; from main on, interrupt_in_one_line says so in one line.
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import json
 import os
@@ -19,6 +28,8 @@ from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.data import DataError, load_split
 from transformer_jax import run_config
 from transformer_jax.run_config import define_search_flags, parse_flags
+from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
+                                      write_whole)
 from transformer_jax.translation import TranslationError, Translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
@@ -69,16 +80,35 @@ def main(argv) -> None:
     record = {"split": _SPLIT.value, "step": steps[-1], "checkpoints": steps,
               "direction": f"{d.source_lang}-{d.target_lang}", "sentences": len(pairs),
               **{k: v for k, v in result.items() if k != "hypotheses"}, **settings}
-    with open(os.path.join(out, f"{_SPLIT.value}-{name}.hyp.txt"), "w", encoding="utf-8") as f:
-        f.write("".join(h + "\n" for h in result["hypotheses"]))
-    with open(os.path.join(out, f"{_SPLIT.value}-{name}.json"), "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2)
     which = (f"step {steps[0]}" if len(steps) == 1
              else f"steps {', '.join(map(str, steps))} averaged")
-    print(f"{record['direction']} {_SPLIT.value} ({len(pairs)} sentences, {which}): "
-          f"BLEU {record['bleu']:.2f}, chrF {record['chrf']:.2f}\n"
-          f"sacreBLEU signature: {record['signature']}")
+    report(f"{record['direction']} {_SPLIT.value} ({len(pairs)} sentences, {which}): "
+           f"BLEU {record['bleu']:.2f}, chrF {record['chrf']:.2f}\n"
+           f"sacreBLEU signature: {record['signature']}\n")
+    save(os.path.join(out, f"{_SPLIT.value}-{name}"), result["hypotheses"], record)
+
+
+def save(stem: str, hypotheses: list[str], record: dict) -> None:
+    """STEM.hyp.txt and STEM.json, both whole or neither; a write error is one line."""
+    try:
+        write_whole({f"{stem}.hyp.txt": "".join(h + "\n" for h in hypotheses),
+                     f"{stem}.json": json.dumps(record, indent=2)})
+    except OutputError as error:
+        sys.exit(f"error: cannot write {error.filename}: {error.strerror}")
+
+
+def report(scores: str) -> None:
+    """Prints `scores` before the files are written, so that a full disk does not lose them; a
+    reader of stdout that went away (`| head`) does not stop the files."""
+    try:
+        write_stdout(scores)
+    except BrokenPipeError:
+        pass
+    except OSError as error:
+        print(f"warning: cannot write the scores to stdout: {error.strerror or error}",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    with interrupt_in_one_line():
+        app.run(main, flags_parser=parse_flags)

@@ -16,7 +16,9 @@ from ml_collections import config_flags
 from transformer_jax import parallel, trainer
 from transformer_jax.checkpoint import CheckpointWriteError
 from transformer_jax.data import DataError
+from transformer_jax.plot import MetricsError
 from transformer_jax.run_config import loaded_config, parse_flags
+from transformer_jax.run_log import MetricsWriteError
 from transformer_jax.stop_signal import StoppedAtOnce
 
 DEFAULT_CONFIG = "configs/default.py"
@@ -38,7 +40,7 @@ def main(argv) -> None:
     try:
         trainer.train(loaded_config(_CONFIG.value), _WORKDIR.value)
     except (trainer.ConfigError, DataError, trainer.NonFiniteLossError,
-            CheckpointWriteError) as error:
+            CheckpointWriteError, MetricsError, MetricsWriteError) as error:
         sys.exit(f"error: {error}")
     except StoppedAtOnce as error:
         # XLA looks for signals while it compiles, so the stop may have been raised inside a

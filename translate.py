@@ -1,12 +1,20 @@
 """Translates sentences with a trained run: `python translate.py --workdir=runs/default`.
 
 Reads one sentence per line from --input (or stdin; UTF-8, lines end at "\\n" only) and
-writes the translations, one line each, in order, to --output (or stdout). Beam search as in
-§6.1 by default.
+writes the translations, one line each, in order, to --output (whole or not at all: a
+temporary file renamed once written) or stdout. Beam search as in §6.1 by default. Ctrl-C
+ends it with one line and status 130.
 
 --engine=jax (the default) translates with the run's checkpoints; --engine=ctranslate2 or
 stablehlo with a directory that `python -m transformer_jax.export` wrote (--exported=DIR).
 """
+
+import signal
+
+# Ctrl-C while JAX is imported (a second or more) ends the command at once and quietly, as
+# it would a C program; from main on, interrupt_in_one_line says so in one line.
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import os
 import sys
@@ -15,10 +23,12 @@ from absl import app, flags, logging
 
 from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.data import DataError
-from transformer_jax.data.sources import decode_lines
+from transformer_jax.data.sources import decode_lines, read_lines
 from transformer_jax import run_config
 from transformer_jax.run_config import define_search_flags, parse_flags
 from transformer_jax.export.engines import open_engine
+from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
+                                      write_whole)
 from transformer_jax.translation import TranslationError
 
 _ENGINE = flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2", "stablehlo"],
@@ -51,8 +61,7 @@ def main(argv) -> None:
         engine = open_engine(_ENGINE.value, workdir=_WORKDIR.value, exported=_EXPORTED.value,
                              checkpoint=_CHECKPOINT.value)
         if _INPUT.value:
-            with open(_INPUT.value, "rb") as f:
-                lines = decode_lines(f.read(), _INPUT.value)
+            lines = read_lines(_INPUT.value)
         else:
             lines = decode_lines(sys.stdin.buffer.read(), "stdin")
     except (TranslationError, DataError, ConfigError, OSError) as error:
@@ -65,13 +74,25 @@ def main(argv) -> None:
             progress=_INPUT.value is not None)
     except TranslationError as error:
         sys.exit(f"error: {error}")
-    text = "".join(t + "\n" for t in translations)
-    if _OUTPUT.value:
-        with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    write_translations("".join(t + "\n" for t in translations))
+
+
+def write_translations(text: str) -> None:
+    """`text` to --output, whole or not at all, or to stdout. A write error is one line and
+    exit status 1; a reader of stdout that went away (`| head`) only exit status 1."""
+    try:
+        if _OUTPUT.value:
+            write_whole({_OUTPUT.value: text})
+        else:
+            write_stdout(text)
+    except BrokenPipeError:
+        sys.exit(1)
+    except OutputError as error:
+        sys.exit(f"error: cannot write {error.filename}: {error.strerror}")
+    except OSError as error:
+        sys.exit(f"error: cannot write stdout: {error.strerror or error}")
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    with interrupt_in_one_line():
+        app.run(main, flags_parser=parse_flags)

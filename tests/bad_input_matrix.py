@@ -3,9 +3,10 @@
     python tests/bad_input_matrix.py
 
 Each case runs train.py, translate.py, evaluate.py or `python -m transformer_jax.data`
-with one bad value and passes when the command exits non-zero within 120 s, prints no
-traceback, and its last stderr line starts with "error" (absl's flag errors: "FATAL
-Flags parsing error: ..." and a line pointing at --helpshort). Bad inputs to translate.py and evaluate.py use a tiny run trained
+with one bad value or one fault (a full disk, /dev/full, Ctrl-C) and passes when the
+command exits non-zero within 120 s, prints no traceback, and its last stderr line starts
+with "error" (absl's flag errors: "FATAL Flags parsing error: ..." and a line pointing at
+--helpshort). Bad inputs to translate.py and evaluate.py use a tiny run trained
 first. Not part of the test suite (a minute of process starts); its result is in docs/faults.md.
 """
 
@@ -34,10 +35,31 @@ BAD_CONFIGS = [f"--config.{c}" for c in (
     "--config.per_device_batch_size=0 --config.data.tokens_per_batch=20"] + ["--config=configs/missing.py"]
 
 
-def bad_inputs(workdir, scratch):
-    """(name, command, stdin) of translate.py, evaluate.py and the data CLI."""
+def write_inputs(scratch) -> None:
+    """The bad files: invalid UTF-8, corpora whose train.de is a folder or a FIFO, and
+    input long enough to be interrupted."""
     with open(os.path.join(scratch, "bad.txt"), "wb") as f:
         f.write(b"drei\nzw\xffei\n")
+    for corpus in ("dir_corpus", "fifo_corpus"):
+        os.makedirs(os.path.join(scratch, corpus))
+        with open(os.path.join(scratch, corpus, "train.en"), "w") as f:
+            f.write("one\n")
+    os.makedirs(os.path.join(scratch, "dir_corpus", "train.de"))
+    os.mkfifo(os.path.join(scratch, "fifo_corpus", "train.de"))
+    with open(os.path.join(scratch, "many.txt"), "w") as f:
+        f.write("dreihundertzweiundvierzig\n" * 20_000)
+
+
+def bad_inputs(workdir, scratch):
+    """(name, command, stdin) of translate.py, evaluate.py and the data CLI."""
+    write_inputs(scratch)
+    # A full disk: files end at 100 bytes (writes past it fail with EFBIG).
+    full = [sys.executable, "-c", "import os, resource, sys; resource.setrlimit("
+            "resource.RLIMIT_FSIZE, (100, 100)); os.execv(sys.argv[1], sys.argv[1:])"]
+    # Ctrl-C once the input is read (job control on, so the background job takes SIGINT).
+    ctrl_c = ["bash", "-c", f'set -m; "$@" 2>{scratch}/ctrl_c.err & until grep -q "^checkpoint"'
+              f' {scratch}/ctrl_c.err || ! kill -0 $!; do sleep 0.2; done; kill -INT $!; '
+              f'wait $!; status=$?; cat {scratch}/ctrl_c.err >&2; exit $status', "bash"]
     t = [sys.executable, "translate.py", f"--workdir={workdir}"]
     e = [sys.executable, "evaluate.py", f"--workdir={workdir}"]
     d = [sys.executable, "-m", "transformer_jax.data", "--config=configs/default.py",
@@ -57,12 +79,22 @@ def bad_inputs(workdir, scratch):
         ("too long", [*t, "--max_input_length=3"], "dreihundertzweiundvierzig " * 8 + "\n"),
         ("unknown flag", [*t, "--beam=4"], ""),
         ("workdir missing", t[:2], ""),
+        ("output on a full disk", [*full, *t, f"--output={scratch}/out.txt"], "null\n" * 200),
+        ("output /dev/full", [*t, "--output=/dev/full"], "null\n"),
+        ("stdout /dev/full", ["bash", "-c", 'exec "$@" > /dev/full', "bash", *t], "null\n"),
+        ("Ctrl-C while translating", [*ctrl_c, *t, f"--input={scratch}/many.txt",
+                                      f"--output={scratch}/out.txt"], ""),
         ("evaluate: no checkpoints", [*e[:2], f"--workdir={scratch}"], ""),
         ("evaluate: split", [*e, "--split=nonsense"], ""),
         ("evaluate: average 0", [*e, "--checkpoint=average:0"], ""),
         ("evaluate: average 5", [*e, "--checkpoint=average:5"], ""),
         ("evaluate: both spellings", [*e, "--checkpoint=2", "--average_last=2"], ""),
         ("evaluate: beam 0", [*e, "--beam_size=0"], ""),
+        ("evaluate: results on a full disk", [*full, *e, "--split=validation"], ""),
+        ("data: train.de is a directory", [*d, f"--config.data.dataset=folder:{scratch}/"
+                                                "dir_corpus"], ""),
+        ("data: train.de is a FIFO", [*d, f"--config.data.dataset=folder:{scratch}/fifo_corpus"],
+         ""),
         ("data: missing folder", [*d, "--config.data.dataset=folder:/nonexistent"], ""),
         ("data: empty folder", [*d, f"--config.data.dataset=folder:{scratch}/empty"], ""),
         ("data: unknown TFDS", [*d, "--config.data.dataset=tfds:no_such_dataset"], ""),

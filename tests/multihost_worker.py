@@ -1,8 +1,9 @@
-"""One process of the multi-process test: `python multihost_worker.py PID NPROC PORT OUT`.
+"""One process of the multi-process tests: `python multihost_worker.py PID NPROC PORT OUT [MODE]`.
 
-Joins a run of NPROC processes on localhost (4 CPU devices in all), feeds its own
-rows of three fixed global batches to the pure train step under each strategy,
-and (process 0) writes the final parameters to OUT/{strategy}.npz.
+Joins a run of NPROC processes on localhost (4 CPU devices in all) and feeds its own
+rows of three fixed global batches to the pure train step. MODE "compare" (the
+default): three steps under each strategy, then (process 0) the final parameters
+to OUT/{strategy}.npz. MODE "steps": pmap steps, one line each, until killed.
 """
 
 import os
@@ -11,6 +12,7 @@ import sys
 import jax
 
 pid, nproc, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+mode = sys.argv[5] if len(sys.argv) > 5 else "compare"
 jax.config.update("jax_num_cpu_devices", 4 // nproc)  # before anything starts the backend
 
 from transformer_jax import parallel  # noqa: E402
@@ -19,6 +21,7 @@ if nproc > 1:
     parallel.initialize_processes(f"localhost:{port}", nproc, pid)
 
 import functools  # noqa: E402
+import itertools  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -40,6 +43,15 @@ rng = np.random.default_rng(0)
 batches = [{k: rng.integers(1, 40, (ROWS, LENGTH)).astype(np.int32) for k in ("inputs", "targets")}
            for _ in range(3)]
 mine = slice(pid * ROWS // nproc, (pid + 1) * ROWS // nproc)
+if mode == "steps":  # the test kills a process; the others' steps then fail
+    p = parallel.Parallel("pmap")
+    placed = p.put_state(create_train_state(model, optimizer.tx, jax.random.key(0)))
+    step = p.compile_train_step(step_fn)
+    for i in itertools.count(1):
+        batch = {k: v[mine] for k, v in batches[i % 3].items()}
+        placed, metrics = step(placed, p.put_batch(batch))
+        p.to_host(metrics)
+        print(f"process {pid} step {i}", flush=True)
 for strategy in ("pmap", "sharded"):
     p = parallel.Parallel(strategy)
     assert len(jax.devices()) == 4 and p.num_local_devices == 4 // nproc

@@ -19,7 +19,12 @@ from flax.training import train_state
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from run_configs import biggest_array_file
-from transformer_jax.checkpoint import Checkpointer, DamagedCheckpointError
+from transformer_jax.checkpoint import (
+    Checkpointer,
+    DamagedCheckpointError,
+    DataPositionError,
+    StateMismatchError,
+)
 
 DATA_POSITION = 7  # the training-data iterator has given this many elements
 METADATA = {"config": {"lr": 0.5, "layers": [6, 6]}, "tokenizer": "/tmp/spm.model"}
@@ -106,9 +111,10 @@ def test_train_state_round_trip(open_checkpointer):
     assert saved.name == "process_0-of-1.json"
 
 
-def test_a_checkpoint_without_the_data_iterator_item_restores_with_a_warning(tmp_path):
-    """A checkpoint of an older version (a JSON "data" item instead of grain's) still
-    restores its state; the data iterator stays at its start, and a warning says so."""
+def test_a_checkpoint_without_the_data_iterator_item_is_a_data_position_error(tmp_path):
+    """A checkpoint of an older version (a JSON "data" item instead of grain's): restoring
+    into an iterator raises DataPositionError, before the state is read, and leaves the
+    iterator at its start; restoring without one gives the state."""
     state = {"w": jnp.arange(6.0), "step": jnp.int32(3)}
     old = ocp.CheckpointManager(str(tmp_path))
     old.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
@@ -118,8 +124,9 @@ def test_a_checkpoint_without_the_data_iterator_item_restores_with_a_warning(tmp
     old.close()
     with Checkpointer(str(tmp_path), keep=3) as checkpointer:
         fresh = data_iterator()
-        with pytest.warns(UserWarning, match="no data_iterator item .* starts its shuffle again"):
-            restored, metadata = checkpointer.restore(3, state, fresh)
+        with pytest.raises(DataPositionError, match=r"/3: it has no data_iterator item"):
+            checkpointer.newest(lambda step: checkpointer.restore(step, state, fresh))
+        restored, metadata = checkpointer.restore(3, state)
     assert_trees_equal(restored, state)
     assert metadata == METADATA and next(fresh) == 0
 
@@ -397,3 +404,66 @@ def test_a_failed_write_is_one_line_and_loses_nothing_saved(tmp_path, open_check
     assert checkpointer.all_steps() == [1]
     state, _ = checkpointer.restore(1, {f"w{i}": jnp.zeros(100_000) for i in range(8)})
     np.testing.assert_array_equal(np.asarray(state["w3"]), np.arange(100_000.0) + 3)
+
+
+def test_a_state_of_another_optimizer_is_a_mismatch_found_before_any_array_is_read(
+        tmp_path, open_checkpointer):
+    """Adam's state saved, restored into clipping + Adam (optax.chain: one stage more, its
+    state a tuple around Adam's): a StateMismatchError naming the first array of each side,
+    raised by `newest` as it is: nothing moved aside, no earlier step tried. Found from
+    orbax's item metadata: with an array file deleted, it is still the mismatch."""
+    checkpointer = open_checkpointer(directory=tmp_path / "ckpt")
+    for step in (2, 4):
+        save_small(checkpointer, step, make_state())
+    checkpointer.wait()
+    biggest_array_file(tmp_path / "ckpt" / "4").unlink()
+    clipped = train_state.TrainState.create(
+        apply_fn=None, params=make_state().params,
+        tx=optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)))
+    fresh = data_iterator()
+    with pytest.raises(StateMismatchError) as caught:
+        checkpointer.newest(lambda s: checkpointer.restore(s, clipped, fresh))
+    # Adam's count, mu (b, w) and nu (b, w): 5 arrays, under opt_state/0 saved, now under
+    # opt_state/1/0 (the chain's empty clipping state has no array).
+    assert str(caught.value) == (
+        f"{tmp_path / 'ckpt'}/4: its state does not fit: 5 saved arrays not in the state "
+        f"restored into (opt_state/0/count, ...); 5 of its arrays not saved "
+        f"(opt_state/1/0/count, ...)")
+    assert caught.value.step == 4 and next(fresh) == 0  # the iterator was not moved either
+    assert checkpointer.all_steps() == [2, 4] and not (tmp_path / "ckpt-damaged").exists()
+
+
+def test_a_reshaped_array_is_a_mismatch(two_steps, open_checkpointer):
+    checkpointer = open_checkpointer(directory=two_steps)
+    wanted = {**large_state(0), "w": jnp.zeros(10)}
+    with pytest.raises(StateMismatchError, match=r"/4: its state does not fit: w saved as "
+                                                 r"\(3000,\), now \(10,\)$"):
+        checkpointer.read(4, lambda s: checkpointer.restore(s, wanted))
+
+
+def mixed_iterator():
+    """A grain iterator of another kind than `data_iterator`'s (a mix of two): its state
+    is {"parents": [...], "index": ..., "stop": ...}, not {"next_index": ...}."""
+    dataset = grain.MapDataset.range(1000).to_iter_dataset()
+    return iter(grain.IterDataset.mix([dataset, dataset], [0.5, 0.5]))
+
+
+def test_an_iterator_of_another_kind_is_a_data_position_error_not_damage(
+        two_steps, tmp_path, open_checkpointer):
+    """A whole data-iterator file that the iterator refuses (a range's position restored
+    into a mix: as a resume with another data.batching or data.num_workers): a
+    DataPositionError, nothing moved aside; without the iterator, the state restores.
+    (A missing or broken file is damage: DAMAGE above.)"""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(two_steps, directory)
+    checkpointer = open_checkpointer(directory=directory)
+    with pytest.raises(DataPositionError) as caught:
+        checkpointer.newest(lambda s: checkpointer.restore(s, large_state(0), mixed_iterator()))
+    assert caught.value.step == 4
+    assert caught.value.why == ("the data iterator cannot take its saved position "
+                                "(KeyError: 'parents')")
+    assert checkpointer.all_steps() == [2, 4] and not (tmp_path / "ckpt-damaged").exists()
+    step, (state, metadata) = checkpointer.newest(
+        lambda s: checkpointer.restore(s, large_state(0)))
+    assert (step, metadata) == (4, {"step": 4})
+    assert_trees_equal(state, large_state(4))

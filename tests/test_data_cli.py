@@ -55,3 +55,33 @@ def test_bad_corpus_is_one_clear_line(tmp_path):
 def test_unknown_config_key_is_rejected():
     result = run_cli("--config.data.vocab=300")
     assert result.returncode != 0 and "vocab" in result.stderr
+
+
+def test_prepare_names_a_damaged_file_and_prepares_or_stops(tmp_path):
+    """A manifest cut short: a warning naming it, the split prepared again, exit 0. A
+    tokenizer model cut short with no record to train it again by: one error line naming
+    it, exit 1. Never a traceback."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_corpus(corpus, GERMAN * 30, ENGLISH * 30)
+    run = tmp_path / "run"
+    flags = ["prepare", f"--config.data.dataset=folder:{corpus}", "--config.data.vocab_size=300",
+             f"--workdir={run}"]
+    assert run_cli(*flags).returncode == 0
+    manifest = run / "prepared" / "validation" / "manifest.json"
+    whole = manifest.read_text()
+    manifest.write_text(whole[:len(whole) // 2])
+    again = run_cli(*flags)
+    assert again.returncode == 0, again.stderr
+    assert "Traceback" not in again.stderr
+    assert re.search(rf"UserWarning: {re.escape(str(manifest))} is damaged \(JSONDecodeError: "
+                     r".*\); preparing validation again\n", again.stderr)
+    assert manifest.read_text() == whole
+    (run / "tokenizer.model.json").unlink()
+    model = run / "tokenizer.model"
+    model.write_bytes(model.read_bytes()[:1000])
+    stopped = run_cli(*flags)
+    assert stopped.returncode == 1 and "Traceback" not in stopped.stderr
+    errors = [line for line in stopped.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {model} is damaged (not a "
+                                                     "SentencePiece model: 1,000 bytes")

@@ -368,3 +368,125 @@ def test_prepare_redoes_only_the_missing_split(corpus, run, tmp_path, monkeypatc
     clean = prepared_arrays(run[0], "validation")
     for name, array in prepared_arrays(workdir, "validation").items():
         np.testing.assert_array_equal(array, clean[name])
+
+
+# --- damaged files ------------------------------------------------------------------------------
+
+
+def assert_equal_to_the_clean_run(run, workdir, splits=("train", "validation")):
+    for split in splits:
+        clean = prepared_arrays(run[0], split)
+        for name, array in prepared_arrays(workdir, split).items():
+            assert array.dtype == clean[name].dtype
+            np.testing.assert_array_equal(array, clean[name], err_msg=f"{split} {name}")
+
+
+def damage(path, how):
+    """Damages the file at `path` as a power cut or a disk error might."""
+    data = path.read_bytes()
+    if how == "empty":
+        path.write_bytes(b"")
+    elif how == "cut":
+        path.write_bytes(data[:len(data) // 2])
+    elif how == "flipped":  # one bit of the data, past the headers
+        at = len(data) // 2
+        path.write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1:])
+    elif how == "zeroed":  # the same size, the data zeros (its blocks never written)
+        path.write_bytes(data[:128] + bytes(len(data) - 128))
+
+
+@pytest.mark.parametrize("how", ["empty", "cut", "flipped"])
+def test_a_damaged_part_is_tokenized_again(corpus, run, tmp_path, monkeypatch, how):
+    """A whole part of a killed preparation, damaged before the rerun: a warning names it,
+    it is tokenized again (with the parts never written), and the ids equal a clean run's."""
+    monkeypatch.setattr(prepared_module, "PART_PAIRS", 100)
+    workdir = str(tmp_path / "run")
+    count_calls(monkeypatch, prepared_module, "_write_part", fail_after=2)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(corpus, workdir, **QUIET)
+    partial = tmp_path / "run" / "prepared" / "train.partial"
+    damage(partial / "part-00000.npz", how)
+    written = count_calls(monkeypatch, prepared_module, "_write_part")
+    with pytest.warns(UserWarning, match=r"train\.partial/part-00000\.npz is damaged \(.+\); "
+                                         r"tokenizing its 100 pairs again"):
+        _, splits = prepare(corpus, workdir, **QUIET)
+    assert [os.path.basename(p) for p in written] == [
+        f"part-0000{k}.npz" for k in (0, 2, 3, 4)] + ["part-00000.npz"]  # validation's last
+    assert_equal_to_the_clean_run(run, workdir)
+    assert splits["train"].manifest == run[2]["train"].manifest
+
+
+DAMAGED_FILES = [("inputs.npy", "cut"), ("inputs.npy", "empty"), ("targets.npy", "cut"),
+                 ("targets_offsets.npy", "cut"), ("inputs_offsets.npy", "zeroed"),
+                 ("manifest.json", "cut"), ("manifest.json", "empty"), ("manifest.json", None)]
+
+
+@pytest.mark.parametrize("name,how", DAMAGED_FILES)
+def test_a_damaged_prepared_file_is_named_and_prepared_again(corpus, run, tmp_path,
+                                                             monkeypatch, name, how):
+    """open_split alone: one error naming the file and what to do. prepare (train.py, the
+    data command): a warning naming it, the split prepared again, equal to a clean run;
+    the other split is neither read nor tokenized."""
+    workdir = tmp_path / "run"
+    shutil.copytree(run[0], workdir)
+    path = workdir / "prepared" / "train" / name
+    if how is None:
+        path.unlink()
+    else:
+        damage(path, how)
+    tokenizer = run[1]
+    if how is not None:
+        with pytest.raises(DataError, match=rf"prepared/train/{name} is damaged \(.+\): delete "
+                                            rf".*prepared/train and run python -m "
+                                            rf"transformer_jax\.data prepare") as error:
+            open_split(corpus, str(workdir), "train", tokenizer)
+        assert "\n" not in str(error.value)
+    read = []
+    original = prepared_module.load_split
+    monkeypatch.setattr(prepared_module, "load_split",
+                        lambda config, split: read.append(split) or original(config, split))
+    with pytest.warns(UserWarning, match=rf"prepared/train/{name} is damaged \(.+\); "
+                                         r"preparing train again"):
+        prepare(corpus, str(workdir), **QUIET)
+    assert read == ["train"]
+    assert_equal_to_the_clean_run(run, str(workdir))
+    assert sorted(os.listdir(workdir / "prepared")) == ["train", "validation"]
+
+
+def test_a_kill_while_moving_a_split_into_place_resumes_without_tokenizing(
+        corpus, run, tmp_path, monkeypatch):
+    """Killed after joining, while removing the parts (made_from.json already gone): the
+    rerun finds the joined arrays whole and moves them into place, tokenizing nothing."""
+    monkeypatch.setattr(prepared_module, "PART_PAIRS", 100)
+    workdir = str(tmp_path / "run")
+    count_calls(monkeypatch, prepared_module, "_move_into_place", fail_after=0)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(corpus, workdir, **QUIET)
+    partial = tmp_path / "run" / "prepared" / "train.partial"
+    for name in ("made_from.json", "part-00000.npz", "part-00001.npz"):
+        (partial / name).unlink()
+    count_calls(monkeypatch, prepared_module, "_move_into_place")  # no longer failing
+    written = count_calls(monkeypatch, prepared_module, "_write_part")
+    prepare(corpus, workdir, **QUIET)
+    assert [os.path.relpath(p, os.path.join(workdir, "prepared")) for p in written] == [
+        "validation.partial/part-00000.npz"]
+    assert_equal_to_the_clean_run(run, workdir)
+    assert sorted(os.listdir(tmp_path / "run" / "prepared" / "train")) == [
+        "inputs.npy", "inputs_offsets.npy", "manifest.json", "targets.npy",
+        "targets_offsets.npy"]
+
+
+def test_a_damaged_split_that_is_also_stale_is_refused_not_prepared_again(tmp_path):
+    """The corpus changed and an array was damaged: the stale split is refused as before
+    (a run's checkpoints were trained on its ids), not silently prepared from the new text."""
+    folder = tmp_path / "corpus"
+    config = write_corpus(folder)
+    workdir = str(tmp_path / "run")
+    prepare(config, workdir, **QUIET)
+    damage(tmp_path / "run" / "prepared" / "train" / "inputs.npy", "cut")
+    path = folder / "train.en"
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    with pytest.warns(UserWarning, match="training again gives the same model"):
+        with pytest.raises(DataError, match=r"prepared/train is stale \(files: "):
+            prepare(config, workdir, **QUIET)
+    assert os.path.exists(os.path.join(workdir, "prepared", "train", "manifest.json"))

@@ -1,5 +1,10 @@
 """Sources: a user's folder (and every bad input), TFDS through mock data, clear errors."""
 
+import errno
+import io
+import os
+import signal
+
 import ml_collections
 import numpy as np
 import pytest
@@ -7,7 +12,8 @@ import tensorflow_datasets as tfds
 
 from transformer_jax.data.pipeline import eval_batches, train_dataset
 from transformer_jax.data.prepared import prepare
-from transformer_jax.data.sources import (DataError, decode_lines, load_split,
+from transformer_jax.data import sources
+from transformer_jax.data.sources import (DataError, decode_lines, describe_split, load_split,
                                           translation_datasets)
 from transformer_jax.token_ids import EOS_ID
 from transformer_jax.run_config import data_fields
@@ -94,6 +100,47 @@ def test_folder_missing_split_lists_what_exists(tmp_path):
     assert "test.de" in str(error.value) and "train.de, train.en" in str(error.value)
 
 
+def test_folder_says_what_a_corpus_path_is_instead_of_a_file(tmp_path):
+    """A FIFO or a directory named train.de is named for what it is, before anything is
+    opened (opening the FIFO would wait for a writer forever: the alarm fails the test)."""
+    os.mkfifo(tmp_path / "train.de")
+    (tmp_path / "train.en").mkdir()
+    config = data_config(dataset=f"folder:{tmp_path}")
+
+    def opened_the_fifo(signum, frame):
+        raise TimeoutError("the FIFO was opened")
+
+    previous = signal.signal(signal.SIGALRM, opened_the_fifo)
+    signal.alarm(10)
+    try:
+        for read in (load_split, describe_split):
+            with pytest.raises(DataError) as error:
+                read(config, "train")
+            assert str(error.value) == (
+                f"{tmp_path}/train.de is a FIFO (named pipe), not a regular file; "
+                f"{tmp_path}/train.en is a directory, not a file; "
+                f"{tmp_path} holds: train.de, train.en")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_folder_file_that_fails_to_read_is_named(tmp_path, monkeypatch):
+    """An I/O error (EIO) while reading validation.en is a DataError naming the file."""
+    write_split(tmp_path, "validation", ["eins"], ["one"])
+    failing = str(tmp_path / "validation.en")
+
+    class FailingFile(io.BytesIO):
+        def read(self, *args):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(sources, "open", lambda path, mode="r": (
+        FailingFile() if path == failing else open(path, mode)), raising=False)
+    with pytest.raises(DataError) as error:
+        load_split(data_config(dataset=f"folder:{tmp_path}"), "validation")
+    assert str(error.value) == f"cannot read {failing}: Input/output error"
+
+
 def test_missing_folder_and_unknown_names(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         load_split(data_config(dataset=f"folder:{tmp_path / 'nope'}"), "train")
@@ -159,6 +206,9 @@ def test_tfds_unknown_name_lists_translation_datasets():
         load_split(data_config(dataset="tfds:wmt14_translat/de-en"), "train")
     assert "wmt14_translate" in str(error.value) and "wmt19_translate" in str(error.value)
     assert "wmt14_translate" in translation_datasets()
+    with pytest.raises(DataError) as described:  # as the tokenizer asks before reading
+        describe_split(data_config(dataset="tfds:wmt14_translat/de-en"), "train")
+    assert str(described.value) == str(error.value)
 
 
 def test_tfds_not_prepared_without_download_says_how(tmp_path):

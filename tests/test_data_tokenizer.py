@@ -1,13 +1,18 @@
 """SentencePiece tokenizer: lossless round trips, fixed special ids, training."""
 
+import hashlib
 import pickle
 import random
+import re
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sentencepiece as spm
 from num2words import num2words
+from sentencepiece import sentencepiece_model_pb2
 
+from transformer_jax.data.sources import DataError
 from transformer_jax.data.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -194,6 +199,38 @@ def test_load_missing_file_names_the_path(tmp_path):
     path = tmp_path / "nowhere.model"
     with pytest.raises(FileNotFoundError, match="nowhere.model.*get_tokenizer"):
         Tokenizer.load(path)
+
+
+def without_normalizer_spec(model: bytes) -> bytes:
+    """The model cut just before its normalizer spec, the last field written."""
+    parsed = sentencepiece_model_pb2.ModelProto.FromString(model)
+    parsed.ClearField("normalizer_spec")
+    assert model.startswith(parsed.SerializeToString())
+    return parsed.SerializeToString()
+
+
+@pytest.mark.parametrize("cut", ["empty", "1 byte", "half", "all but 1", "normalizer"])
+def test_load_of_a_model_cut_short_names_the_file(tokenizer, tmp_path, cut):
+    """A DataError naming the file and the damage, wherever the cut falls, even where the
+    bytes left still parse (without the normalizer spec, NFKC would change the text)."""
+    model = tokenizer.model_proto
+    data = {"empty": b"", "1 byte": model[:1], "half": model[:len(model) // 2],
+            "all but 1": model[:-1], "normalizer": without_normalizer_spec(model)}[cut]
+    if cut == "normalizer":  # what the check is for: sentencepiece takes these bytes
+        processor = spm.SentencePieceProcessor(model_proto=data)
+        assert processor.decode(processor.encode("a  b")) != "a  b"
+    path = tmp_path / "tok.model"
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=rf"{re.escape(str(path))} is damaged \((not a "
+                                        rf"SentencePiece model|a SentencePiece model cut "
+                                        rf"short): {len(data):,} bytes") as error:
+        Tokenizer.load(path)
+    assert "\n" not in str(error.value)
+
+
+def test_sha256_is_that_of_the_model_file(tokenizer, tmp_path):
+    (tmp_path / "tok.model").write_bytes(tokenizer.model_proto)
+    assert tokenizer.sha256 == hashlib.sha256((tmp_path / "tok.model").read_bytes()).hexdigest()
 
 
 def test_pickles_as_model_bytes(tokenizer):

@@ -1,5 +1,6 @@
 """The run's tokenizer: trained once, its settings recorded, other settings refused."""
 
+import hashlib
 import json
 import os
 import random
@@ -10,7 +11,9 @@ import warnings
 
 import pytest
 from num2words import num2words
+from sentencepiece import sentencepiece_model_pb2
 
+from transformer_jax.data.numbers import Numbers
 from transformer_jax.data.sources import DataError
 from transformer_jax.data.tokenizer import Tokenizer, train_tokenizer
 from transformer_jax.data.vocabulary import (
@@ -43,10 +46,33 @@ def make_pairs(n: int = 1000, seed: int = 0) -> list[dict]:
 PAIRS = make_pairs()
 
 
+def write_folder(folder, pairs):
+    """A folder corpus whose training split is `pairs`; returns the folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for side, lang in (("source", "de"), ("target", "en")):
+        (folder / f"train.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
+    return folder
+
+
+UNREADABLE = {}  # "folder": a corpus whose files are there but hold no UTF-8 text
+
+
+@pytest.fixture(autouse=True, scope="module")
+def unreadable_corpus(tmp_path_factory):
+    """The folder `config()` names: the record describes its files (their sizes and
+    modification times), but a call that reads them gets a DataError."""
+    folder = tmp_path_factory.mktemp("unreadable")
+    for lang in ("de", "en"):
+        (folder / f"train.{lang}").write_bytes(b"\xff\xfe not UTF-8\n")
+    UNREADABLE["folder"] = folder
+    yield folder
+    UNREADABLE.clear()
+
+
 def config(**overrides):
     """A data group that trains on PAIRS (passed as train_pairs) and can read nothing:
     a call that wants the training split from the dataset fails with a DataError."""
-    settings = dict(dataset="folder:/nonexistent/corpus", vocab_size=VOCAB_SIZE,
+    settings = dict(dataset=f"folder:{UNREADABLE['folder']}", vocab_size=VOCAB_SIZE,
                     tokenizer_sentences=1500)
     return data_fields(**(settings | overrides))
 
@@ -70,8 +96,23 @@ def test_settings_file_records_every_vocabulary_setting(tmp_path):
     tokenizer = get_tokenizer(data, str(tmp_path), PAIRS)
     with open(tokenizer_path(str(tmp_path)) + ".json") as f:
         recorded = json.load(f)
+    corpus = {"dataset": "numbers", "split": "train", "languages": ["de", "en"],
+              "numbers_size": "small", "version": str(Numbers.VERSION)}
+    sha256 = hashlib.sha256((tmp_path / "tokenizer.model").read_bytes()).hexdigest()
     assert recorded == {**{key: data[key] for key in VOCABULARY_SETTINGS},
-                        "actual_vocab_size": tokenizer.vocab_size, "version": SETTINGS_VERSION}
+                        "actual_vocab_size": tokenizer.vocab_size, "corpus": corpus,
+                        "sha256": sha256, "version": SETTINGS_VERSION}
+
+
+def test_the_record_names_a_folder_corpus_by_its_files(tmp_path):
+    """A folder's training files by path, size and modification time (in nanoseconds)."""
+    folder = write_folder(tmp_path / "corpus", PAIRS)
+    get_tokenizer(config(dataset=f"folder:{folder}"), str(tmp_path / "run"))
+    recorded = json.loads((tmp_path / "run" / "tokenizer.model.json").read_text())
+    files = [[str(folder / f"train.{lang}"), (folder / f"train.{lang}").stat().st_size,
+              (folder / f"train.{lang}").stat().st_mtime_ns] for lang in ("de", "en")]
+    assert recorded["corpus"]["files"] == files
+    assert files[1][1] == sum(len(p["target"].encode()) + 1 for p in PAIRS)
 
 
 # A value other than config()'s for each recorded setting.
@@ -163,7 +204,8 @@ def test_version_1_settings_are_checked_as_far_as_they_go(tmp_path):
     with pytest.raises(DataError, match=r"tokenizer_type='bpe', but config\.data\.tokenizer_type"):
         get_tokenizer(config(tokenizer_type="unigram"), str(tmp_path))
     with pytest.warns(UserWarning, match=r"config\.data\.dataset, source_lang, target_lang, "
-                                         r"tokenizer_sentences not checked.*version 1"):
+                                         r"tokenizer_sentences and the training data not "
+                                         r"checked.*version 1"):
         get_tokenizer(config(tokenizer_sentences=999), str(tmp_path))
 
 
@@ -173,8 +215,8 @@ def test_without_settings_file_only_the_size_is_checked(tmp_path):
     with pytest.raises(DataError, match=rf"vocab_size={VOCAB_SIZE}, but config\.data\."
                                         rf"vocab_size=500"):
         get_tokenizer(config(vocab_size=500), str(tmp_path))
-    with pytest.warns(UserWarning, match=r"tokenizer_type not checked.*json', which records "
-                                         r"them, is missing"):
+    with pytest.warns(UserWarning, match=r"tokenizer_type and the training data not checked"
+                                         r".*json', which records them, is missing"):
         loaded = get_tokenizer(config(), str(tmp_path))
     assert loaded.model_proto == tokenizer.model_proto
 
@@ -183,3 +225,143 @@ def test_a_training_error_names_the_config(tmp_path):
     with pytest.raises(DataError, match=r"config\.data\.vocab_size=270.*too small"):
         get_tokenizer(config(vocab_size=270), str(tmp_path), PAIRS)
     assert not os.listdir(tmp_path)  # nothing saved
+
+
+# --- the record vouches for the model: the training data, damage ------------------------------
+
+
+def trained_on_folder(tmp_path, pairs=PAIRS):
+    """(config, workdir, model bytes): a tokenizer trained on a folder corpus of `pairs`."""
+    data = config(dataset=f"folder:{write_folder(tmp_path / 'corpus', pairs)}")
+    workdir = str(tmp_path / "run")
+    get_tokenizer(data, workdir)
+    return data, workdir, (tmp_path / "run" / "tokenizer.model").read_bytes()
+
+
+def test_a_replaced_corpus_is_refused_until_its_files_are_deleted(tmp_path):
+    """The corpus replaced by other text: the old vocabulary is neither reused nor replaced
+    (the run's checkpoints were trained on it); the error names the changed file. Deleting
+    the two files as it says trains a vocabulary on the new text."""
+    data, workdir, model = trained_on_folder(tmp_path)
+    other = make_pairs(seed=1)
+    write_folder(tmp_path / "corpus", other)
+    with pytest.raises(DataError, match=r"training data changed since .*tokenizer\.model was "
+                                        r"trained \(.*train\.de: [\d,]+ bytes of .*, now "
+                                        r"[\d,]+ bytes of .*gives another vocabulary") as error:
+        get_tokenizer(data, workdir)
+    assert "delete " in str(error.value) and "\n" not in str(error.value)
+    assert (tmp_path / "run" / "tokenizer.model").read_bytes() == model
+    os.remove(tmp_path / "run" / "tokenizer.model")
+    os.remove(tmp_path / "run" / "tokenizer.model.json")
+    new = get_tokenizer(data, workdir)
+    assert new.model_proto == train_tokenizer(training_sentences(other, 1500),
+                                              VOCAB_SIZE).model_proto
+    assert new.model_proto != model
+
+
+def test_deleting_the_record_keeps_the_vocabulary_for_new_data(tmp_path):
+    data, workdir, model = trained_on_folder(tmp_path)
+    write_folder(tmp_path / "corpus", make_pairs(seed=1))
+    os.remove(tmp_path / "run" / "tokenizer.model.json")
+    with pytest.warns(UserWarning, match="and the training data not checked"):
+        assert get_tokenizer(data, workdir).model_proto == model
+
+
+def test_a_touched_corpus_keeps_the_model_and_records_the_files_anew(tmp_path):
+    """Same text, another modification time: training again gives the same model, so it is
+    kept, with a warning; the record names the files as they are now, and the next call
+    trains nothing."""
+    data, workdir, model = trained_on_folder(tmp_path)
+    path = tmp_path / "corpus" / "train.en"
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    with pytest.warns(UserWarning, match=r"train\.en: .*training again gives the same model"):
+        assert get_tokenizer(data, workdir).model_proto == model
+    recorded = json.loads((tmp_path / "run" / "tokenizer.model.json").read_text())
+    assert recorded["corpus"]["files"][1] == [str(path), path.stat().st_size,
+                                              path.stat().st_mtime_ns]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert get_tokenizer(data, workdir, train_pairs=[]).model_proto == model  # no training
+
+
+def cut_before_normalizer_spec(model: bytes) -> bytes:
+    """The model without its normalizer spec, its last field: bytes that still parse."""
+    parsed = sentencepiece_model_pb2.ModelProto.FromString(model)
+    parsed.ClearField("normalizer_spec")
+    assert model.startswith(parsed.SerializeToString())  # fields are written in order
+    return parsed.SerializeToString()
+
+
+@pytest.mark.parametrize("damage", ["empty", "half", "normalizer", "other model"])
+def test_a_damaged_model_is_trained_again_when_its_record_names_it(tmp_path, damage):
+    """Cut short (even where the bytes still parse), or replaced by another model: training
+    again gives the model whose SHA-256 the record holds, so it is written back, with a
+    warning naming the file."""
+    data, workdir, model = trained_on_folder(tmp_path)
+    path = tmp_path / "run" / "tokenizer.model"
+    damaged = {"empty": b"", "half": model[:len(model) // 2],
+               "normalizer": cut_before_normalizer_spec(model),
+               "other model": train_tokenizer(training_sentences(PAIRS, 300),
+                                              VOCAB_SIZE).model_proto}[damage]
+    path.write_bytes(damaged)
+    said = "is not the model" if damage == "other model" else "is damaged"
+    with pytest.warns(UserWarning, match=rf"tokenizer\.model {said} .*training again gives "
+                                         r"the same model"):
+        assert get_tokenizer(data, workdir).model_proto == model
+    assert path.read_bytes() == model
+    assert sorted(os.listdir(path.parent)) == ["tokenizer.model", "tokenizer.model.json"]
+
+
+def test_a_damaged_model_without_a_record_is_one_error_naming_it(tmp_path):
+    data, workdir, model = trained_on_folder(tmp_path)
+    os.remove(tmp_path / "run" / "tokenizer.model.json")
+    (tmp_path / "run" / "tokenizer.model").write_bytes(model[:100])
+    with pytest.raises(DataError, match=r"tokenizer\.model is damaged \(not a SentencePiece "
+                                        r"model: 100 bytes.*no record names the model"):
+        get_tokenizer(data, workdir)
+
+
+def test_a_damaged_model_whose_data_changed_is_refused(tmp_path):
+    """Training again on other text gives another model than the record names: an error
+    that says to restore the model (deleting only the record cannot help)."""
+    data, workdir, model = trained_on_folder(tmp_path)
+    (tmp_path / "run" / "tokenizer.model").write_bytes(model[:-10])
+    write_folder(tmp_path / "corpus", make_pairs(seed=2))
+    with pytest.raises(DataError, match=r"tokenizer\.model is damaged .*another vocabulary.*"
+                                        r"restore it from a copy"):
+        get_tokenizer(data, workdir)
+
+
+@pytest.mark.parametrize("record", ["cut", "version 2"])
+def test_a_damaged_or_version_2_record_is_written_anew_when_the_model_comes_out_again(
+        tmp_path, record):
+    """A record cut short, or one of version 2 (settings only): the model is trained again;
+    it is the same, so the record is written anew, whole and of this version."""
+    data, workdir, model = trained_on_folder(tmp_path)
+    path = tmp_path / "run" / "tokenizer.model.json"
+    whole = json.loads(path.read_text())
+    if record == "cut":
+        path.write_text(path.read_text()[:40])
+        said = r"tokenizer\.model\.json is damaged \(not whole JSON"
+    else:
+        path.write_text(json.dumps({key: whole[key] for key in (*vocabulary_settings(data),
+                                                                 "actual_vocab_size")}
+                                   | {"version": 2}))
+        said = r"tokenizer\.model\.json is from version 2, which did not record the training"
+    with pytest.warns(UserWarning, match=said + ".*training again gives the same model"):
+        assert get_tokenizer(data, workdir).model_proto == model
+    assert json.loads(path.read_text()) == whole
+
+
+def test_a_version_2_record_of_a_replaced_corpus_is_refused(tmp_path):
+    """The reported fault in a workdir of the version before: its record names no files,
+    the corpus was replaced; training again tells, and the old vocabulary is refused."""
+    data, workdir, model = trained_on_folder(tmp_path)
+    path = tmp_path / "run" / "tokenizer.model.json"
+    whole = json.loads(path.read_text())
+    path.write_text(json.dumps({key: whole[key] for key in vocabulary_settings(data)}
+                               | {"version": 2}))
+    write_folder(tmp_path / "corpus", make_pairs(seed=1))
+    with pytest.raises(DataError, match="version 2.*another vocabulary"):
+        get_tokenizer(data, workdir)
+    assert (tmp_path / "run" / "tokenizer.model").read_bytes() == model

@@ -1,17 +1,28 @@
-"""Several hosts: 2 processes x 2 CPU devices train like 1 process x 4 devices."""
+"""Several hosts: 2 processes x 2 CPU devices train like 1 process x 4 devices; process 1
+waits for process 0's data preparation however long it takes; a killed peer ends the
+others in one line."""
 
+import itertools
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
+from transformer_jax import parallel, processes
+
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
+# Past the 30 s a first collective over gloo waits for the others: the wait that was a
+# collective (multihost_utils.sync_global_devices) failed here with DEADLINE_EXCEEDED.
+PREPARE_DELAY_S = 32
+COLLECTIVE_TIMEOUT_S = 5  # the killed-peer test's, set through XLA_FLAGS
 
 
 def free_port() -> int:
@@ -20,15 +31,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(commands, cwd, env, timeout=300):
-    """Starts the processes; kills them all if one fails or time runs out."""
+def launch(commands, cwd, env, timeout=300, expect=0):
+    """Starts the processes; kills them all if one ends with another status than `expect`
+    or time runs out; asserts that each ended with `expect`."""
     logs = [open(cwd / f"process_{i}.log", "w+") for i in range(len(commands))]
     procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True) for c, log in zip(commands, logs)]
     deadline = time.time() + timeout
     try:
         while any(p.poll() is None for p in procs):
-            failed = any(p.returncode not in (None, 0) for p in procs)
+            failed = any(p.returncode not in (None, expect) for p in procs)
             if failed or time.time() > deadline:
                 break
             time.sleep(0.1)
@@ -42,7 +54,7 @@ def launch(commands, cwd, env, timeout=300):
         log.seek(0)
         outputs.append(log.read())
         log.close()
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
+    assert all(p.returncode == expect for p in procs), "\n".join(o[-3000:] for o in outputs)
     return outputs
 
 
@@ -73,10 +85,12 @@ def test_two_processes_equal_one_process(runs, strategy):
 
 
 def test_train_py_with_two_processes(tmp_path):
-    """train.py in 2 processes: both finish, process 0 alone logs, the checkpoint restores."""
+    """train.py in 2 processes, process 0 preparing the data PREPARE_DELAY_S late: process 1
+    waits for it, both finish, process 0 alone logs, the checkpoint restores."""
     port = free_port()
     workdir = tmp_path / "run"
-    command = [sys.executable, "train.py", "--config=configs/default.py", f"--workdir={workdir}",
+    command = [sys.executable, str(HERE / "train_prepare_fault.py"), str(PREPARE_DELAY_S),
+               "--config=configs/default.py", f"--workdir={workdir}",
                "--config.model.d_model=32", "--config.model.d_ff=64",
                "--config.model.num_layers=1", "--config.data.numbers_size=small",
                "--config.per_device_batch_size=2",
@@ -85,7 +99,9 @@ def test_train_py_with_two_processes(tmp_path):
                f"--coordinator_address=localhost:{port}", "--num_processes=2"]
     env = clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=2",
                     TFDS_DATA_DIR=str(tmp_path / "tfds"))
-    launch([command + [f"--process_id={i}"] for i in range(2)], tmp_path, env)
+    outputs = launch([command + [f"--process_id={i}"] for i in range(2)], tmp_path, env)
+    assert "process 1: waiting for process 0 to prepare the data" in outputs[1]
+    assert "waiting for process 0" not in outputs[0]
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     # Step 4: the training record, the evaluation and BLEU (due at the last step).
     assert [line.split(",")[0] for line in lines] == ['{"step": 2'] + ['{"step": 4'] * 3
@@ -100,3 +116,158 @@ def test_train_py_with_two_processes(tmp_path):
     saved = sorted((workdir / "checkpoints" / "4" / "data_iterator").glob("process_*"))
     assert [f.name for f in saved] == ["process_0-of-2.json", "process_1-of-2.json"]
     assert saved[0].read_text() != saved[1].read_text()
+
+
+def test_a_failed_preparation_ends_both_processes_in_one_line(tmp_path):
+    """Process 0's preparation fails: process 1 stops waiting, and each says why in one
+    line, exit status 1, both through JAX's shutdown (no hang, no abort)."""
+    port = free_port()
+    command = [sys.executable, str(HERE / "train_prepare_fault.py"), "fail",
+               "--config=configs/default.py", f"--workdir={tmp_path / 'run'}",
+               f"--coordinator_address=localhost:{port}", "--num_processes=2"]
+    outputs = launch([command + [f"--process_id={i}"] for i in range(2)], tmp_path,
+                     clean_env(TFDS_DATA_DIR=str(tmp_path / "tfds")), timeout=60, expect=1)
+    assert outputs[0].strip().splitlines() == ["error: corpus.tsv has no pairs"]
+    assert outputs[1].strip().splitlines() == [
+        "process 1: waiting for process 0 to prepare the data (as long as it takes; "
+        "process 0's output shows its progress)",
+        "error: process 0 could not prepare the data: corpus.tsv has no pairs"]
+
+
+def test_a_killed_peer_ends_the_other_in_one_line(tmp_path):
+    """Process 1 killed (SIGKILL) mid-run: process 0's next collective fails after
+    COLLECTIVE_TIMEOUT_S, and it ends in one line with exit status 1 (no traceback, no
+    JAX abort from C++, which would come at the heartbeat timeout)."""
+    port, env = free_port(), clean_env(
+        XLA_FLAGS=f"--xla_cpu_collective_timeout_seconds={COLLECTIVE_TIMEOUT_S}")
+    logs = [(open(tmp_path / f"out_{i}.log", "w+"), open(tmp_path / f"err_{i}.log", "w+"))
+            for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(HERE / "multihost_worker.py"), str(i), "2",
+                               str(port), str(tmp_path), "steps"], cwd=ROOT, env=env,
+                              stdout=out, stderr=err, start_new_session=True)
+             for i, (out, err) in enumerate(logs)]
+    try:
+        deadline = time.time() + 120
+        while "process 0 step 3\n" not in (tmp_path / "out_0.log").read_text():
+            assert time.time() < deadline and procs[0].poll() is None, (
+                (tmp_path / "err_0.log").read_text()[-3000:])
+            time.sleep(0.1)
+        os.killpg(procs[1].pid, signal.SIGKILL)
+        killed = time.time()
+        procs[0].wait(timeout=COLLECTIVE_TIMEOUT_S + 60)
+        took = time.time() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for log in itertools.chain(*logs):
+            log.close()
+    stderr = (tmp_path / "err_0.log").read_text()
+    last = stderr.strip().splitlines()[-1]
+    assert procs[0].returncode == 1, stderr[-3000:]
+    assert last.startswith("error: process 0 lost contact with another process of the run"), last
+    assert "Gloo" in last and "Traceback" not in stderr and "Terminating process" not in stderr
+    assert took < COLLECTIVE_TIMEOUT_S + 15, took
+
+
+class FakeStore:
+    """The coordination service's key-value store, in this process. A get of a key not
+    set yet times out once, as while process 0 prepares, and the next reads "ok";
+    `events` records every get, set and call of `fn`, in order."""
+
+    def __init__(self, values):
+        self.values, self.events = dict(values), []
+
+    def key_value_set(self, key, value):
+        self.events.append(("set", key, value))
+        self.values[key] = value
+
+    def blocking_key_value_get(self, key, timeout_in_ms):
+        self.events.append(("get", key))
+        if key not in self.values:
+            self.values[key] = "ok"  # set by the time of the next get
+            raise jax.errors.JaxRuntimeError(f"DEADLINE_EXCEEDED: GetKeyValue() timed out "
+                                             f"with key: {key} and duration: {timeout_in_ms}ms")
+        return self.values[key]
+
+
+def as_process(monkeypatch, index: int, count: int, store: FakeStore) -> None:
+    monkeypatch.setattr(jax, "process_index", lambda: index)
+    monkeypatch.setattr(jax, "process_count", lambda: count)
+    monkeypatch.setattr(processes, "_coordination_client", lambda: store)
+    monkeypatch.setattr(processes, "_calls", itertools.count())
+
+
+KEY = "transformer_jax/first_then_others/0/"
+
+
+def fn_recording(store, result="prepared"):
+    def fn():
+        store.events.append("fn")
+        return result
+    return fn
+
+
+def test_others_wait_for_process_0_then_run_fn(monkeypatch, capsys):
+    store = FakeStore({})
+    as_process(monkeypatch, 1, 3, store)
+    assert processes.first_then_others(fn_recording(store), "prepare the data") == "prepared"
+    assert store.events == [("get", KEY + "0"), ("get", KEY + "0"), "fn",
+                            ("set", KEY + "1", "ok"), ("get", KEY + "2"), ("get", KEY + "2")]
+    assert capsys.readouterr().out.startswith(
+        "process 1: waiting for process 0 to prepare the data (as long as it takes")
+
+
+def test_process_0_runs_fn_first_then_waits_for_the_others(monkeypatch, capsys):
+    store = FakeStore({KEY + "1": "ok", KEY + "2": "ok"})
+    as_process(monkeypatch, 0, 3, store)
+    assert processes.first_then_others(fn_recording(store), "prepare the data") == "prepared"
+    assert store.events == ["fn", ("set", KEY + "0", "ok"), ("get", KEY + "1"),
+                            ("get", KEY + "2")]
+    assert capsys.readouterr().out == ""
+
+
+def test_a_failure_of_fn_reaches_the_other_processes(monkeypatch):
+    store = FakeStore({})
+    as_process(monkeypatch, 0, 2, store)
+
+    def fails():
+        raise ValueError("no pairs in corpus.tsv\nsecond line")
+
+    with pytest.raises(ValueError, match="no pairs"):
+        processes.first_then_others(fails, "prepare the data")
+    assert store.values == {KEY + "0": "failed: no pairs in corpus.tsv"}
+    # Process 1 reads it instead of waiting, and does not run fn.
+    as_process(monkeypatch, 1, 2, store)
+    with pytest.raises(processes.PeerFailedError) as raised:
+        processes.first_then_others(fn_recording(store), "prepare the data")
+    assert str(raised.value) == "process 0 could not prepare the data: no pairs in corpus.tsv"
+    assert "fn" not in store.events
+
+
+def test_one_process_runs_fn_alone(monkeypatch):
+    as_process(monkeypatch, 0, 1, None)  # no coordination service to use
+    assert processes.first_then_others(lambda: 7, "prepare the data") == 7
+
+
+def test_lost_peer_is_told_by_gloo_and_the_coordination_service():
+    gloo = ValueError("UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/"
+                      "pair.cc:547] Connection closed by peer [127.0.0.1]:39836")
+    service = jax.errors.JaxRuntimeError(
+        "UNAVAILABLE: Failed to send RPC to coordination service. Either the leader task "
+        "was preempted/died/restarted unexpectedly or this task is experiencing network issues.")
+    assert processes.lost_peer(gloo) and processes.lost_peer(service)
+    wrapped = RuntimeError("while saving step 8")
+    wrapped.__cause__ = gloo
+    assert processes.lost_peer(wrapped)
+    assert not processes.lost_peer(ValueError("shapes (2, 3) and (4,) do not match"))
+    assert not processes.lost_peer(None)
+
+
+def test_with_collective_timeout_keeps_one_given():
+    flag = "--xla_cpu_collective_timeout_seconds"
+    assert parallel.with_collective_timeout("") == f"{flag}={parallel.COLLECTIVE_TIMEOUT_S}"
+    assert (parallel.with_collective_timeout("--xla_force_host_platform_device_count=2", 9)
+            == f"--xla_force_host_platform_device_count=2 {flag}=9")
+    assert parallel.with_collective_timeout(f"{flag}=5 --x=1") == f"{flag}=5 --x=1"

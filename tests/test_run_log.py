@@ -4,6 +4,7 @@ torch, and without matplotlib until there is something to draw."""
 import importlib.util
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -120,3 +121,66 @@ def test_a_run_log_does_not_load_torch_nor_matplotlib(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+FULL_DISK = """
+import resource, signal, sys
+from transformer_jax.run_log import MetricsWriteError, RunLog
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails as on a full disk
+workdir, first_step, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+log = RunLog(workdir, total_steps=1000, first_step=first_step)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    for step in range(first_step + 1, 1000):
+        log.write(step, {"loss": 1.5, "learning_rate": 0.25})
+except MetricsWriteError as error:
+    print(f"error: {error}", file=sys.stderr)
+finally:
+    log.close()
+"""
+
+
+def printed_lines(stderr: str) -> list[str]:
+    """The lines of `stderr` without tqdm's progress bar (redrawn after a carriage return,
+    and not ended where a message follows it)."""
+    stderr = re.sub(r"train: [^\r\n]*?step/s\]", "", stderr)
+    return [line for line in stderr.replace("\r", "\n").splitlines() if line.strip()]
+
+
+def test_a_full_disk_stops_the_log_in_one_line_and_the_torn_record_goes_at_a_resume(
+        tmp_path, capsys):
+    """Files limited to 20 bytes more than metrics.jsonl holds (the records of steps 1-60):
+    writing step 61's record fails with EFBIG ("File too large"), as on a full disk, after
+    20 of its bytes. One line names the file, the step and the OS error; none of
+    tensorboardX's tracebacks (its writer thread, its exit hook) follow. A resume drops
+    the torn record with a warning."""
+    kept = "".join(json.dumps({"step": step, "loss": 1.0}) + "\n" for step in range(1, 61))
+    write(tmp_path, kept)
+    limit = len(kept) + 20
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path), "60", str(limit)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert printed_lines(done.stderr) == [
+        f"error: {tmp_path / 'metrics.jsonl'}: the record of step 61 could not be written: "
+        f"File too large (OS error 27); training stopped, and the same command resumes from "
+        f"the newest checkpoint"]
+    text = (tmp_path / "metrics.jsonl").read_text()
+    assert text[:len(kept)] == kept and text[len(kept):] == '{"step": 61, "loss":'
+    RunLog(str(tmp_path), total_steps=100, first_step=60).close()
+    assert (tmp_path / "metrics.jsonl").read_text() == kept
+    assert "metrics.jsonl: skipped its half-written last line" in capsys.readouterr().err
+
+
+def test_a_full_disk_for_the_tensorboard_events_is_one_line_too(tmp_path):
+    """Files limited to 600 bytes in a new workdir: the event file (about 100 bytes a
+    record) reaches it before metrics.jsonl (66): one line names the events and the step,
+    and metrics.jsonl holds every record up to that step."""
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path), "0", "600"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    (line,) = printed_lines(done.stderr)
+    assert line.startswith(f"error: the TensorBoard events in {tmp_path}: the record of step ")
+    assert line.endswith(" could not be written: File too large (OS error 27); training "
+                         "stopped, and the same command resumes from the newest checkpoint")
+    step = int(line.split("step ")[1].split(" ")[0])
+    assert [r["step"] for r in read(tmp_path)] == list(range(1, step + 1))

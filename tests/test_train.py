@@ -1,5 +1,6 @@
 """The training loop: steps on real and mock data, learning, exact resume, stops and errors."""
 
+import errno
 import json
 import math
 import os
@@ -11,13 +12,24 @@ import sys
 import time
 
 import jax
+import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from run_configs import ROOT, load_config, tiny_run
+from run_configs import ROOT, load_config, shared_run, tiny_run
+from transformer_jax import run_log
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config_checks import writable_folder
-from transformer_jax.trainer import ConfigError, NonFiniteLossError, check_config, train
+from transformer_jax.data.pipeline import ShuffledChunks
+from transformer_jax.run_log import MetricsWriteError
+from transformer_jax.trainer import (
+    ConfigError,
+    NonFiniteLossError,
+    _new_shuffle_seed,
+    _refuse_other_optimizer,
+    check_config,
+    train,
+)
 
 
 def records(workdir) -> list[dict]:
@@ -128,6 +140,153 @@ def test_refuses_a_workdir_of_another_model(trained_run, tmp_path):
     shutil.copytree(trained_run.workdir, tmp_path / "run")
     with pytest.raises(ConfigError, match="another model.*d_model: saved 32, now 64"):
         train(tiny_run(num_train_steps=2, **{"model.d_model": 64}), str(tmp_path / "run"))
+
+
+def files(workdir) -> dict[str, bytes]:
+    """Every file under `workdir` by its path, but train.lock (each start writes its pid)."""
+    return {str(p.relative_to(workdir)): p.read_bytes() for p in sorted(workdir.rglob("*"))
+            if p.is_file() and p.name != "train.lock"}
+
+
+def test_a_resume_with_another_optimizer_stops_in_one_line_and_changes_nothing(
+        trained_run, tmp_path):
+    """The shared run clips gradients (optax.chain: one stage more than Adam); resumed
+    without clipping: one ConfigError naming the setting, saved and new, before anything
+    compiles. Every file of the workdir stays as it was: no checkpoint moved aside,
+    metrics.jsonl untouched."""
+    workdir = tmp_path / "run"
+    shutil.copytree(trained_run.workdir, workdir)
+    before = files(workdir)
+    with pytest.raises(ConfigError) as caught:
+        train(shared_run(num_train_steps=6, **{"optim.grad_clip_norm": 0.0}), str(workdir))
+    assert str(caught.value) == (
+        f"{workdir}/checkpoints/4 was written with optim.grad_clip_norm=1.0, now 0.0, which "
+        f"changes the optimizer state; resume with the saved value, or train in a new --workdir")
+    assert files(workdir) == before
+
+
+def test_only_optimizer_settings_that_change_its_state_are_refused():
+    """Saved with clipping at 1.0: clipping at 0.5 and another learning_rate_scale keep the
+    optimizer state's tree (they resume); no clipping drops a stage, and only that setting
+    is named. Saved settings that build no optimizer are left to the restore's check."""
+    saved = shared_run().optim.to_dict()
+    assert saved["grad_clip_norm"] == 1.0
+    same_tree = shared_run(**{"optim.grad_clip_norm": 0.5, "optim.learning_rate_scale": 0.5})
+    _refuse_other_optimizer(saved, same_tree.optim, 32, "W/checkpoints/4")
+    other_tree = shared_run(**{"optim.grad_clip_norm": 0.0, "optim.learning_rate_scale": 0.5})
+    with pytest.raises(ConfigError) as caught:
+        _refuse_other_optimizer(saved, other_tree.optim, 32, "W/checkpoints/4")
+    assert str(caught.value) == (
+        "W/checkpoints/4 was written with optim.grad_clip_norm=1.0, now 0.0, which changes "
+        "the optimizer state; resume with the saved value, or train in a new --workdir")
+    _refuse_other_optimizer({"name": "another version's"}, other_tree.optim, 32, "W/4")
+
+
+def test_a_state_that_does_not_fit_is_refused_when_the_saved_config_cannot_say_why(
+        trained_run, tmp_path):
+    """Saved optim settings that build no optimizer (another version's): the comparison of
+    settings cannot tell, the restore's check of the saved state's tree does, before any
+    array is read: one ConfigError, every file as it was."""
+    workdir = tmp_path / "run"
+    shutil.copytree(trained_run.workdir, workdir)
+    for metadata_file in (workdir / "checkpoints").glob("*/metadata/metadata"):
+        metadata = json.loads(metadata_file.read_text())
+        metadata["config"]["optim"] = {"name": "an optimizer this version does not know"}
+        metadata_file.write_text(json.dumps(metadata))
+    before = files(workdir)
+    with pytest.raises(ConfigError, match=(
+            rf"^{workdir}/checkpoints/4: its state does not fit: \d+ saved arrays not in the "
+            r"state restored into \(opt_state/1/0/count, \.\.\.\); \d+ of its arrays not saved "
+            r"\(opt_state/0/count, \.\.\.\); resume with the config it was written with, or "
+            r"train in a new --workdir$")):
+        train(shared_run(num_train_steps=6, **{"optim.grad_clip_norm": 0.0}), str(workdir))
+    assert files(workdir) == before
+
+
+@pytest.mark.parametrize("key, value, saved", [("data.num_workers", 1, "0"),
+                                               ("data.batching", "bucketed", "'packed'")])
+def test_a_resume_with_another_kind_of_data_iterator_keeps_the_state_on_a_new_shuffle(
+        trained_run, tmp_path, capsys, key, value, saved):
+    """The shared run's data position (packed batches, made in this process) cannot be
+    taken by the iterator of another kind: the run resumes at step 4 (not 0) on a new
+    shuffle, with one warning; nothing is moved aside, the records up to step 4 stay."""
+    workdir = tmp_path / "run"
+    shutil.copytree(trained_run.workdir, workdir)
+    logged = (workdir / "metrics.jsonl").read_text()
+    result = train(shared_run(num_train_steps=6, **{key: value}), str(workdir))
+    assert [r["step"] for r in result.records] == [6]
+    assert (workdir / "metrics.jsonl").read_text().startswith(logged)
+    assert [r["step"] for r in records(workdir)] == [2, 4, 6]
+    assert not (workdir / "checkpoints-damaged").exists()
+    with Checkpointer(str(workdir / "checkpoints"), keep=3) as checkpointer:
+        assert checkpointer.all_steps() == [2, 4, 6]
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert warned == [
+        f"warning: {workdir}/checkpoints/4: written with {key}={saved}, now {value!r}; the "
+        f"training data cannot go on from its saved position and starts a new shuffle "
+        f"(seeded from seed 0 and step 4)"]
+
+
+def test_a_new_shuffle_does_not_replay_the_first_batches():
+    """The seed of a resume without its data position is drawn from (seed, step): the
+    first pairs it packs are neither those of the run's start nor of another step's."""
+    def first_pairs(seed):
+        return tuple(ShuffledChunks(np.arange(1000), seed, chunk=20)[0])
+
+    assert _new_shuffle_seed(0, 4) == _new_shuffle_seed(0, 4)
+    seeds = [0, _new_shuffle_seed(0, 4), _new_shuffle_seed(0, 6), _new_shuffle_seed(1, 4)]
+    assert len({first_pairs(seed) for seed in seeds}) == 4
+
+
+class FullDisk:
+    """A text file with room for `room` more characters: a write past it writes what
+    fits, then fails as on a full disk (ENOSPC)."""
+
+    def __init__(self, file, room: int):
+        self.file, self.room = file, room
+
+    def write(self, text: str) -> int:
+        if len(text) > self.room:
+            self.file.write(text[:self.room])
+            self.file.flush()
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(text)
+        return self.file.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
+def test_a_full_disk_while_logging_stops_training_in_one_line_and_a_restart_resumes(
+        trained_run, tmp_path, monkeypatch, capsys):
+    """metrics.jsonl with room for 30 characters more: step 6's record fails (ENOSPC)
+    after 30 of them. Training stops with one MetricsWriteError naming the file, the step
+    and the OS error; checkpoints 2 and 4 stay (step 6's save comes after its record).
+    Restarted with room again, the run drops the torn line with a warning, resumes at 4."""
+    workdir = tmp_path / "run"
+    shutil.copytree(trained_run.workdir, workdir)
+    logged = (workdir / "metrics.jsonl").read_text()
+    monkeypatch.setattr(run_log, "open", lambda path, mode="r", **kwargs: (
+        FullDisk(open(path, mode, **kwargs), 30) if mode == "a" else open(path, mode, **kwargs)),
+        raising=False)
+    with pytest.raises(MetricsWriteError) as caught:
+        train(shared_run(num_train_steps=8), str(workdir))
+    assert str(caught.value) == (
+        f"{workdir}/metrics.jsonl: the record of step 6 could not be written: No space left "
+        f"on device (OS error 28); training stopped, and the same command resumes from the "
+        f"newest checkpoint")
+    torn = (workdir / "metrics.jsonl").read_text()[len(logged):]
+    assert len(torn) == 30 and torn.startswith('{"step": 6, "loss": ')
+    with Checkpointer(str(workdir / "checkpoints"), keep=3) as checkpointer:
+        assert checkpointer.all_steps() == [2, 4]
+    monkeypatch.undo()
+    capsys.readouterr()
+    result = train(shared_run(num_train_steps=8), str(workdir))
+    assert [r["step"] for r in result.records] == [6, 8]
+    assert (workdir / "metrics.jsonl").read_text().startswith(logged)
+    assert [r["step"] for r in records(workdir)] == [2, 4, 6, 8]
+    assert capsys.readouterr().err.count("metrics.jsonl: skipped its half-written last line") == 1
 
 
 def test_non_finite_loss_stops_and_saves_nothing(tmp_path):

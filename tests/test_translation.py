@@ -1,10 +1,15 @@
 """translate.py and evaluate.py on a tiny trained run; checkpoint averaging; parameters
 restored without the optimizer; BLEU while training."""
 
+import errno
 import json
+import os
+import resource
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -22,6 +27,7 @@ from transformer_jax.optim import optimizer_from_config
 from transformer_jax.trainer import train
 from transformer_jax.attention import attention_weights
 from transformer_jax.train_state import abstract_train_state
+from transformer_jax.commands import OutputError, write_stdout, write_whole
 from transformer_jax.translation import TranslationError, Translator, cross_attention_weights
 
 SENTENCES = ["dreihundertzweiundvierzig", "einundzwanzigtausendfünf", "null"]
@@ -42,9 +48,19 @@ def workdir_copy(workdir, tmp_path):
     return copy
 
 
-def run(script, *args, stdin=None):
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, input=stdin,
+def run(script, *args, stdin=None, max_file_size=None):
+    """`script` run with `args`; files it writes end at `max_file_size` bytes (a full disk:
+    writes fail with EFBIG, "File too large"; Python ignores SIGXFSZ)."""
+    limit = [] if max_file_size is None else [sys.executable, "-c", LIMIT_FILES,
+                                              str(max_file_size)]
+    return subprocess.run([*limit, sys.executable, script, *args], cwd=ROOT, input=stdin,
                           capture_output=True, text=True, timeout=300)
+
+
+# Sets RLIMIT_FSIZE and runs the command (no preexec_fn: this process has threads).
+LIMIT_FILES = ("import os, resource, sys; size = int(sys.argv[1]); "
+               "resource.setrlimit(resource.RLIMIT_FSIZE, (size, size)); "
+               "os.execv(sys.argv[2], sys.argv[2:])")
 
 
 def test_translate_stdin_and_files_agree_with_the_library(workdir, tmp_path):
@@ -225,6 +241,17 @@ def test_evaluate_checks_its_results_folder_before_translating(workdir_copy):
     assert result.stderr.strip() == expected
 
 
+def test_unreadable_tokenizer_is_a_translation_error(workdir_copy):
+    """A tokenizer that cannot be read (here a folder in its place) is named, not a
+    traceback."""
+    tokenizer = workdir_copy / "tokenizer.model"
+    tokenizer.unlink()
+    tokenizer.mkdir()
+    with pytest.raises(TranslationError) as error:
+        Translator.from_workdir(str(workdir_copy))
+    assert str(error.value) == f"cannot read {tokenizer}: Is a directory"
+
+
 def test_missing_checkpoint_dir_raises(tmp_path):
     with pytest.raises(TranslationError, match="no checkpoints"):
         Translator.from_workdir(str(tmp_path))
@@ -297,3 +324,114 @@ def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(work
                   if p.name.isdigit()) == [2, 4, 6]
     (aside,) = (copy / "checkpoints-damaged").iterdir()
     assert aside.name.startswith("4-")
+
+
+def test_translate_output_on_a_full_disk_is_one_line_and_no_file(workdir, tmp_path):
+    """Writes past 100 bytes fail (the translations of 20 lines are longer): one line naming
+    the file and the OS error, exit 1, and neither the file nor a temporary left behind."""
+    out = tmp_path / "out" / "translations.txt"
+    full = run("translate.py", f"--workdir={workdir}", f"--output={out}", "--beam_size=1",
+               stdin="null\n" * 20, max_file_size=100)
+    assert full.returncode == 1 and "Traceback" not in full.stderr
+    assert full.stderr.strip().splitlines()[-1] == f"error: cannot write {out}: File too large"
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_evaluate_on_a_full_disk_prints_the_scores_and_keeps_earlier_results(workdir_copy):
+    """The scores reach stdout; the two result files are not written (one line names the
+    first, exit 1), and an earlier result of the same name stays as it was."""
+    eval_dir = workdir_copy / "eval"
+    eval_dir.mkdir(exist_ok=True)
+    (eval_dir / "validation-4.json").write_text('{"bleu": "earlier"}')
+    result = run("evaluate.py", f"--workdir={workdir_copy}", "--split=validation",
+                 "--beam_size=1", max_file_size=100)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "sentences, step 4): BLEU" in result.stdout
+    hypotheses = eval_dir / "validation-4.hyp.txt"
+    assert result.stderr.strip().splitlines()[-1] == (f"error: cannot write {hypotheses}: "
+                                                       "File too large")
+    assert sorted(p.name for p in eval_dir.iterdir()) == ["validation-4.json"]
+    assert (eval_dir / "validation-4.json").read_text() == '{"bleu": "earlier"}'
+
+
+def test_ctrl_c_in_translate_is_one_line_and_no_output(workdir, tmp_path):
+    """SIGINT while translating: "error: interrupted", death by SIGINT (130 in a shell), no
+    output file and no temporary."""
+    (tmp_path / "in.txt").write_text("dreihundertzweiundvierzig\n" * 20_000)
+    out = tmp_path / "out.txt"
+    process = subprocess.Popen([sys.executable, "translate.py", f"--workdir={workdir}",
+                                f"--input={tmp_path / 'in.txt'}", f"--output={out}"],
+                               cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    assert process.stderr.readline().startswith("checkpoint 4 of")  # read; now translating
+    process.send_signal(signal.SIGINT)
+    stderr = process.communicate(timeout=120)[1]
+    assert process.returncode == -signal.SIGINT
+    assert stderr.strip().splitlines()[-1] == "error: interrupted" and "Traceback" not in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+# --- files whole or not at all, stdout ----------------------------------------------------
+
+
+def test_write_whole_changes_nothing_unless_every_file_is_written(tmp_path):
+    """The second file passes the file-size limit (a full disk: EFBIG), or Ctrl-C comes
+    before it: the first keeps its old text and no temporary is left. Written, the files
+    have the mode open() gives, and a link keeps its target."""
+    (tmp_path / "a.txt").write_text("old")
+    texts = {str(tmp_path / "a.txt"): "new a", str(tmp_path / "b.txt"): "b" * 100}
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50, limits[1]))  # Python ignores SIGXFSZ
+    try:
+        with pytest.raises(OutputError) as error:
+            write_whole(texts)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+    assert (error.value.filename, error.value.strerror) == (str(tmp_path / "b.txt"),
+                                                            "File too large")
+
+    class InterruptedAfterOne(dict):
+        def items(self):
+            yield next(iter(super().items()))
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_whole(InterruptedAfterOne(texts))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+    assert (tmp_path / "a.txt").read_text() == "old"
+    (tmp_path / "link.txt").symlink_to("a.txt")
+    write_whole(texts)
+    assert (tmp_path / "a.txt").read_text() == "new a"
+    assert (tmp_path / "b.txt").read_text() == "b" * 100
+    write_whole({str(tmp_path / "link.txt"): "through the link"})
+    assert (tmp_path / "link.txt").is_symlink()
+    assert (tmp_path / "a.txt").read_text() == "through the link"
+    with open(tmp_path / "plain.txt", "w"):
+        pass
+    assert (tmp_path / "b.txt").stat().st_mode == (tmp_path / "plain.txt").stat().st_mode
+
+
+def test_write_whole_writes_straight_to_what_is_not_a_regular_file():
+    """/dev/full is not replaced by a temporary: it is written, and fails as a full disk."""
+    with pytest.raises(OutputError) as error:
+        write_whole({"/dev/full": "text"})
+    assert (error.value.filename, error.value.errno) == ("/dev/full", errno.ENOSPC)
+    assert os.path.exists("/dev/full") and not os.path.isfile("/dev/full")
+
+
+def test_write_stdout_reports_a_reader_that_went_away(monkeypatch):
+    """A reader that takes 10 bytes of 1 MB and closes the pipe: BrokenPipeError (written in
+    one piece, Python's write returns short and says nothing); stdout then goes to
+    /dev/null, so that the exit's flush fails no more."""
+    read_end, write_end = os.pipe()
+    taken = []
+    reader = threading.Thread(target=lambda: (taken.append(os.read(read_end, 10)),
+                                              os.close(read_end)))
+    reader.start()
+    monkeypatch.setattr(sys, "stdout", open(write_end, "w", encoding="utf-8"))
+    with pytest.raises(BrokenPipeError):
+        write_stdout("x" * 1_000_000)
+    reader.join()
+    assert taken == [b"x" * 10]
+    sys.stdout.write("more")
+    sys.stdout.flush()  # /dev/null takes it
+    sys.stdout.close()

@@ -18,8 +18,20 @@ of the "state" item), so it needs neither the optimizer nor the run's optim conf
 
 Multi-host: every process calls `save` and `restore` (orbax synchronises them);
 the metadata is written by the primary process, each data-iterator file by its own.
-A checkpoint from before the data_iterator item (it held a "data" item) restores
-its state, and the data starts its shuffle again, with a warning.
+
+A restore tells damage from a mismatch. Damage (a file truncated, deleted or
+overwritten, a folder emptied) is a DamagedCheckpointError, and `newest` moves the
+step aside and tries the one before. A checkpoint whose files are whole but do not
+fit what restores them is a CheckpointMismatchError, never moved aside, which stops
+`newest` (the steps before it would not fit either):
+    StateMismatchError  the saved state's tree (orbax's item metadata: array paths
+                        and shapes) is not the abstract state's, e.g. another
+                        optimizer; found before any array is read.
+    DataPositionError   the data iterator cannot take the saved position: the step
+                        has no data_iterator item (a checkpoint from before it, which
+                        held a "data" item), or its file is whole JSON that the
+                        iterator refuses (another data.batching or data.num_workers).
+                        Restoring without the iterator then restores the state.
 
 orbax 0.12 notes: `reached_preemption` is always False without
 `jax.distributed`, so preemption saves are the trainer's job (SIGTERM);
@@ -28,6 +40,7 @@ orbax 0.12 notes: `reached_preemption` is always False without
 
 import contextlib
 import gc
+import json
 import logging
 import os
 import re
@@ -54,6 +67,23 @@ class DamagedCheckpointError(Exception):
     def __init__(self, step: int, where: str):
         super().__init__(f"checkpoint {step} cannot be read: {where}")
         self.step, self.where = step, where
+
+
+class CheckpointMismatchError(Exception):
+    """A checkpoint step whose files are whole but do not fit what restores them (not damage)."""
+
+    def __init__(self, step: int, where: str, why: str):
+        super().__init__(f"{where}: {why}")
+        self.step, self.where, self.why = step, where, why
+
+
+class StateMismatchError(CheckpointMismatchError):
+    """The saved state's tree is not the abstract state's (another optimizer, say)."""
+
+
+class DataPositionError(CheckpointMismatchError):
+    """The data iterator cannot take the step's saved position (none saved, or another
+    kind of iterator's); the state itself may restore."""
 
 
 class CheckpointWriteError(Exception):
@@ -141,6 +171,38 @@ def _cause(error: BaseException) -> str:
     return f"{text[:200]} ... {tail}"
 
 
+def _array_shapes(tree) -> dict[str, tuple]:
+    """{"opt_state/0/mu/...": shape} of a state tree, an abstract one, or orbax's item
+    metadata of a saved one (empty nodes, such as optax's EmptyState, have no entry)."""
+    return {"/".join(map(str, path)): tuple(getattr(leaf, "shape", ()))
+            for path, leaf in ocp.tree.to_flat_dict(tree).items()}
+
+
+def _tree_difference(saved: dict[str, tuple], wanted: dict[str, tuple]) -> str:
+    """How two `_array_shapes` differ, in a line naming the first array of each kind."""
+    extra, missing = sorted(set(saved) - set(wanted)), sorted(set(wanted) - set(saved))
+    reshaped = sorted(k for k in set(saved) & set(wanted) if saved[k] != wanted[k])
+    parts = []
+    if extra:
+        parts.append(f"{len(extra)} saved arrays not in the state restored into ({extra[0]}, ...)")
+    if missing:
+        parts.append(f"{len(missing)} of its arrays not saved ({missing[0]}, ...)")
+    if reshaped:
+        name = reshaped[0]
+        parts.append(f"{name} saved as {saved[name]}, now {wanted[name]}")
+    return "its state does not fit: " + "; ".join(parts)
+
+
+def _is_whole_json(path: str) -> bool:
+    """Whether the file at `path` reads and parses as JSON (a torn or zeroed one does not)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            json.load(f)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     """The handler of each item and argument type. The state item has two readers over one
     format: StandardRestore (the whole state) and PyTreeRestore (a part of it)."""
@@ -224,12 +286,13 @@ class Checkpointer:
 
     def read(self, step: int, read: Callable[[int], T]) -> T:
         """read(step), with any way damaged files fail (a truncated, deleted or overwritten
-        file, an emptied folder) raised as one DamagedCheckpointError naming the step."""
+        file, an emptied folder) raised as one DamagedCheckpointError naming the step.
+        A CheckpointMismatchError (whole files that do not fit) passes as it is."""
         try:
             with _settled_on_failure():
                 return read(step)
-        except RuntimeError:  # the device's errors (out of memory, ...): not the files'
-            raise
+        except (RuntimeError, CheckpointMismatchError):  # the device's errors (out of
+            raise  # memory, ...) and whole files that do not fit: not the files' damage
         # orbax and tensorstore fail on damaged files in many ways (a bare Exception,
         # OSError, ValueError, KeyError, JSON errors, ...): this step cannot be used.
         except Exception as error:  # noqa: BLE001
@@ -241,6 +304,7 @@ class Checkpointer:
 
         A step that fails to read is named in a warning and, with `move_aside`, moved to
         DIR-damaged/ (not deleted) so that the run goes on from the step before it.
+        A CheckpointMismatchError is raised as it is: nothing is moved, no earlier step tried.
         """
         for step in reversed(self.all_steps()):
             try:
@@ -265,19 +329,52 @@ class Checkpointer:
         concrete arrays whose shape, dtype and sharding are used; a checkpoint
         written from another layout (one device, replicated, sharded) is
         resharded on read. Only this process's data-iterator file is read.
+
+        Raises StateMismatchError, before any array is read, when the saved tree is not
+        `abstract_state`'s; DataPositionError, before the state is read, when the
+        iterator cannot take the saved position (restore without it to get the state).
         """
         abstract_state = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+        self._check_state_tree(step, abstract_state)
+        if data_iterator is not None:
+            self._restore_position(step, data_iterator)
         items = {_STATE: ocp.args.StandardRestore(abstract_state),
                  _METADATA: ocp.args.JsonRestore()}
-        if data_iterator is not None:
-            if os.path.isdir(os.path.join(self.directory, str(step), _DATA)):
-                items[_DATA] = grain.checkpoint.CheckpointRestore(data_iterator)
-            else:
-                warnings.warn(f"checkpoint {step} has no {_DATA} item (it is from an older "
-                              f"version): the training data starts its shuffle again",
-                              stacklevel=2)
         restored = self._manager.restore(int(step), args=ocp.args.Composite(**items))
         return restored[_STATE], restored[_METADATA]
+
+    def _check_state_tree(self, step: int, abstract_state) -> None:
+        """StateMismatchError unless `step`'s saved state has the arrays (paths, shapes) of
+        `abstract_state`; reads orbax's item metadata only. Dtypes may differ (orbax casts)."""
+        saved = self._manager.item_metadata(int(step)).get(_STATE)
+        if saved is None:  # an emptied folder: damage, raised as such by `read`
+            raise FileNotFoundError(f"no {_STATE} item")
+        saved, wanted = _array_shapes(saved.tree), _array_shapes(abstract_state)
+        if saved != wanted:
+            raise StateMismatchError(step, f"{self.directory}/{step}",
+                                     _tree_difference(saved, wanted))
+
+    def _restore_position(self, step: int, data_iterator) -> None:
+        """Moves `data_iterator` to `step`'s saved position, or raises DataPositionError:
+        no data_iterator item (a checkpoint of an older version), or a whole JSON file the
+        iterator refuses (another kind of iterator's). A missing or broken file is damage."""
+        where = f"{self.directory}/{step}"
+        if not os.path.isdir(os.path.join(where, _DATA)):
+            raise DataPositionError(step, where, f"it has no {_DATA} item (it is from an "
+                                                 f"older version)")
+        try:
+            self._manager.restore(int(step), args=ocp.args.Composite(
+                **{_DATA: grain.checkpoint.CheckpointRestore(data_iterator)}))
+        except Exception as error:  # noqa: BLE001 (grain's set_state raises KeyError, ...)
+            if not _is_whole_json(self._position_file(step)):
+                raise
+            raise DataPositionError(step, where, f"the data iterator cannot take its saved "
+                                                 f"position ({_cause(error)})") from None
+
+    def _position_file(self, step: int) -> str:
+        """This process's data-iterator file of `step`, as grain's handler names it."""
+        name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+        return os.path.join(self.directory, str(step), _DATA, name)
 
     def restore_params(self, step: int, abstract_params):
         """The `params` of `step`'s state alone: the optimizer state is not read.

@@ -8,8 +8,15 @@ Each record carries `elapsed_s`, the run's wall time: seconds since this RunLog 
 (just before the first step, so the first record includes compiling; evaluation counts),
 plus, on resume, the `elapsed_s` of the last record kept. The time of steps done again
 after a resume, and between a stop and the restart, is not counted.
+
+A record that cannot be written (a full disk: ENOSPC) stops training with one
+MetricsWriteError naming the file and the OS error, rather than going on with a gap in
+the metrics; the checkpoints already written are kept. A record left half-written is
+dropped, with a warning, when the run resumes. curves.png is only a picture: failing to
+draw it is one warning, and training goes on.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -21,6 +28,17 @@ import tqdm
 from transformer_jax import plot  # cheap: matplotlib is imported only to draw
 
 
+class MetricsWriteError(Exception):
+    """metrics.jsonl or the TensorBoard events could not be written (a full disk, a folder
+    that became unwritable): training stops, in one line."""
+
+    def __init__(self, what: str, step: int | None, error: OSError):
+        reason = f"{error.strerror} (OS error {error.errno})" if error.strerror else str(error)
+        when = f"the record of step {step}" if step is not None else "its records"
+        super().__init__(f"{what}: {when} could not be written: {reason}; training stopped, "
+                         f"and the same command resumes from the newest checkpoint")
+
+
 class RunLog:
     """Appends one JSON object per record to metrics.jsonl, mirrors it to TensorBoard, and
     draws curves.png at each evaluation and at the end."""
@@ -29,15 +47,19 @@ class RunLog:
         self.enabled = enabled
         if not enabled:
             return
-        path = os.path.join(workdir, plot.METRICS)
-        self._records = drop_records_after(path, first_step)
+        path = self._path = os.path.join(workdir, plot.METRICS)
+        self._workdir = workdir
+        try:
+            self._records = drop_records_after(path, first_step)
+            self._jsonl = open(path, "a", encoding="utf-8")
+        except OSError as error:
+            raise MetricsWriteError(path, None, error) from None
         self._clock_offset = next((r[plot.ELAPSED] for r in reversed(self._records)
                                    if plot.ELAPSED in r), 0.0)
         self._clock_start = time.monotonic()
         self._curves = os.path.join(workdir, plot.CURVES)
         self._name = os.path.basename(os.path.normpath(os.path.abspath(workdir)))
-        self._written = self._drawing_failed = False
-        self._jsonl = open(path, "a", encoding="utf-8")
+        self._written = self._drawing_failed = self._failed = False
         self._tensorboard = _summary_writer(workdir)
         self._progress = tqdm.tqdm(total=total_steps, initial=first_step, unit="step",
                                    dynamic_ncols=True, desc="train")
@@ -49,14 +71,17 @@ class RunLog:
             return
         elapsed = self._clock_offset + time.monotonic() - self._clock_start
         record = {"step": step, **metrics, plot.ELAPSED: round(elapsed, 3)}
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
+        with self._failing_as(self._path, step):
+            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
         self._records.append(record)
         self._written = True
-        for name, value in metrics.items():  # TensorBoard keeps its own wall time
-            group = "eval" if name.startswith("eval_") else "train"
-            self._tensorboard.add_scalar(f"{group}/{name.removeprefix('eval_')}", value, step)
-        self._tensorboard.flush()
+        with self._failing_as(f"the TensorBoard events in {self._workdir}", step):
+            for name, value in metrics.items():  # TensorBoard keeps its own wall time
+                group = "eval" if name.startswith("eval_") else "train"
+                self._tensorboard.add_scalar(f"{group}/{name.removeprefix('eval_')}", value,
+                                             step)
+            self._tensorboard.flush()
         if any(name.startswith("eval_") for name in metrics):
             self.draw()
 
@@ -90,14 +115,30 @@ class RunLog:
         if self.enabled:
             self._progress.write(text)
 
+    @contextlib.contextmanager
+    def _failing_as(self, what: str, step: int):
+        """An OSError inside as one MetricsWriteError naming `what` and `step`."""
+        try:
+            yield
+        except OSError as error:
+            self._failed = True
+            raise MetricsWriteError(what, step, error) from None
+
     def close(self) -> None:
-        """Draws curves.png a last time (if this run logged anything) and closes the files."""
-        if self.enabled:
-            if self._written:
-                self.draw()
-            self._progress.close()
+        """Draws curves.png a last time (if this run logged anything) and closes the files.
+        After a failed write, closing raises nothing and draws nothing."""
+        if not self.enabled:
+            return
+        if self._written and not self._failed:
+            self.draw()
+        self._progress.close()
+        if not self._failed:
             self._tensorboard.close()
             self._jsonl.close()
+            return
+        with contextlib.suppress(OSError):
+            self._jsonl.close()  # a failed flush still closes the file
+        _abandon(self._tensorboard)
 
 
 def _summary_writer(workdir: str):
@@ -114,6 +155,17 @@ def _summary_writer(workdir: str):
         if hide:
             del sys.modules["torch"]
     return SummaryWriter(workdir)
+
+
+def _abandon(writer) -> None:
+    """Ends a tensorboardX SummaryWriter whose event file cannot be written, quietly. Its
+    own `close` flushes first and, failing, leaves its writer thread running and its exit
+    hook flushing again, each printing a traceback; tensorboardX has no public way out."""
+    for file_writer in (writer.all_writers or {}).values():
+        events = file_writer.event_writer
+        events._closed = True  # noqa: SLF001 -- the exit hook's close() does nothing
+        if events._worker is not None and events._worker.is_alive():  # noqa: SLF001
+            events._worker.stop()  # noqa: SLF001
 
 
 def drop_records_after(path: str, step: int) -> list[dict]:
@@ -133,7 +185,12 @@ def drop_records_after(path: str, step: int) -> list[dict]:
     kept = [r for r in records if r["step"] <= step]
     if not text or (len(kept) == len(records) and text.endswith("\n")):
         return kept
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in kept)  # as `write` wrote them
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)  # as `write` wrote them
+    except OSError:  # a full disk: the old file stays, no partial copy beside it
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
+        raise
     os.replace(path + ".tmp", path)  # atomic: a crash here leaves the old file or the new one
     return kept

@@ -11,6 +11,18 @@ DIR/checkpoints, exactly: the state, the data iterator and the dropout keys
 checkpoint is moved aside and the one before it used. SIGTERM or Ctrl-C
 finishes the current step, saves, and returns. DIR/train.lock keeps a second
 run off the same workdir.
+
+A config changed between two starts never costs the run its checkpoints (they
+are only moved aside when their files are damaged):
+  - another model, or an optim setting that changes the optimizer state's tree
+    (grad_clip_norm 0 <-> > 0): a ConfigError names the settings, saved and new,
+    before anything compiles; nothing is moved, metrics.jsonl is untouched.
+    Other settings (learning_rate_scale, num_train_steps, intervals...) resume.
+  - another kind of data iterator (data.batching, data.num_workers), or a
+    checkpoint of an older version without the data position: the state
+    resumes, and the training data starts a new shuffle, seeded from (seed,
+    restored step) so that it does not replay the first steps' batches; one
+    warning names the setting (or the reason).
 """
 
 import contextlib
@@ -18,15 +30,17 @@ import dataclasses
 import functools
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
-from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax.bleu import score
-from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.checkpoint import Checkpointer, DataPositionError, StateMismatchError
 from transformer_jax.config_checks import ConfigError, check_config, writable_folder
 from transformer_jax.data import (
     budget_rows,
@@ -41,6 +55,7 @@ from transformer_jax.model import Transformer
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
+from transformer_jax import processes
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
 from transformer_jax.steps import eval_step, train_step
@@ -62,13 +77,43 @@ def _refuse_other_model(saved: dict, model_config, workdir) -> None:
                           f"--workdir or the config it was trained with")
 
 
+def _changes(group: str, saved: dict, now: dict, keys) -> list[str]:
+    """"group.key=saved, now new" for each of `keys` saved with another value."""
+    return [f"{group}.{k}={saved[k]!r}, now {now[k]!r}" for k in keys
+            if k in saved and saved[k] != now[k]]
+
+
+def _optimizer_state_tree(optim: dict, d_model: int):
+    """The tree structure of the optimizer state that `optim`'s settings build (over a
+    one-array parameter tree: a setting changes it for every tree or for none)."""
+    tx = optimizer_from_config(optim, d_model).tx
+    params = {"w": jax.ShapeDtypeStruct((1,), jnp.float32)}
+    return jax.tree.structure(jax.eval_shape(tx.init, params))
+
+
+def _refuse_other_optimizer(saved: dict, optim, d_model: int, where: str) -> None:
+    """A ConfigError naming each optim setting whose change alone, from `saved` (the
+    checkpoint's optim settings), changes the optimizer state's tree. Saved settings that
+    build no optimizer (another version's) are left to the restore's own check of the tree."""
+    now = optim.to_dict()
+    try:
+        before = _optimizer_state_tree(saved, d_model)
+        keys = [k for k in now if k in saved and saved[k] != now[k]
+                and _optimizer_state_tree({**saved, k: now[k]}, d_model) != before]
+    except (KeyError, TypeError, ValueError):
+        return
+    if keys:
+        one = len(keys) == 1
+        raise ConfigError(f"{where} was written with "
+                          f"{' and '.join(_changes('optim', saved, now, keys))}, which "
+                          f"change{'s' if one else ''} the optimizer state; resume with the "
+                          f"saved value{'' if one else 's'}, or train in a new --workdir")
+
+
 def _first_process_then_others(fn):
-    """Runs `fn` on process 0, then on the others, so they find what it wrote."""
-    if jax.process_count() == 1:
-        return fn()
-    result = fn() if jax.process_index() == 0 else None
-    multihost_utils.sync_global_devices("transformer_jax: data and tokenizer ready")
-    return result if jax.process_index() == 0 else fn()
+    """Runs `fn` on process 0, then on the others, so they find what it wrote; they wait
+    as long as process 0 takes, with no collective's deadline (`processes`)."""
+    return processes.first_then_others(fn, "prepare the data")
 
 
 def _due(step: int, every: int, last_step: int) -> bool:
@@ -156,6 +201,8 @@ def _train(config, workdir: str, stop: StopSignal) -> TrainResult:
         found = checkpointer.newest(checkpointer.metadata)
         if found is not None:
             _refuse_other_model(found[1]["model"], model_config, workdir)
+            _refuse_other_optimizer(found[1].get("config", {}).get("optim") or {}, config.optim,
+                                    model_config.d_model, f"{checkpointer.directory}/{found[0]}")
         loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer, splits)
         return loop.run(stop)
     finally:
@@ -186,11 +233,17 @@ def _batch_rows(config, num_local_devices: int) -> int:
     return rows
 
 
-def _train_batches(config, source, rows: int, num_local_devices: int):
-    """The run's endless training batches: packed (`rows` rows) or bucketed."""
+def _new_shuffle_seed(seed: int, step: int) -> int:
+    """The data seed of a run resumed at `step` without its data position: drawn from
+    (seed, step), so that the resumed run does not replay the batches of its first steps."""
+    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+
+
+def _train_batches(config, source, rows: int, num_local_devices: int, seed: int):
+    """The run's endless training batches: packed (`rows` rows) or bucketed, shuffled by `seed`."""
     d = config.data
     common = dict(max_source_length=d.max_source_length, max_target_length=d.max_target_length,
-                  too_long=d.too_long, seed=config.seed, num_workers=d.num_workers,
+                  too_long=d.too_long, seed=seed, num_workers=d.num_workers,
                   shard_index=jax.process_index(), shard_count=jax.process_count())
     if d.batching == "packed":
         return train_dataset(source, batch_size=rows, **common)
@@ -225,16 +278,48 @@ class _Loop:
         self.rows = _batch_rows(config, parallel.num_local_devices)
         self.validation = splits["validation"]
         self.eval_pairs = load_split(config.data, "validation").pairs  # BLEU's text
-        self.data = iter(_train_batches(config, splits["train"], self.rows,
-                                        parallel.num_local_devices))
+        self._train_split = splits["train"]
+        self.data = self._batches(config.seed)
         self.state = create_train_state(self.model, optimizer.tx, jax.random.key(config.seed))
         self._window = _Window()
 
-    def run(self, stop: StopSignal) -> TrainResult:
-        found = self.checkpointer.newest(
-            lambda step: self.checkpointer.restore(step, self.state, self.data))
+    def _batches(self, seed: int):
+        return iter(_train_batches(self.config, self._train_split, self.rows,
+                                   self.parallel.num_local_devices, seed))
+
+    def _restore(self) -> None:
+        """The newest checkpoint that reads, into `self.state` and `self.data` (a damaged
+        one is moved aside). A state of another tree is a ConfigError. A data position
+        the iterator cannot take restores the state alone: see `_new_shuffle`."""
+        restore = self.checkpointer.restore
+        try:
+            try:
+                found = self.checkpointer.newest(lambda s: restore(s, self.state, self.data))
+            except DataPositionError as error:
+                found = self.checkpointer.newest(lambda s: restore(s, self.state))
+                if found is not None:
+                    self._new_shuffle(found[0], error, found[1][1])
+        except StateMismatchError as error:
+            raise ConfigError(f"{error}; resume with the config it was written with, or "
+                              f"train in a new --workdir") from None
         if found is not None:
             self.state, _ = found[1]
+
+    def _new_shuffle(self, step: int, error: DataPositionError, saved: dict) -> None:
+        """Training data on a new shuffle, seeded by `_new_shuffle_seed(seed, step)`, with
+        one warning naming the data settings that changed (or why the position was lost)."""
+        getattr(self.data, "close", lambda: None)()  # grain's worker processes, if any
+        self.data = self._batches(_new_shuffle_seed(self.config.seed, step))
+        now = self.config.data.to_dict()
+        changed = _changes("data", saved.get("config", {}).get("data", {}), now, now)
+        why = f"written with {' and '.join(changed)}" if changed else error.why
+        if jax.process_index() == 0:
+            print(f"warning: {self.checkpointer.directory}/{step}: {why}; the training data "
+                  f"cannot go on from its saved position and starts a new shuffle (seeded "
+                  f"from seed {self.config.seed} and step {step})", file=sys.stderr)
+
+    def run(self, stop: StopSignal) -> TrainResult:
+        self._restore()
         placed = self.parallel.put_state(self.state)
         self.state = None  # the placed copy is the live one (its buffers are donated)
         step = first = int(self.parallel.get_state(placed).step)

@@ -46,10 +46,16 @@ class Translator:
         """`workdir`'s parameters named by `checkpoint` (latest, a step, or average:N)."""
         try:
             trained = load_trained_params(workdir, checkpoint)
-            # The workdir's own copy: the path saved at training time may have moved.
-            tokenizer = Tokenizer.load(tokenizer_path(workdir))
         except (CheckpointChoiceError, FileNotFoundError) as error:
             raise TranslationError(str(error)) from None
+        # The workdir's own tokenizer: the path saved at training time may have moved.
+        path = tokenizer_path(workdir)
+        try:
+            tokenizer = Tokenizer.load(path)
+        except FileNotFoundError as error:
+            raise TranslationError(str(error)) from None
+        except OSError as error:
+            raise TranslationError(f"cannot read {path}: {error.strerror or error}") from None
         return cls(trained.model, trained.params, tokenizer,
                    ml_collections.ConfigDict(trained.metadata["config"]), trained.steps)
 

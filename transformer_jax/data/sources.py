@@ -16,6 +16,7 @@ import inspect
 import logging
 import os
 import pkgutil
+import stat
 
 import tqdm
 
@@ -84,16 +85,11 @@ def describe_split(data_config, split: str) -> dict:
         return {**about, "numbers_size": data_config.numbers_size,
                 "version": str(Numbers.VERSION)}
     if kind == "tfds" and arg:
-        import tensorflow_datasets as tfds
-
-        builder = tfds.builder(arg, data_dir=data_config.data_dir, file_format="array_record")
+        builder = _tfds_builder(arg, data_config)
         splits = builder.info.splits  # empty for an unprepared (or mocked) dataset
         return {**about, "version": str(builder.version),
                 "pairs": splits[split].num_examples if split in splits else None}
-    files = [os.path.join(arg, f"{split}.{lang}") for lang in about["languages"]]
-    missing = [f for f in files if not os.path.isfile(f)]
-    if missing:
-        raise DataError(f"missing {', '.join(missing)}: the files of {data_config.dataset}")
+    files = split_files(arg, split, about["languages"])
     stats = [os.stat(f) for f in files]
     return {**about, "files": [[os.path.abspath(f), s.st_size, s.st_mtime_ns]
                                for f, s in zip(files, stats)]}
@@ -136,14 +132,7 @@ def _check_languages(records, data_config) -> None:
 
 def _tfds_records(name: str, split: str, data_config):
     """A TFDS random-access data source (array_record), prepared if needed."""
-    import tensorflow_datasets as tfds
-
-    _import_translation_builders()
-    try:
-        builder = tfds.builder(name, data_dir=data_config.data_dir, file_format="array_record")
-    except tfds.core.registered.DatasetNotFoundError:
-        raise DataError(f"TFDS has no dataset {name!r}. Translation datasets it knows: "
-                        f"{', '.join(translation_datasets())}") from None
+    builder = _tfds_builder(name, data_config)
     if not builder.is_prepared():
         _prepare(builder, name, data_config)
     try:
@@ -151,6 +140,19 @@ def _tfds_records(name: str, split: str, data_config):
     except (KeyError, ValueError):
         raise DataError(f"{name} has no split {split!r}; it has "
                         f"{', '.join(builder.info.splits) or 'none'}") from None
+
+
+def _tfds_builder(name: str, data_config):
+    """TFDS's builder of `name` (array_record); a DataError naming the translation datasets
+    it knows if it has no such dataset."""
+    import tensorflow_datasets as tfds
+
+    _import_translation_builders()
+    try:
+        return tfds.builder(name, data_dir=data_config.data_dir, file_format="array_record")
+    except tfds.core.registered.DatasetNotFoundError:
+        raise DataError(f"TFDS has no dataset {name!r}. Translation datasets it knows: "
+                        f"{', '.join(translation_datasets())}") from None
 
 
 def _prepare(builder, name: str, data_config) -> None:
@@ -197,23 +199,56 @@ def translation_datasets() -> list[str]:
 
 def read_folder_split(folder: str, split: str, source_lang: str, target_lang: str) -> list[dict]:
     """The pairs of `folder/{split}.{source_lang}` and `folder/{split}.{target_lang}`."""
-    if not os.path.isdir(folder):
-        raise DataError(f"dataset folder {folder!r} does not exist")
-    paths = [os.path.join(folder, f"{split}.{lang}") for lang in (source_lang, target_lang)]
-    missing = [p for p in paths if not os.path.isfile(p)]
-    if missing:
-        raise DataError(f"missing {', '.join(missing)}; {folder} holds: "
-                        f"{', '.join(sorted(os.listdir(folder))) or 'nothing'}")
-    sources, targets = (_read_lines(p) for p in paths)
+    paths = split_files(folder, split, (source_lang, target_lang))
+    sources, targets = (read_lines(p) for p in paths)
     if len(sources) != len(targets):
         raise DataError(f"{paths[0]} has {len(sources)} lines but {paths[1]} has "
                         f"{len(targets)}: the files of a split must be aligned line by line")
     return [{"source": s, "target": t} for s, t in zip(sources, targets)]
 
 
-def _read_lines(path: str) -> list[str]:
-    with open(path, "rb") as f:
-        return decode_lines(f.read(), path)
+def split_files(folder: str, split: str, languages) -> list[str]:
+    """The paths `folder/{split}.{lang}`; a DataError saying what is wrong unless each is
+    a regular file (or a link to one). Checked before reading: opening a FIFO would wait
+    for a writer forever."""
+    if not os.path.isdir(folder):
+        raise DataError(f"dataset folder {folder!r} does not exist")
+    paths = [os.path.join(folder, f"{split}.{lang}") for lang in languages]
+    problems = [(p, why) for p in paths if (why := _not_a_file(p))]
+    if problems:
+        missing = [p for p, why in problems if why == "missing"]
+        others = [f"{p} {why}" for p, why in problems if why != "missing"]
+        listing = ", ".join(sorted(os.listdir(folder))) or "nothing"
+        raise DataError("; ".join(([f"missing {', '.join(missing)}"] if missing else []) +
+                                  others + [f"{folder} holds: {listing}"]))
+    return paths
+
+
+def _not_a_file(path: str) -> str | None:
+    """None for a regular file, else what `path` is instead ("missing", "is a directory")."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a device or socket"
+    return f"is {kind}, not a regular file"
+
+
+def read_lines(path: str) -> list[str]:
+    """`decode_lines` of the file at `path`; a DataError naming it when it cannot be read
+    (a permission, an I/O error)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as error:
+        raise DataError(f"cannot read {path}: {error.strerror or error}") from None
+    return decode_lines(data, path)
 
 
 def decode_lines(data: bytes, where: str) -> list[str]:

@@ -24,6 +24,7 @@ absl::BitGen, which absl salts with per-process entropy, so even its fixed
 seed gives another sample, and another model, in every process.
 """
 
+import hashlib
 import io
 import itertools
 import os
@@ -33,7 +34,9 @@ from collections.abc import Iterable
 
 import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
+from transformer_jax.data.sources import DataError
 from transformer_jax.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 MODEL_TYPES = ("bpe", "unigram")
@@ -53,7 +56,7 @@ class Tokenizer:
 
     def __init__(self, model_proto: bytes):
         self._model_proto = bytes(model_proto)
-        self._sp = spm.SentencePieceProcessor(model_proto=self._model_proto)
+        self._sp = _processor(self._model_proto)
         found = (self._sp.pad_id(), self._sp.eos_id(), self._sp.bos_id(), self._sp.unk_id())
         if found != (PAD_ID, EOS_ID, BOS_ID, UNK_ID):
             raise ValueError(
@@ -72,6 +75,12 @@ class Tokenizer:
     def model_proto(self) -> bytes:
         """The serialized model: the bytes of a .model file."""
         return self._model_proto
+
+    @property
+    def sha256(self) -> str:
+        """The SHA-256 of `model_proto` (hex): the model's identity in the records of the
+        vocabulary and of the ids prepared with it."""
+        return hashlib.sha256(self._model_proto).hexdigest()
 
     def id_to_piece(self, i: int) -> str:
         """The piece of id `i`, e.g. "▁the", "<0xF0>" or "</s>"; for inspection."""
@@ -109,15 +118,42 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Tokenizer":
-        """The tokenizer whose model proto is the file at `path`."""
+        """The tokenizer whose model proto is the file at `path`: FileNotFoundError if there
+        is none, DataError naming it if it is not a whole model (e.g. cut short)."""
         try:
             with open(path, "rb") as f:
-                return cls(f.read())
+                model_proto = f.read()
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"No tokenizer model at {os.fspath(path)!r}; a run trains one when it first "
                 "starts and saves it in its workdir (get_tokenizer)."
             ) from None
+        try:
+            return cls(model_proto)
+        except ValueError as error:
+            raise DataError(
+                f"{os.fspath(path)} is damaged ({error}): restore it from a copy, or run python "
+                "-m transformer_jax.data prepare with its run's config and workdir, which "
+                "trains it again if its record shows that the same model comes out") from None
+
+
+def _processor(model_proto: bytes) -> spm.SentencePieceProcessor:
+    """The model of `model_proto`; ValueError if those bytes are not a whole model.
+
+    A model cut short at the boundary of a field can still parse: cut before its
+    normalizer spec, it would normalize with NFKC and drop repeated spaces (no longer
+    lossless), so that spec, which the trainer always writes, must be there.
+    """
+    try:
+        processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    except RuntimeError:  # sentencepiece's only word on it: "ParseFromArray" failed
+        raise ValueError(f"not a SentencePiece model: {len(model_proto):,} bytes that do not "
+                         "parse") from None
+    parsed = sentencepiece_model_pb2.ModelProto.FromString(model_proto)
+    if not parsed.HasField("normalizer_spec"):
+        raise ValueError(f"a SentencePiece model cut short: {len(model_proto):,} bytes, "
+                         "no normalizer spec")
+    return processor
 
 
 def _strip(ids) -> list[int]:
