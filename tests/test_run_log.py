@@ -124,15 +124,17 @@ def test_a_run_log_does_not_load_torch_nor_matplotlib(tmp_path):
 
 
 FULL_DISK = """
-import resource, signal, sys
+import resource, signal, sys, time
 from transformer_jax.run_log import MetricsWriteError, RunLog
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails as on a full disk
 workdir, first_step, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+pause = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0  # for tensorboardX's writer thread
 log = RunLog(workdir, total_steps=1000, first_step=first_step)
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 try:
     for step in range(first_step + 1, 1000):
         log.write(step, {"loss": 1.5, "learning_rate": 0.25})
+        time.sleep(pause)
 except MetricsWriteError as error:
     print(f"error: {error}", file=sys.stderr)
 finally:
@@ -172,14 +174,16 @@ def test_a_full_disk_stops_the_log_in_one_line_and_the_torn_record_goes_at_a_res
 
 
 def test_a_full_disk_for_the_tensorboard_events_is_one_line_too(tmp_path):
-    """Files limited to 600 bytes in a new workdir: the event file (about 100 bytes a
-    record) reaches it before metrics.jsonl (66): one line names the events and the step,
-    and metrics.jsonl holds every record up to that step."""
-    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path), "0", "600"],
+    """Files limited to 3,000 bytes in a new workdir: the event file (about 100 bytes a
+    record) reaches it about 15 records before metrics.jsonl (66 bytes a record): one line
+    names the events and the step, and metrics.jsonl holds every record up to that step."""
+    # tensorboardX's threads write the events: a pause after each record lets them keep up
+    # (on a loaded machine they could lag until metrics.jsonl fails first).
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path), "0", "3000", "0.1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     (line,) = printed_lines(done.stderr)
-    assert line.startswith(f"error: the TensorBoard events in {tmp_path}: the record of step ")
+    assert line.startswith(f"error: the TensorBoard events in {tmp_path}: the record of step "), line
     assert line.endswith(" could not be written: File too large (OS error 27); training "
                          "stopped, and the same command resumes from the newest checkpoint")
     step = int(line.split("step ")[1].split(" ")[0])

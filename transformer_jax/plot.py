@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from transformer_jax.atomic_file import atomic_write
+
 METRICS = "metrics.jsonl"
 CURVES = "curves.png"
 ELAPSED = "elapsed_s"  # the records' wall time: see RunLog
@@ -272,16 +274,10 @@ def _title(figure, runs: Sequence[Run]) -> None:
 
 
 def save_png(figure, path: str) -> None:
-    """Writes the figure as a PNG, whole or not at all: to a temporary name beside `path`,
-    then renamed over it (a reader never sees half a file)."""
-    temporary = f"{path}.{os.getpid()}.tmp"
-    try:
-        figure.savefig(temporary, format="png")
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
+    """Writes the figure as a PNG, whole or not at all (`atomic_write`): a reader never sees
+    half a file."""
+    with atomic_write(path, "wb") as f:
+        figure.savefig(f, format="png")
 
 
 def write_curves(path: str, runs: Sequence[Run]) -> None:

@@ -26,6 +26,7 @@ import warnings
 import tqdm
 
 from transformer_jax import plot  # cheap: matplotlib is imported only to draw
+from transformer_jax.atomic_file import atomic_write
 
 
 class MetricsWriteError(Exception):
@@ -185,12 +186,7 @@ def drop_records_after(path: str, step: int) -> list[dict]:
     kept = [r for r in records if r["step"] <= step]
     if not text or (len(kept) == len(records) and text.endswith("\n")):
         return kept
-    try:
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)  # as `write` wrote them
-    except OSError:  # a full disk: the old file stays, no partial copy beside it
-        with contextlib.suppress(OSError):
-            os.remove(path + ".tmp")
-        raise
-    os.replace(path + ".tmp", path)  # atomic: a crash here leaves the old file or the new one
+    # Whole or not at all: a crash or a full disk leaves the old file, never a part.
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in kept)  # as `write` wrote them
     return kept

@@ -2,6 +2,8 @@
 
 import itertools
 
+from transformer_jax.atomic_file import atomic_write
+
 
 def _pyplot():
     try:
@@ -68,8 +70,10 @@ HEADLINE = {"model": "tokens_per_sec", "decode": "tokens_per_sec",
 
 
 def save(suite: str, rows: list[dict], path: str) -> None:
+    """The suite's figure at `path` (a PNG), whole or not at all."""
     if suite == "attention":
         fig = attention_figure(rows)
     else:
         fig = bar_figure(rows, HEADLINE[suite], f"{suite} benchmark")
-    fig.savefig(path, dpi=120)
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, dpi=120, format="png")

@@ -3,6 +3,7 @@
 import datetime
 import json
 
+from transformer_jax.atomic_file import atomic_write
 from transformer_jax.benchmark import machine
 
 
@@ -54,6 +55,7 @@ def document(suite: str, rows: list[dict], *, quick: bool, notes: list[str]) -> 
 
 
 def write_json(path: str, report: dict) -> None:
-    with open(path, "w") as f:
+    """The report as JSON at `path`, whole or not at all (`atomic_write`)."""
+    with atomic_write(path, "w") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
