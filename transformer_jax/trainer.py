@@ -110,12 +110,6 @@ def _refuse_other_optimizer(saved: dict, optim, d_model: int, where: str) -> Non
                           f"saved value{'' if one else 's'}, or train in a new --workdir")
 
 
-def _first_process_then_others(fn):
-    """Runs `fn` on process 0, then on the others, so they find what it wrote; they wait
-    as long as process 0 takes, with no collective's deadline (`processes`)."""
-    return processes.first_then_others(fn, "prepare the data")
-
-
 def _due(step: int, every: int, last_step: int) -> bool:
     """Every `every` steps and at the last one; never when `every` is 0."""
     return every > 0 and (step % every == 0 or step == last_step)
@@ -191,8 +185,10 @@ def train(config, workdir: str) -> TrainResult:
 
 def _train(config, workdir: str, stop: StopSignal) -> TrainResult:
     parallel = Parallel(config.parallelism)
-    # Process 0 trains the tokenizer and prepares the splits; the others then open them.
-    tokenizer, splits = _first_process_then_others(lambda: prepare(config.data, workdir))
+    # Process 0 trains the tokenizer and prepares the splits; the others wait for it, as long
+    # as it takes, then open them.
+    tokenizer, splits = processes.first_then_others(lambda: prepare(config.data, workdir),
+                                                    "prepare the data")
     model_config = build_model_config(config.model, tokenizer.vocab_size)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
                                 keep=config.checkpoints_to_keep)
