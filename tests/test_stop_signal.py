@@ -5,6 +5,7 @@ signal handling (saves, process groups, compilation) is tested in test_train.py.
 import gc
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -69,3 +70,20 @@ def test_an_error_a_stop_caused_ends_the_run_as_the_stop():
                 raise RuntimeError("Error calling __set_name__") from error
     assert isinstance(caught.value.__context__, RuntimeError)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("inner_restores", [True, False])
+def test_a_hook_set_inside_stays_in_the_chain(inner_restores):
+    """A hook set while the stop signal is on (checkpoint.py filters orbax's noise that
+    way, and keeps its filter after a failed read) is not thrown away when the stop signal
+    ends: only a hook that is still the stop signal's own is put back."""
+    before, inner = sys.unraisablehook, print
+    with StopSignal():
+        inner_previous = sys.unraisablehook
+        sys.unraisablehook = inner
+        if inner_restores:
+            sys.unraisablehook = inner_previous
+    try:
+        assert sys.unraisablehook is (before if inner_restores else inner)
+    finally:
+        sys.unraisablehook = before

@@ -27,7 +27,8 @@ from transformer_jax.optim import optimizer_from_config
 from transformer_jax.trainer import train
 from transformer_jax.attention import attention_weights
 from transformer_jax.train_state import abstract_train_state
-from transformer_jax.commands import OutputError, write_stdout, write_whole
+from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
+                                      write_whole)
 from transformer_jax.translation import TranslationError, Translator, cross_attention_weights
 
 SENTENCES = ["dreihundertzweiundvierzig", "einundzwanzigtausendfünf", "null"]
@@ -408,6 +409,23 @@ def test_write_whole_changes_nothing_unless_every_file_is_written(tmp_path):
     with open(tmp_path / "plain.txt", "w"):
         pass
     assert (tmp_path / "b.txt").stat().st_mode == (tmp_path / "plain.txt").stat().st_mode
+
+
+@pytest.mark.parametrize("inner_restores", [True, False])
+def test_interrupt_in_one_line_keeps_a_hook_set_inside_in_the_chain(inner_restores):
+    """checkpoint.py's filter of orbax's noise, set inside the block and kept after a failed
+    read (the noise of its abandoned reads may come after the block), is not replaced by the
+    hook from before the block when it ends; a hook still the block's own is."""
+    before, inner = sys.unraisablehook, print
+    with interrupt_in_one_line():
+        inner_previous = sys.unraisablehook
+        sys.unraisablehook = inner
+        if inner_restores:
+            sys.unraisablehook = inner_previous
+    try:
+        assert sys.unraisablehook is (before if inner_restores else inner)
+    finally:
+        sys.unraisablehook = before
 
 
 def test_write_whole_writes_straight_to_what_is_not_a_regular_file():

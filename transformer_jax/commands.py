@@ -56,7 +56,7 @@ def interrupt_in_one_line():
     if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     previous = sys.unraisablehook
-    sys.unraisablehook = functools.partial(_interrupt_again, previous=previous)
+    ours = sys.unraisablehook = functools.partial(_interrupt_again, previous=previous)
     try:
         yield
     except KeyboardInterrupt:
@@ -65,7 +65,10 @@ def interrupt_in_one_line():
         os.kill(os.getpid(), signal.SIGINT)
         os._exit(128 + signal.SIGINT)  # had the signal not ended the process
     finally:
-        sys.unraisablehook = previous
+        # Only if still ours: a hook set inside the block (checkpoint.py's, which filters
+        # the noise of a failed read still to come) calls ours, which calls `previous`.
+        if sys.unraisablehook is ours:
+            sys.unraisablehook = previous
 
 
 def _interrupt_again(unraisable, previous) -> None:

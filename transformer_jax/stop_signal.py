@@ -81,7 +81,10 @@ class StopSignal:
     def restore(self):
         for s, handler in self._previous.items():
             signal.signal(s, handler)
-        sys.unraisablehook = self._previous_unraisable
+        # Only if still ours: a hook set since (checkpoint.py's, which filters the noise of
+        # a failed read still to come) calls ours, which calls the previous one.
+        if sys.unraisablehook == self._unraisable:
+            sys.unraisablehook = self._previous_unraisable
 
     def __enter__(self) -> "StopSignal":
         return self
