@@ -356,18 +356,24 @@ def test_evaluate_on_a_full_disk_prints_the_scores_and_keeps_earlier_results(wor
 
 
 def test_ctrl_c_in_translate_is_one_line_and_no_output(workdir, tmp_path):
-    """SIGINT while translating: "error: interrupted", death by SIGINT (130 in a shell), no
-    output file and no temporary."""
+    """SIGINT while translating, its progress bar drawn: the bar's line ends, then "error:
+    interrupted" on its own line, death by SIGINT (130 in a shell), no output file and no
+    temporary."""
     (tmp_path / "in.txt").write_text("dreihundertzweiundvierzig\n" * 20_000)
     out = tmp_path / "out.txt"
     process = subprocess.Popen([sys.executable, "translate.py", f"--workdir={workdir}",
                                 f"--input={tmp_path / 'in.txt'}", f"--output={out}"],
                                cwd=ROOT, stderr=subprocess.PIPE, text=True)
     assert process.stderr.readline().startswith("checkpoint 4 of")  # read; now translating
+    shown = ""
+    while "translating:" not in shown:  # the progress bar is on its line: no newline yet
+        shown += process.stderr.read(1) or pytest.fail(f"translate.py ended: {shown!r}")
     process.send_signal(signal.SIGINT)
     stderr = process.communicate(timeout=120)[1]
     assert process.returncode == -signal.SIGINT
-    assert stderr.strip().splitlines()[-1] == "error: interrupted" and "Traceback" not in stderr
+    # Its own line: after a newline, not after the bar's "\r" (a terminal would show it
+    # over the bar) or glued to the bar's text.
+    assert stderr.strip().split("\n")[-1] == "error: interrupted" and "Traceback" not in stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
 
 

@@ -46,11 +46,14 @@ def predict(model, params, source_ids: list[list[int]], *, beam_size: int, alpha
     order = sorted(range(len(source_ids)), key=lambda i: len(source_ids[i]))
     outputs: list[np.ndarray] = [np.zeros((0,), np.int32)] * len(source_ids)
     starts = range(0, len(order), batch_size)
-    for start in tqdm.tqdm(starts, desc="translating", unit="batch", disable=not progress):
-        chosen = order[start:start + batch_size]
-        inputs_BS = _padded_batch([source_ids[i] for i in chosen], batch_size)
-        outputs_BT = _predict_step(params, inputs_BS, model=model, beam_size=beam_size,
-                                   alpha=alpha, max_length=inputs_BS.shape[1] + max_extra_length)
-        for i, output_T in zip(chosen, np.asarray(outputs_BT)):
-            outputs[i] = output_T
+    # A `with`: an error or Ctrl-C ends the bar's line at once, before the error is said.
+    with tqdm.tqdm(starts, desc="translating", unit="batch", disable=not progress) as bar:
+        for start in bar:
+            chosen = order[start:start + batch_size]
+            inputs_BS = _padded_batch([source_ids[i] for i in chosen], batch_size)
+            outputs_BT = _predict_step(params, inputs_BS, model=model, beam_size=beam_size,
+                                       alpha=alpha,
+                                       max_length=inputs_BS.shape[1] + max_extra_length)
+            for i, output_T in zip(chosen, np.asarray(outputs_BT)):
+                outputs[i] = output_T
     return outputs

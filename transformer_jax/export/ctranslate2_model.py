@@ -212,16 +212,18 @@ class CTranslate2Translator:
         order = sorted(range(len(source_ids)), key=lambda i: len(source_ids[i]))
         outputs: list[list[int]] = [[] for _ in source_ids]
         starts = range(0, len(order), batch_size)
-        for start in tqdm.tqdm(starts, desc="translating", unit="batch", disable=not progress):
-            chosen = order[start:start + batch_size]
-            tokens = [[self.pieces[i] for i in source_ids[j]] for j in chosen]
-            longest = -(-max(map(len, tokens)) // BUCKET) * BUCKET
-            results = self.translator.translate_batch(
-                tokens, beam_size=beam_size, patience=patience, length_penalty=alpha,
-                max_input_length=0, min_decoding_length=0,  # ours may end at once
-                max_decoding_length=longest + max_extra_length, return_end_token=True)
-            for j, result in zip(chosen, results):
-                outputs[j] = [ids[p] for p in result.hypotheses[0]]
+        # A `with`: an error or Ctrl-C ends the bar's line at once (as predict.py's).
+        with tqdm.tqdm(starts, desc="translating", unit="batch", disable=not progress) as bar:
+            for start in bar:
+                chosen = order[start:start + batch_size]
+                tokens = [[self.pieces[i] for i in source_ids[j]] for j in chosen]
+                longest = -(-max(map(len, tokens)) // BUCKET) * BUCKET
+                results = self.translator.translate_batch(
+                    tokens, beam_size=beam_size, patience=patience, length_penalty=alpha,
+                    max_input_length=0, min_decoding_length=0,  # ours may end at once
+                    max_decoding_length=longest + max_extra_length, return_end_token=True)
+                for j, result in zip(chosen, results):
+                    outputs[j] = [ids[p] for p in result.hypotheses[0]]
         return outputs
 
     def translate(self, sentences: list[str], *, beam_size: int | None = None,

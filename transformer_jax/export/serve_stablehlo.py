@@ -70,17 +70,19 @@ class StableHLOTranslator:
         order = sorted(range(len(source_ids)), key=lambda i: len(source_ids[i]))
         outputs = [np.zeros((0,), np.int32)] * len(source_ids)
         starts = range(0, len(order), rows)
-        for done, start in enumerate(starts):
-            chosen = order[start:start + rows]
-            bucket = _smallest_bucket(search["buckets"], len(chosen),
-                                      max(len(source_ids[i]) for i in chosen))
-            outputs_BT = self._run(bucket, _padded([source_ids[i] for i in chosen], bucket))
-            for i, output_T in zip(chosen, outputs_BT):
-                outputs[i] = output_T
+        try:  # an error or Ctrl-C ends the progress line too, before the error is said
+            for done, start in enumerate(starts):
+                chosen = order[start:start + rows]
+                bucket = _smallest_bucket(search["buckets"], len(chosen),
+                                          max(len(source_ids[i]) for i in chosen))
+                outputs_BT = self._run(bucket, _padded([source_ids[i] for i in chosen], bucket))
+                for i, output_T in zip(chosen, outputs_BT):
+                    outputs[i] = output_T
+                if progress:
+                    print(f"\rtranslating: batch {done + 1}/{len(starts)}", end="", file=sys.stderr)
+        finally:
             if progress:
-                print(f"\rtranslating: batch {done + 1}/{len(starts)}", end="", file=sys.stderr)
-        if progress:
-            print(file=sys.stderr)
+                print(file=sys.stderr)
         return outputs
 
     def translate(self, sentences: list[str], *, beam_size: int | None = None,
