@@ -296,7 +296,8 @@ def test_table_aligns_every_key():
 
 def test_profile_counts_only_the_timed_calls(tmp_path):
     """A traced matmul shows up once per timed call (warm-up calls are not traced)."""
-    from transformer_jax.benchmark import profile, timing
+    from transformer_jax import profiling
+    from transformer_jax.benchmark import timing
 
     a = jnp.ones((256, 256))
     matmul = jax.jit(lambda x: x @ x).lower(a).compile()
@@ -305,7 +306,7 @@ def test_profile_counts_only_the_timed_calls(tmp_path):
         timing.median_seconds(lambda: matmul(a).block_until_ready(), warmup=2, iters=4)
     finally:
         timing.trace_timed_calls(None)
-    rows = profile.summarize(str(tmp_path))
+    rows = profiling.summarize(str(tmp_path))
     assert rows and all(row["ms"] > 0 for row in rows)
     assert sum(row["share"] for row in rows) == pytest.approx(1.0)
     if jax.default_backend() == "cpu":

@@ -457,7 +457,7 @@ def test_no_evaluation_data_logs_no_eval_records(tmp_path, capsys, why):
     train(config, str(tmp_path / "run"))
     assert [sorted(r) for r in records(tmp_path / "run")] == [
         ["accuracy", "elapsed_s", "grad_norm", "learning_rate", "loss", "step",
-         "tokens_per_sec"]]
+         "steps_per_sec", "tokens_per_sec"]]
     printed = "".join(capsys.readouterr())
     assert printed.count(f"nothing to evaluate ({why})") == 1
 

@@ -31,6 +31,7 @@ def check_config(config) -> None:
     _require_int(config, "data.num_workers", 0, "an integer >= 0 (0: pack in this process)")
     _require_int(config, "num_eval_batches", -1, "-1 (the whole split) or an integer >= 0")
     _require_int(config, "loss_chunk_size", 0, "an integer >= 0 (0: the whole logits)")
+    _require_int(config, "profile_steps", 0, "an integer >= 0 (0: off)")
     _require_int(config, "decode.bleu_every_steps", 0, "an integer >= 0 (0: off)")
     _require_int(config, "decode.max_extra_length", 0, "an integer >= 0")
     for side in ("source", "target"):  # a row holds at least one token and EOS

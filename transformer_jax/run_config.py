@@ -79,6 +79,9 @@ def base_config(*, model: ml_collections.ConfigDict, data: ml_collections.Config
     # Target tokens per chunk of the output layer and loss (output_loss.py): no (B, T, V)
     # logits in memory; 0: the whole logits at once. Same loss and gradients either way.
     config.loss_chunk_size = 0
+    # Trace this many steps, after the run's first 10, with JAX's profiler into
+    # WORKDIR/plugins/profile/ (TensorBoard's profile tab), and print where the time went; 0: off.
+    config.profile_steps = 0
     config.parallelism = "pmap"  # "pmap" or "sharded" (jit on a device mesh)
     config.log_every_steps = 100  # metrics to metrics.jsonl, TensorBoard and the progress bar
     config.eval_every_steps = 1000  # loss and accuracy on the validation split

@@ -23,6 +23,12 @@ are only moved aside when their files are damaged):
     resumes, and the training data starts a new shuffle, seeded from (seed,
     restored step) so that it does not replay the first steps' batches; one
     warning names the setting (or the reason).
+
+Watching the speed: each training record has `steps_per_sec` beside `tokens_per_sec`,
+the first step's line says how long the start took (data, compiling), and
+`config.profile_steps=N` traces N steps of the run (after its first 10) into
+DIR/plugins/profile/ (TensorBoard's profile tab) with a summary: the device's busy and
+idle time per step and the operations that took it (`profiling.StepTrace`).
 """
 
 import contextlib
@@ -56,6 +62,7 @@ from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
 from transformer_jax import processes
+from transformer_jax.profiling import StepTrace
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
 from transformer_jax.steps import eval_step, train_step
@@ -160,6 +167,7 @@ class _Window:
             "learning_rate": rows[-1]["learning_rate"],
             "grad_norm": rows[-1]["grad_norm"],
             "tokens_per_sec": tokens / seconds,
+            "steps_per_sec": len(rows) / seconds,
         }
 
 
@@ -179,11 +187,12 @@ def train(config, workdir: str) -> TrainResult:
     # One run per workdir; in a multi-host run, process 0 holds the lock for all.
     lock = workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
     # From here on: while data is read and the step compiles too.
+    started = time.monotonic()
     with StopSignal() as stop, lock:
-        return _train(config, workdir, stop)
+        return _train(config, workdir, stop, started)
 
 
-def _train(config, workdir: str, stop: StopSignal) -> TrainResult:
+def _train(config, workdir: str, stop: StopSignal, started: float) -> TrainResult:
     parallel = Parallel(config.parallelism)
     # Process 0 trains the tokenizer and prepares the splits; the others wait for it, as long
     # as it takes, then open them.
@@ -200,9 +209,18 @@ def _train(config, workdir: str, stop: StopSignal) -> TrainResult:
             _refuse_other_optimizer(found[1].get("config", {}).get("optim") or {}, config.optim,
                                     model_config.d_model, f"{checkpointer.directory}/{found[0]}")
         loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer, splits)
-        return loop.run(stop)
+        return loop.run(stop, started)
     finally:
         checkpointer.close()
+
+
+def _profile_line(summary: dict) -> str:
+    """One line of a `StepTrace` summary: wall and device time per step, the top operations."""
+    top = ", ".join(f"{op['operation']} {op['share']:.0%}" for op in summary["operations"][:3])
+    return (f"profiled steps {summary['first_step']}-{summary['last_step']} into "
+            f"{summary['trace']}: {summary['wall_ms_per_step']:.1f} ms per step, the device "
+            f"busy {summary['busy_ms_per_step']:.1f} ms and idle {summary['idle_share']:.0%} "
+            f"of it; most time in {top} (summary.json there)")
 
 
 def _token_share(config, num_local_devices: int) -> tuple[int, int]:
@@ -314,7 +332,9 @@ class _Loop:
                   f"cannot go on from its saved position and starts a new shuffle (seeded "
                   f"from seed {self.config.seed} and step {step})", file=sys.stderr)
 
-    def run(self, stop: StopSignal) -> TrainResult:
+    def run(self, stop: StopSignal, started: float) -> TrainResult:
+        """Trains from the newest checkpoint to `num_train_steps` (`started`: the run's
+        monotonic start time, for the first step's line)."""
         self._restore()
         placed = self.parallel.put_state(self.state)
         self.state = None  # the placed copy is the live one (its buffers are donated)
@@ -329,15 +349,26 @@ class _Loop:
             log.message("nothing to evaluate (num_eval_batches=0): "
                         "the run logs no eval_loss, eval_accuracy or eval_perplexity")
         work = self._periodic_work(log, records)
+        trace = StepTrace(self.workdir, first_step=first, steps=self.config.profile_steps
+                          if jax.process_index() == 0 else 0)
         try:
             self._window.start()
             stop.check()
             stop.training = True
             while step < self.config.num_train_steps:
+                trace.before(step)
                 placed, metrics = self.p_train(placed, self.parallel.put_batch(next(self.data)))
                 step += 1
                 self._window.pending.append(metrics)
+                if step == first + 1:
+                    jax.block_until_ready(metrics)
+                    log.message(f"step {step} done {time.monotonic() - started:.1f} s after "
+                                f"the start (reading or preparing the data, compiling)")
                 stopped = self._stop_requested(stop, step)
+                profiled = trace.after(step, metrics,
+                                       last=stopped or step == self.config.num_train_steps)
+                if profiled:
+                    log.message(_profile_line(profiled))
                 due = [w for w in work if w.due(step, self.config.num_train_steps, stopped)]
                 if due:  # the window's metrics reach the host once; never save a broken state
                     self._window.fetch(self.parallel, step)
@@ -351,6 +382,7 @@ class _Loop:
                     break
         finally:
             stop.training = False
+            trace.close()
             self.checkpointer.wait()
             getattr(self.data, "close", lambda: None)()  # grain's worker processes, if any
             log.close()

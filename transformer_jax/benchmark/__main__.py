@@ -59,10 +59,10 @@ def main(argv=None) -> int:
     for note in notes:
         print(f"  {note}")
     if args.profile:
-        from transformer_jax.benchmark import profile
+        from transformer_jax import profiling
 
         print(f"\nwhere the timed calls spent their time (all threads; traces in {args.profile}):")
-        print(report.table(profile.summarize(args.profile)))
+        print(report.table(profiling.summarize(args.profile)))
     if args.json:
         name = "decode --peers" if args.peers else args.suite
         report.write_json(args.json, report.document(name, rows, quick=args.quick,

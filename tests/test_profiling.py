@@ -1,0 +1,68 @@
+"""Profiles: a trace's busy and idle time, and train.py's trace of its own steps."""
+
+import gzip
+import json
+import os
+
+import pytest
+
+from run_configs import tiny_run
+from transformer_jax import profiling
+from transformer_jax.trainer import train
+
+
+def write_trace(folder, events):
+    """A trace file as JAX's profiler writes it (Chrome trace events, gzipped)."""
+    os.makedirs(folder, exist_ok=True)
+    with gzip.open(os.path.join(folder, "host.trace.json.gz"), "wt") as f:
+        json.dump({"traceEvents": events}, f)
+
+
+def op(name, start_us, duration_us, pid=1, tid=1):
+    return {"ph": "X", "name": name, "pid": pid, "tid": tid, "ts": start_us, "dur": duration_us}
+
+
+def test_timeline_counts_overlapping_operations_once(tmp_path):
+    """Ops on two threads over [0, 10], [5, 20], [30, 40] (µs): a span of 40, busy for 30
+    (the overlap counted once), idle 10; runtime spans are not operations."""
+    write_trace(tmp_path, [op("dot.1", 0, 10), op("fusion.2", 5, 15, tid=2),
+                           op("ThunkExecutor::Execute", -100, 500), op("fusion.3", 30, 10)])
+    assert profiling.timeline(str(tmp_path)) == pytest.approx(
+        {"span_ms": 0.040, "busy_ms": 0.030, "idle_ms": 0.010, "idle_share": 0.25})
+    rows = profiling.summarize(str(tmp_path))
+    assert [(r["operation"], r["calls"]) for r in rows] == [("fusion", 2), ("dot", 1)]
+    assert [r["ms"] for r in rows] == pytest.approx([0.025, 0.010])
+
+
+def test_timeline_of_a_gpu_counts_only_its_kernels(tmp_path):
+    """With a GPU in the trace, only its kernels count: the host's ops are not device time."""
+    gpu = {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}}
+    write_trace(tmp_path, [gpu, op("host_fusion", 0, 100), op("gemm_fusion_dot", 10, 20, pid=7),
+                           op("loop_add_fusion", 50, 10, pid=7)])
+    assert profiling.timeline(str(tmp_path)) == pytest.approx(
+        {"span_ms": 0.050, "busy_ms": 0.030, "idle_ms": 0.020, "idle_share": 0.4})
+
+
+def test_train_profiles_its_steps_after_the_first_ten(tmp_path, capsys):
+    """profile_steps=5 on a 13-step run traces steps 11-13 (the run ends first) into
+    WORKDIR/plugins/profile/RUN with a summary; each record has its steps per second, and the
+    first step says when it was done."""
+    train(tiny_run(num_train_steps=13, log_every_steps=13, eval_every_steps=13,
+                   checkpoint_every_steps=13, profile_steps=5), str(tmp_path))
+    runs = os.listdir(tmp_path / "plugins" / "profile")
+    assert len(runs) == 1
+    summary = json.loads((tmp_path / "plugins" / "profile" / runs[0] / "summary.json").read_text())
+    assert (summary["first_step"], summary["last_step"]) == (11, 13)
+    assert 0 < summary["busy_ms_per_step"] <= summary["wall_ms_per_step"]
+    assert summary["idle_ms_per_step"] >= 0 and 0 <= summary["idle_share"] < 1
+    assert sum(o["share"] for o in summary["operations"]) <= 1 + 1e-9
+    assert any(o["operation"] in ("dot", "ynn_fusion") for o in summary["operations"])
+    printed = "".join(capsys.readouterr())
+    assert printed.count("profiled steps 11-13 into") == 1
+    assert "step 1 done " in printed and " s after the start" in printed
+    with open(tmp_path / "metrics.jsonl") as f:
+        record = json.loads(f.readline())
+    # 13 steps in the window, which is part of the run's time; its target tokens per step
+    # fill at most the 8 rows of 24 tokens.
+    assert record["step"] == 13 and 13 / record["steps_per_sec"] <= record["elapsed_s"]
+    assert 0 < record["tokens_per_sec"] / record["steps_per_sec"] <= 8 * 24

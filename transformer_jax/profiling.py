@@ -1,0 +1,139 @@
+"""Where the time goes: JAX profiler traces, summed per kind of XLA operation, and the
+device's busy and idle time.
+
+    python -m transformer_jax.benchmark model --profile=runs/profile
+    python train.py --config=... --workdir=W --config.profile_steps=20   # W/profile/
+
+The benchmark suites trace every timed call (not the warm-up, so no compilation); train.py
+traces `profile_steps` steps of the run itself after its first `PROFILE_AFTER_STEPS`, with
+whatever the loop does between them (input, logging, evaluation, checkpoints). Open the
+traces in Perfetto or TensorBoard's profiler, or read `summarize` and `timeline`.
+
+`summarize` groups operations by fusion kind: on CPUs "ynn_fusion" is a matmul run by
+YNNPACK, "copy_bitcast_fusion" and "transpose_copy_fusion" move data into another layout,
+"broadcast_add_fusion" and the like are elementwise, "while" a loop. Their times are summed
+over threads, so on a 2-core CPU they can add up to about twice the wall time. On a GPU the
+kernels are summed instead, by name ("gemm_fusion_dot", "nvjet_*" for cuBLAS, "cudnn_*" for
+attention, "input_*_fusion" and "loop_*_fusion" for XLA's own): device time.
+"""
+
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import time
+
+import jax
+
+from transformer_jax.atomic_file import atomic_write
+
+PROFILE_AFTER_STEPS = 10  # train.py's trace starts after this many steps (compiling, warm-up)
+
+# Events that are not XLA operations: the Python side and the runtime's own spans.
+_NOT_OPS = re.compile(r"^\$|^end: |Thunk|Pjit|PjRt|block_until_ready|ThreadPool|ExecuteReplicated|"
+                      r"ParseArguments|shard_args|ExecuteHelper")
+
+
+def _op_events(trace_dir: str) -> list[dict]:
+    """The complete ("X") events of XLA's operations in every trace under `trace_dir`: with a
+    GPU in the trace, only the GPU's own (its kernels); otherwise every host thread's ops."""
+    paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+    if not paths:
+        raise FileNotFoundError(f"no *.trace.json.gz under {trace_dir}")
+    events = []
+    for path in paths:
+        with gzip.open(path) as f:
+            events += json.load(f)["traceEvents"]
+    gpus = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+            and "GPU" in str(e.get("args", {}).get("name", ""))}
+    return [e for e in events if e.get("ph") == "X" and (
+        e["pid"] in gpus if gpus else not _NOT_OPS.search(e["name"]))]
+
+
+def summarize(trace_dir: str, top: int = 15) -> list[dict]:
+    """The `top` operation kinds by total time over every trace under `trace_dir`."""
+    micros, count = collections.Counter(), collections.Counter()
+    for event in _op_events(trace_dir):
+        kind = re.sub(r"[._]\d+$", "", event["name"])[:100]  # "ynn_fusion.12" -> "ynn_fusion"
+        micros[kind] += event.get("dur", 0)
+        count[kind] += 1
+    total = sum(micros.values()) or 1
+    return [{"operation": kind, "ms": us / 1e3, "share": us / total, "calls": count[kind]}
+            for kind, us in micros.most_common(top)]
+
+
+def timeline(trace_dir: str) -> dict[str, float]:
+    """From the first operation's start to the last one's end (`span_ms`): the time at least
+    one operation ran (`busy_ms`, overlapping operations counted once) and the rest
+    (`idle_ms`, `idle_share`). On a GPU, idle is the time the GPU waited for the host
+    (input, dispatch, syncs) in the span; on a CPU, the time no XLA operation ran."""
+    intervals = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in _op_events(trace_dir))
+    if not intervals:
+        raise ValueError(f"no operations in the traces under {trace_dir}")
+    busy, (start, end) = 0.0, intervals[0]
+    span_start = start
+    for begin, finish in intervals[1:]:
+        if begin > end:  # a gap: close the busy stretch
+            busy, start = busy + end - start, begin
+        end = max(end, finish)
+    busy += end - start
+    span = end - span_start
+    return {"span_ms": span / 1e3, "busy_ms": busy / 1e3, "idle_ms": (span - busy) / 1e3,
+            "idle_share": (span - busy) / span if span else 0.0}
+
+
+class StepTrace:
+    """Traces `steps` steps of a training loop, after its first `PROFILE_AFTER_STEPS`, into
+    `logdir`/plugins/profile/RUN/ (where TensorBoard's profiler looks: the run's TensorBoard
+    folder shows it), and writes RUN/summary.json: the steps, their wall time, the device's
+    `timeline` per step and the top operations (`summarize`).
+
+        trace = StepTrace(logdir, first_step=0, steps=20)
+        for step in ...:
+            trace.before(step)                        # the step about to run is step + 1
+            metrics = train_step(...)
+            summary = trace.after(step + 1, metrics)  # a dict once, at the trace's end
+    """
+
+    def __init__(self, logdir: str, *, first_step: int, steps: int):
+        self.logdir, self.steps = logdir, steps
+        self.start_step = first_step + PROFILE_AFTER_STEPS  # traced: start_step + 1, ...
+        self._started = self._runs = None
+
+    def before(self, step: int) -> None:
+        if self.steps and step == self.start_step:
+            self._runs = set(self._run_folders())
+            jax.profiler.start_trace(self.logdir)
+            self._started = time.perf_counter()
+
+    def after(self, step: int, outputs, *, last: bool = False) -> dict | None:
+        """At the trace's last step (or the loop's: `last`), waits for `outputs`, stops
+        tracing and returns the summary (with its folder, "trace"); otherwise None."""
+        if self._started is None or not (step == self.start_step + self.steps or last):
+            return None
+        jax.block_until_ready(outputs)
+        wall_ms = (time.perf_counter() - self._started) * 1e3
+        jax.profiler.stop_trace()
+        self._started = None
+        new = set(self._run_folders()) - self._runs
+        folder = max(new or self._run_folders(), key=os.path.getmtime)  # a name reused: newest
+        steps, device = step - self.start_step, timeline(folder)
+        summary = {"trace": folder, "first_step": self.start_step + 1, "last_step": step,
+                   "wall_ms_per_step": wall_ms / steps,
+                   "busy_ms_per_step": device["busy_ms"] / steps,
+                   "idle_ms_per_step": device["idle_ms"] / steps,
+                   "idle_share": device["idle_share"], "operations": summarize(folder)}
+        with atomic_write(os.path.join(folder, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        return summary
+
+    def close(self) -> None:
+        """Stops a trace left running (the loop ended by an error), keeping what it has."""
+        if self._started is not None:
+            self._started = None
+            jax.profiler.stop_trace()
+
+    def _run_folders(self) -> list[str]:
+        return glob.glob(os.path.join(self.logdir, "plugins", "profile", "*"))
