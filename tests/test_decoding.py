@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
-from transformer_jax.decoding import beam_search, greedy_search, length_penalty
+from transformer_jax.decoding import PerExample, beam_search, greedy_search, length_penalty
 
 PAD, EOS = 0, 1
 NEVER = -1e9  # a logit no search should pick
@@ -264,6 +264,33 @@ def test_cache_is_reordered_with_the_beams():
     assert list(expected_seq) == [3, 4, EOS, PAD]
     assert_array_equal(seqs[0], expected_seq)
     assert_allclose(float(scores[0]), expected_score, atol=1e-5)
+
+
+def test_per_example_state_is_read_by_every_beam_unrepeated():
+    """The Markov tables as per-example state (`PerExample`, B rows) give the search of the
+    same tables repeated per beam and reordered with them: the same hypotheses and scores.
+    The callback sees B rows of the table and B·K ids, rows b·K .. b·K + K-1 example b's."""
+    tables = random_tables(seed=5, examples=3, vocab=7, eos_boost=0.5)
+    seen = []
+
+    def shared_fn(ids_R1, cache):
+        tables_BVV = cache["tables"].value
+        seen.append((tables_BVV.shape[0], ids_R1.shape[0]))
+        beams = ids_R1.shape[0] // tables_BVV.shape[0]
+        return jnp.repeat(tables_BVV, beams, axis=0)[jnp.arange(ids_R1.shape[0]),
+                                                     ids_R1[:, 0]], cache
+
+    search = partial(beam_search, batch_size=3, beam_size=4, max_length=8, alpha=0.6,
+                     return_all=True)
+    seqs, scores = search(shared_fn, {"tables": PerExample(jnp.asarray(tables, jnp.float32))})
+    expected_seqs, expected_scores = search(markov_fn(tables), markov_cache(np.arange(3)))
+    assert seen == [(3, 12)]  # traced once, inside the loop
+    assert_array_equal(seqs, expected_seqs)
+    assert_allclose(scores, expected_scores, rtol=1e-6)
+    greedy = greedy_search(shared_fn, {"tables": PerExample(jnp.asarray(tables, jnp.float32))},
+                           batch_size=3, max_length=8)
+    assert_array_equal(greedy, greedy_search(markov_fn(tables), markov_cache(np.arange(3)),
+                                             batch_size=3, max_length=8))
 
 
 def test_jit_compiles_once_per_shape_and_matches_eager():

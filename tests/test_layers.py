@@ -262,9 +262,10 @@ def test_mha_extend_writes_at_the_position_and_attends_to_the_written_slots():
                                    method=MultiHeadAttention.extend)
         outs.append(out_B1D)
     kv = mha.apply(variables, x_B2D, method=MultiHeadAttention.keys_values)
-    for cached_BCNH, projected_BTNH in zip(cache, kv):
-        np.testing.assert_allclose(cached_BCNH[:, :2], projected_BTNH, atol=1e-6)
-        assert np.all(np.asarray(cached_BCNH[:, 2:]) == 0.0)
+    for cached_BNCH, projected_BTNH in zip(cache, kv):  # the cache is head-major
+        np.testing.assert_allclose(cached_BNCH[:, :, :2], projected_BTNH.transpose(0, 2, 1, 3),
+                                   atol=1e-6)
+        assert np.all(np.asarray(cached_BNCH[:, :, 2:]) == 0.0)
     causal_B1TT = np.tril(np.ones((2, 2), bool))[None, None]
     full_BTD = np_mha(variables["params"], x_B2D, x_B2D, causal_B1TT)
     np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full_BTD, atol=1e-5, rtol=1e-5)

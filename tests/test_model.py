@@ -322,7 +322,7 @@ def test_cached_decoding_equals_the_full_decoder(pre_layer_norm):
         np.testing.assert_allclose(np.asarray(logits_BV)[real_B][:, 1:],
                                    np.asarray(full_BTV[:, t])[real_B][:, 1:], atol=1e-5, rtol=1e-5)
         ids_B1 = targets_BT[:, t:t + 1]
-    np.testing.assert_array_equal(cache.position_B, [6, 6])
+    np.testing.assert_array_equal(cache.position_R, [6, 6])
     # The encoder-decoder keys and values were computed once and never changed.
     jax.tree.map(np.testing.assert_array_equal, cross_before, cache.cross_kv)
     # Every slot of the self-attention cache holds the keys the full pass projects.
@@ -333,7 +333,8 @@ def test_cached_decoding_equals_the_full_decoder(pre_layer_norm):
     if pre_layer_norm:  # the sublayer reads the normalised stream
         decoder_inputs_BTD = layer.self_attention_norm(decoder_inputs_BTD)
     keys_BTNH = layer.self_attention.keys_values(decoder_inputs_BTD).key_BSNH
-    np.testing.assert_allclose(cache.self_kv[0].key_BSNH, keys_BTNH, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(cache.self_kv[0].as_key_value().key_BSNH, keys_BTNH, atol=1e-5,
+                               rtol=1e-5)
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu",

@@ -52,3 +52,23 @@ def test_beam_of_one_equals_greedy_on_the_model():
     beam, _ = beam_search(step, cache, batch_size=3, beam_size=1, max_length=MAX_LENGTH,
                           alpha=0.6)
     np.testing.assert_array_equal(beam, greedy)
+
+
+def test_cached_beam_search_equals_the_full_decoder_rerun_per_beam():
+    """Beam 4 over the cache, where an example's 4 beams read one copy of its encoder keys
+    and values, finds the hypotheses and scores of beam 4 over a callback that reruns the
+    whole decoder on each beam's own copy of the source (the `decode` suite's uncached
+    baseline; both never end a hypothesis)."""
+    from transformer_jax.benchmark import decode
+
+    model, variables, inputs_BS, _, _ = setup()
+    memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
+    results = []
+    for make in (decode._cached_callback, decode._uncached_callback):
+        step, state = make(model, variables, memory_BSD, inputs_BS, MAX_LENGTH)
+        results.append(beam_search(step, state, batch_size=3, beam_size=4,
+                                   max_length=MAX_LENGTH, alpha=0.6, return_all=True))
+    (cached_seqs, cached_scores), (full_seqs, full_scores) = results
+    np.testing.assert_array_equal(cached_seqs, full_seqs)
+    np.testing.assert_allclose(cached_scores, full_scores, rtol=1e-5)
+    assert len({tuple(row) for row in np.asarray(cached_seqs).reshape(12, -1)}) == 12

@@ -41,4 +41,4 @@ from transformer_jax.model import (
 )
 
 # Search (never imports the model): greedy and beam search over tokens_to_logits(ids, cache).
-from transformer_jax.decoding import beam_search, greedy_search, length_penalty
+from transformer_jax.decoding import PerExample, beam_search, greedy_search, length_penalty

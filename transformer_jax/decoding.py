@@ -10,7 +10,9 @@ gets `DECODER_START_ID`, 0, the decoder's shifted-right start symbol) and
 returns the logits of the next one (`(R, V)`; a length axis of 1, `(R, 1, V)`,
 is accepted too), with its own state (key/value cache, position counter,
 encoder memory, ...) threaded through `lax.while_loop` unchanged in shape. R
-counts the search's rows: B in greedy search, B·K in beam search.
+counts the search's rows: B in greedy search, B·K in beam search. Beam search
+repeats the state K times per example and reorders it by the chosen beams, except
+the parts wrapped in `PerExample`.
 
 Both searches trace their step once: wrap the call in `jax.jit` (sizes
 static) and it compiles once per input shape. The paper's setting is
@@ -30,6 +32,21 @@ from transformer_jax.token_ids import DECODER_START_ID, EOS_ID, PAD_ID
 TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
 _NEG_INF = float("-inf")
+
+
+class PerExample(NamedTuple):
+    """Part of a search's state that every beam of an example reads and no step changes
+    (the encoder-decoder keys and values): beam search neither repeats it K times nor
+    reorders it, so `tokens_to_logits` gets it with B rows while its ids have B·K, rows
+    b·K .. b·K + K-1 being example b's beams (greedy search: B and B)."""
+
+    value: Any
+
+
+def _per_beam(fn: Callable[[jax.Array], jax.Array], state):
+    """`fn` on every array of `state` except those inside a `PerExample`."""
+    return jax.tree.map(lambda x: x if isinstance(x, PerExample) else fn(x), state,
+                        is_leaf=lambda x: isinstance(x, PerExample))
 
 
 def length_penalty(length, alpha: float) -> jax.Array:
@@ -116,7 +133,8 @@ def beam_search(
 
     `cache` is the caller's for batch B: every leaf must have the batch as its
     leading axis. It is repeated K times per example (rows b·K .. b·K + K-1)
-    and, after each step, gathered along that axis by the chosen parent beams.
+    and, after each step, gathered along that axis by the chosen parent beams;
+    the parts wrapped in `PerExample` are neither (B rows throughout).
 
     One step, as a state machine over live and finished sets of K slots each:
     the K best of the K·V extensions of the live hypotheses are taken; those
@@ -143,7 +161,7 @@ def beam_search(
         finished_seqs_BKT=jnp.full((batch_size, k, max_length), PAD_ID, jnp.int32),
         finished_scores_BK=jnp.full((batch_size, k), _NEG_INF, jnp.float32),
         finished_BK=jnp.zeros((batch_size, k), bool),
-        cache=jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), cache),
+        cache=_per_beam(lambda x: jnp.repeat(x, k, axis=0), cache),
     )
     max_penalty = length_penalty(max_length, alpha)
 
@@ -200,7 +218,7 @@ def _beam_step(tokens_to_logits, state: _BeamState, *, alpha, eos_id) -> _BeamSt
     seqs_BKT = jnp.take_along_axis(state.live_seqs_BKT, parent_BK[:, :, None], axis=1)
     seqs_BKT = seqs_BKT.at[:, :, state.step].set(token_BK)
     rows = (jnp.arange(batch)[:, None] * k + parent_BK).reshape(-1)
-    cache = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), cache)
+    cache = _per_beam(lambda x: jnp.take(x, rows, axis=0), cache)
 
     is_eos_BK = token_BK == eos_id
     ended_BK = is_eos_BK & (top_logp_BK > _NEG_INF)

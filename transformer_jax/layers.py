@@ -16,15 +16,32 @@ _kernel_init = nn.initializers.xavier_uniform()
 
 
 class KeyValue(NamedTuple):
-    """The keys and values of one attention layer, `(B, S, N, H)` each.
-
-    In a decoding cache, S is the source length for encoder-decoder attention
-    (projected from the memory once) and the cache length C for self-attention
-    (written one position per step).
-    """
+    """The keys and values of one attention layer, `(B, S, N, H)` each."""
 
     key_BSNH: jax.Array
     value_BSNH: jax.Array
+
+
+class CachedKeyValue(NamedTuple):
+    """Keys and values kept for decoding, head-major: `(B, N, C, H)` each.
+
+    C is the source length for encoder-decoder attention (projected from the memory
+    once) and the cache length for self-attention (written one position per step).
+    Head-major is the layout attention's matmuls read (batch and head dimensions
+    first): in the `(B, C, N, H)` of `KeyValue`, XLA copied every layer's whole cache
+    into this layout at every step (22 % of a beam search's time on a CPU).
+    """
+
+    key_BNCH: jax.Array
+    value_BNCH: jax.Array
+
+    @classmethod
+    def of(cls, kv: KeyValue) -> "CachedKeyValue":
+        return cls(*(jnp.swapaxes(x_BSNH, 1, 2) for x_BSNH in kv))
+
+    def as_key_value(self) -> KeyValue:
+        """The same arrays as `(B, C, N, H)` views, which XLA reads without a copy."""
+        return KeyValue(*(jnp.swapaxes(x_BNCH, 1, 2) for x_BNCH in self))
 
 
 class MultiHeadAttention(nn.Module):
@@ -110,13 +127,17 @@ class MultiHeadAttention(nn.Module):
             )
         return self.out(out_BTNH)
 
-    def empty_cache(self, batch_size: int, cache_length: int) -> KeyValue:
-        """A self-attention cache of C = `cache_length` empty positions, `(B, C, N, H)`."""
-        empty_BCNH = jnp.zeros((batch_size, cache_length, self.num_heads, self.head_dim),
-                               self.dtype)
-        return KeyValue(empty_BCNH, empty_BCNH)
+    def cached_keys_values(self, inputs_kv) -> CachedKeyValue:
+        """`keys_values` of `inputs_kv` `(B, S, D)`, head-major for decoding: `(B, N, S, H)`."""
+        return CachedKeyValue.of(self.keys_values(inputs_kv))
 
-    def extend(self, inputs_q, cache: KeyValue, position, mask):
+    def empty_cache(self, batch_size: int, cache_length: int) -> CachedKeyValue:
+        """A self-attention cache of C = `cache_length` empty positions, `(B, N, C, H)`."""
+        empty_BNCH = jnp.zeros((batch_size, self.num_heads, cache_length, self.head_dim),
+                               self.dtype)
+        return CachedKeyValue(empty_BNCH, empty_BNCH)
+
+    def extend(self, inputs_q, cache: CachedKeyValue, position, mask):
         """Self-attention of T new positions over the cache: (out `(B, T, D)`, new cache).
 
         The keys and values of `inputs_q` `(B, T, D)` are written into `cache` at
@@ -124,10 +145,11 @@ class MultiHeadAttention(nn.Module):
         cached positions under `mask` (broadcastable to `(B, 1, T, C)`), which must hide
         the slots not written yet.
         """
-        start = (0, position, 0, 0)
-        cache = KeyValue(*(jax.lax.dynamic_update_slice(cached, new.astype(cached.dtype), start)
-                           for cached, new in zip(cache, self.keys_values(inputs_q))))
-        return self.attend(inputs_q, cache, mask), cache
+        start = (0, 0, position, 0)
+        cache = CachedKeyValue(*(
+            jax.lax.dynamic_update_slice(cached_BNCH, new_BNTH.astype(cached_BNCH.dtype), start)
+            for cached_BNCH, new_BNTH in zip(cache, self.cached_keys_values(inputs_q))))
+        return self.attend(inputs_q, cache.as_key_value(), mask), cache
 
 
 class FeedForward(nn.Module):
@@ -237,26 +259,32 @@ class DecoderLayer(_Layer):
         y_BTD = self._residual(y_BTD, attend_memory, self.cross_attention_norm, deterministic)
         return self._residual(y_BTD, self.ffn, self.ffn_norm, deterministic)
 
-    def step(self, targets, self_kv: KeyValue, cross_kv: KeyValue, position, decoder_mask,
-             encoder_decoder_mask):
-        """The T new positions `targets` `(B, T, D)` from `position` on, over the cache:
-        (y `(B, T, D)`, new `self_kv`).
+    def step(self, targets, self_kv: CachedKeyValue, cross_kv: CachedKeyValue, position,
+             decoder_mask, encoder_decoder_mask, *, beams: int = 1):
+        """The T new positions `targets` `(R, T, D)` from `position` on, over the cache:
+        (y `(R, T, D)`, new `self_kv`).
 
-        `self_kv` holds the C self-attention positions (see `MultiHeadAttention.extend`),
-        which `decoder_mask` `(B, 1, T, C)` must hide where not written yet; `cross_kv` the
-        memory's keys and values, projected once per sentence, under
-        `encoder_decoder_mask` `(B, 1, T, S)`.
+        `self_kv` holds the C self-attention positions of each row (see
+        `MultiHeadAttention.extend`), which `decoder_mask` `(R, 1, T, C)` must hide where
+        not written yet; `cross_kv` the memory's keys and values `(B, N, S, H)`, projected
+        once per sentence, under `encoder_decoder_mask` `(B, 1, 1, S)`. R = B · `beams`:
+        rows b·K .. b·K + K-1 are example b's K beams, which read its memory together.
         """
         written = []
 
         def attend_self(y):
-            out_BTD, new_kv = self.self_attention.extend(y, self_kv, position, decoder_mask)
+            out_RTD, new_kv = self.self_attention.extend(y, self_kv, position, decoder_mask)
             written.append(new_kv)
-            return out_BTD
+            return out_RTD
 
-        def attend_memory(y):
-            return self.cross_attention.attend(y, cross_kv, encoder_decoder_mask)
+        def attend_memory(y_RTD):
+            # An example's K beams are K·T queries of its one copy of the memory.
+            rows, length, width = y_RTD.shape
+            y_BQD = y_RTD.reshape(rows // beams, beams * length, width)
+            out_BQD = self.cross_attention.attend(y_BQD, cross_kv.as_key_value(),
+                                                  encoder_decoder_mask)
+            return out_BQD.reshape(rows, length, width)
 
-        y_BTD = self._residual(targets, attend_self, self.self_attention_norm, True)
-        y_BTD = self._residual(y_BTD, attend_memory, self.cross_attention_norm, True)
-        return self._residual(y_BTD, self.ffn, self.ffn_norm, True), written[0]
+        y_RTD = self._residual(targets, attend_self, self.self_attention_norm, True)
+        y_RTD = self._residual(y_RTD, attend_memory, self.cross_attention_norm, True)
+        return self._residual(y_RTD, self.ffn, self.ffn_norm, True), written[0]

@@ -13,7 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.layers import DecoderLayer, EncoderLayer, KeyValue
+from transformer_jax.decoding import PerExample
+from transformer_jax.layers import CachedKeyValue, DecoderLayer, EncoderLayer
 from transformer_jax.masks import combine_masks, padding_mask, segment_mask
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.output_loss import output_loss
@@ -136,16 +137,19 @@ class DecodingCache(NamedTuple):
     """What a decoding step reads and updates, every leaf batch-first (so a beam
     search can repeat and reorder rows).
 
-    `position_B` is the position the next token takes, the same in every row; `self_kv`
+    `position_R` is the position the next token takes, the same in every row; `self_kv`
     holds, per layer, the self-attention keys and values of positions 0..position-1 in
-    C slots `(B, C, N, H)`; `cross_kv` the encoder-decoder keys and values `(B, S, N, H)`,
-    projected from the memory once; `cross_mask_B11S` the source's padding.
+    C slots `(R, N, C, H)`; `cross_kv` the encoder-decoder keys and values `(B, N, S, H)`,
+    projected from the memory once, and `cross_mask_B11S` the source's padding. Keys and
+    values are head-major (`CachedKeyValue`), as attention reads them. R counts the
+    search's rows: B, or B·K in beam search, which leaves the source's parts
+    (`PerExample`) at one copy per example: its K beams read it together.
     """
 
-    position_B: jax.Array
-    self_kv: tuple[KeyValue, ...]
-    cross_kv: tuple[KeyValue, ...]
-    cross_mask_B11S: jax.Array
+    position_R: jax.Array
+    self_kv: tuple[CachedKeyValue, ...]
+    cross_kv: PerExample  # tuple[CachedKeyValue, ...]
+    cross_mask_B11S: PerExample  # jax.Array
 
 
 class Decoder(nn.Module):
@@ -192,28 +196,30 @@ class Decoder(nn.Module):
         batch_size = encoded.shape[0]
         memory_BSD = encoded.astype(self.config.compute_dtype)
         return DecodingCache(
-            position_B=jnp.zeros((batch_size,), jnp.int32),
+            position_R=jnp.zeros((batch_size,), jnp.int32),
             self_kv=tuple(layer.self_attention.empty_cache(batch_size, max_length)
                           for layer in self.layers),
-            cross_kv=tuple(layer.cross_attention.keys_values(memory_BSD)
-                           for layer in self.layers),
-            cross_mask_B11S=padding_mask(inputs),
+            cross_kv=PerExample(tuple(layer.cross_attention.cached_keys_values(memory_BSD)
+                                      for layer in self.layers)),
+            cross_mask_B11S=PerExample(padding_mask(inputs)),
         )
 
     def step(self, ids, cache: DecodingCache):
-        """One decoding step: the logits `(B, 1, V)` after `ids` `(B, 1)` (the previous
-        tokens, already shifted: `DECODER_START_ID` first), and the cache one position on."""
-        position, cache_length = cache.position_B[0], cache.self_kv[0].key_BSNH.shape[1]
-        y_B1D = self.positions(self.embedder.encode(ids), cache.position_B[:, None])
+        """One decoding step: the logits `(R, 1, V)` after `ids` `(R, 1)` (the previous
+        tokens, already shifted: `DECODER_START_ID` first), and the cache one position on.
+        R is B·K when `cache` holds K beams of each of B examples (`DecodingCache`)."""
+        position, cache_length = cache.position_R[0], cache.self_kv[0].key_BNCH.shape[2]
+        beams = ids.shape[0] // cache.cross_mask_B11S.value.shape[0]  # K: rows per example
+        y_R1D = self.positions(self.embedder.encode(ids), cache.position_R[:, None])
         # Slots 0..position are written; later ones are still empty.
-        self_mask_B11C = (jnp.arange(cache_length) <= position)[None, None, None, :]
+        self_mask_R11C = (jnp.arange(cache_length) <= position)[None, None, None, :]
         written = []
-        for layer, self_kv, cross_kv in zip(self.layers, cache.self_kv, cache.cross_kv):
-            y_B1D, self_kv = layer.step(y_B1D, self_kv, cross_kv, position, self_mask_B11C,
-                                        cache.cross_mask_B11S)
+        for layer, self_kv, cross_kv in zip(self.layers, cache.self_kv, cache.cross_kv.value):
+            y_R1D, self_kv = layer.step(y_R1D, self_kv, cross_kv, position, self_mask_R11C,
+                                        cache.cross_mask_B11S.value, beams=beams)
             written.append(self_kv)
-        logits_B1V = self.embedder.decode(self._final(y_B1D))
-        return logits_B1V, cache._replace(position_B=cache.position_B + 1,
+        logits_R1V = self.embedder.decode(self._final(y_R1D))
+        return logits_R1V, cache._replace(position_R=cache.position_R + 1,
                                           self_kv=tuple(written))
 
     def _final(self, y_BTD):
