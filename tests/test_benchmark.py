@@ -401,3 +401,18 @@ def test_pipeline_corpus_has_wmt_like_lengths_and_is_deterministic(tmp_path):
     same = (tmp_path / "b" / "train.de").read_bytes() == (tmp_path / "a" / "train.de").read_bytes()
     other = (tmp_path / "c" / "train.de").read_bytes() != (tmp_path / "a" / "train.de").read_bytes()
     assert same and other
+
+
+def test_corpus_command_writes_the_corpus_and_refuses_a_folder_that_has_one(tmp_path, capsys):
+    """`python -m transformer_jax.benchmark.corpus DIR --pairs=N --seed=S` writes the files
+    of write_wmt_like_corpus(DIR, N, seed=S), byte for byte; a second run into DIR stops."""
+    from transformer_jax.benchmark.corpus import main, write_wmt_like_corpus
+
+    main([str(tmp_path / "cli"), "--pairs=500", "--seed=2"])
+    write_wmt_like_corpus(str(tmp_path / "library"), 500, seed=2)
+    for name in ("train.en", "train.de", "validation.en", "test.de"):
+        assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "library" / name).read_bytes()
+    assert "wrote 500 training pairs" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "cli"), "--pairs=500"])
+    assert "already holds a corpus" in capsys.readouterr().err

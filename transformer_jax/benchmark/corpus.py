@@ -3,6 +3,12 @@
     write_wmt_like_corpus("/tmp/wmt_like", 4_500_000)   # train.en/train.de, validation.*, test.*
     data = data_fields(dataset="folder:/tmp/wmt_like", source_lang="en", target_lang="de")
 
+or from a shell, then train the base model on it as on WMT14:
+
+    python -m transformer_jax.benchmark.corpus /tmp/wmt_like [--pairs=4500000]
+    python train.py --config=configs/wmt14_ende_base.py --workdir=runs/wmt_like \
+        --config.data.dataset=folder:/tmp/wmt_like
+
 It imitates what the input pipeline's cost depends on, not language: WMT14
 EN-DE's 4.5 M training pairs, sentences of about 25 ± 12 words (log-normal, so
 skewed to the right like real text, cut to 1..120), a target about as long as
@@ -114,3 +120,31 @@ def write_wmt_like_corpus(folder: str, pairs: int, *, seed: int = 0) -> str:
                                        ("test", EVAL_PAIRS))):
         write_split(folder, split, size, np.random.default_rng([seed, k]))
     return folder
+
+
+def main(argv=None) -> None:
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser(prog="python -m transformer_jax.benchmark.corpus",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("folder", help="where train.{en,de}, validation.* and test.* go")
+    parser.add_argument("--pairs", type=int, default=4_500_000,
+                        help="training pairs (default: WMT14 EN-DE's 4.5 M)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.pairs < 1:
+        parser.error(f"--pairs must be positive, got {args.pairs}")
+    if os.path.exists(os.path.join(args.folder, "train.en")):
+        parser.error(f"{args.folder} already holds a corpus (train.en); choose a new folder")
+    start = time.perf_counter()
+    try:
+        write_wmt_like_corpus(args.folder, args.pairs, seed=args.seed)
+    except OSError as error:
+        raise SystemExit(f"error: cannot write the corpus: {error}") from None
+    print(f"wrote {args.pairs:,} training pairs and {EVAL_PAIRS:,} each of validation and "
+          f"test to {args.folder} in {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
