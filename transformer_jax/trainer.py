@@ -253,8 +253,10 @@ def _new_shuffle_seed(seed: int, step: int) -> int:
     return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
 
 
-def _train_batches(config, source, rows: int, num_local_devices: int, seed: int):
-    """The run's endless training batches: packed (`rows` rows) or bucketed, shuffled by `seed`."""
+def _train_batches(config, source, rows: int, num_local_devices: int, seed: int, *,
+                   announce: bool = True):
+    """The run's endless training batches: packed (`rows` rows) or bucketed, shuffled by `seed`
+    (with `announce`, process 0 prints the buckets)."""
     d = config.data
     common = dict(max_source_length=d.max_source_length, max_target_length=d.max_target_length,
                   too_long=d.too_long, seed=seed, num_workers=d.num_workers,
@@ -267,7 +269,7 @@ def _train_batches(config, source, rows: int, num_local_devices: int, seed: int)
     else:
         budget = dict(batch_size=rows)
     return bucketed_dataset(source, num_buckets=d.num_buckets, **budget, **common,
-                            log=print if jax.process_index() == 0 else None)
+                            log=print if announce and jax.process_index() == 0 else None)
 
 
 class _Loop:
@@ -297,9 +299,9 @@ class _Loop:
         self.state = create_train_state(self.model, optimizer.tx, jax.random.key(config.seed))
         self._window = _Window()
 
-    def _batches(self, seed: int):
+    def _batches(self, seed: int, *, announce: bool = True):
         return iter(_train_batches(self.config, self._train_split, self.rows,
-                                   self.parallel.num_local_devices, seed))
+                                   self.parallel.num_local_devices, seed, announce=announce))
 
     def _restore(self) -> None:
         """The newest checkpoint that reads, into `self.state` and `self.data` (a damaged
@@ -323,7 +325,8 @@ class _Loop:
         """Training data on a new shuffle, seeded by `_new_shuffle_seed(seed, step)`, with
         one warning naming the data settings that changed (or why the position was lost)."""
         getattr(self.data, "close", lambda: None)()  # grain's worker processes, if any
-        self.data = self._batches(_new_shuffle_seed(self.config.seed, step))
+        # The same buckets as the first iterator's, already announced.
+        self.data = self._batches(_new_shuffle_seed(self.config.seed, step), announce=False)
         now = self.config.data.to_dict()
         changed = _changes("data", saved.get("config", {}).get("data", {}), now, now)
         why = f"written with {' and '.join(changed)}" if changed else error.why
