@@ -60,10 +60,7 @@ def main(argv) -> None:
             writable_folder(os.path.dirname(os.path.abspath(_OUTPUT.value)), "--output's folder")
         engine = open_engine(_ENGINE.value, workdir=_WORKDIR.value, exported=_EXPORTED.value,
                              checkpoint=_CHECKPOINT.value)
-        if _INPUT.value:
-            lines = read_lines(_INPUT.value)
-        else:
-            lines = decode_lines(sys.stdin.buffer.read(), "stdin")
+        lines = read_lines(_INPUT.value) if _INPUT.value else _read_stdin()
     except (TranslationError, DataError, ConfigError, OSError) as error:
         sys.exit(f"error: {error}")
     print(engine.source, file=sys.stderr)  # stdout: translations
@@ -75,6 +72,15 @@ def main(argv) -> None:
     except TranslationError as error:
         sys.exit(f"error: {error}")
     write_translations("".join(t + "\n" for t in translations))
+
+
+def _read_stdin() -> list[str]:
+    """stdin's lines; a read error (EIO from a terminal that went away) names stdin."""
+    try:
+        data = sys.stdin.buffer.read()
+    except OSError as error:
+        raise OSError(f"cannot read stdin: {error.strerror or error}") from None
+    return decode_lines(data, "stdin")
 
 
 def write_translations(text: str) -> None:

@@ -105,6 +105,14 @@ def test_translate_errors_are_one_line(workdir, tmp_path):
     assert bad_utf8.returncode == 1 and b"Traceback" not in bad_utf8.stderr
     assert bad_utf8.stderr.decode().strip() == ("error: stdin, line 2: not valid UTF-8 "
                                                 "(invalid start byte at byte 7)")
+    # A stdin that cannot be read (here open for writing only: EBADF; a terminal gone: EIO)
+    # is named.
+    with open(tmp_path / "write-only", "wb") as write_only:
+        unreadable = subprocess.run([sys.executable, "translate.py", f"--workdir={workdir}"],
+                                    cwd=ROOT, stdin=write_only, capture_output=True, text=True,
+                                    timeout=300)
+    assert unreadable.returncode == 1
+    assert unreadable.stderr.strip() == "error: cannot read stdin: Bad file descriptor"
 
 
 def test_translate_keeps_output_lines_aligned_with_input_lines(workdir):
