@@ -261,6 +261,43 @@ def test_unreadable_tokenizer_is_a_translation_error(workdir_copy):
     assert str(error.value) == f"cannot read {tokenizer}: Is a directory"
 
 
+def test_a_replaced_tokenizer_is_refused_by_translation_export_and_training(
+        trained_run, workdir_copy, tmp_path):
+    """Checkpoints record their tokenizer's SHA-256. tokenizer.model replaced by another of
+    the same size (pieces learnt from the same text, each word reversed; its record deleted,
+    as a model copied alone): translating, exporting and resuming each stop with one error
+    naming the checkpoint, instead of reading and writing ids of other pieces."""
+    from transformer_jax.data.tokenizer import Tokenizer, train_tokenizer
+    from transformer_jax.export import export
+    from transformer_jax.export.manifest import ExportError
+    from transformer_jax.trainer import ConfigError
+
+    path = workdir_copy / "tokenizer.model"
+    trained_with = Tokenizer.load(path)
+    text = [" ".join(word[::-1] for word in pair[side].split())
+            for pair in load_split(trained_run.config.data, "train").pairs
+            for side in ("source", "target")]
+    other = train_tokenizer(text, trained_with.vocab_size)
+    assert other.vocab_size == trained_with.vocab_size and other.sha256 != trained_with.sha256
+    path.write_bytes(other.model_proto)
+    (workdir_copy / "tokenizer.model.json").unlink()
+    said = (f"checkpoints/4 was trained with another tokenizer (SHA-256 "
+            f"{trained_with.sha256[:12]}...) than the workdir's tokenizer.model "
+            f"({other.sha256[:12]}...); put back the one it was trained with")
+    with pytest.raises(TranslationError) as translating:
+        Translator.from_workdir(str(workdir_copy))
+    with pytest.raises(ExportError) as exporting:
+        export(str(workdir_copy), str(tmp_path / "exported"), fmt="ctranslate2")
+    # Training refuses the ids prepared with the old tokenizer; with them deleted too, as
+    # that error suggests, the checkpoint is what refuses it.
+    shutil.rmtree(workdir_copy / "prepared")
+    with pytest.raises(ConfigError) as resuming:
+        train(shared_run(num_train_steps=6), str(workdir_copy))
+    for error in (translating, exporting, resuming):
+        assert said in str(error.value)
+    assert not (tmp_path / "exported").exists()
+
+
 def test_missing_checkpoint_dir_raises(tmp_path):
     with pytest.raises(TranslationError, match="no checkpoints"):
         Translator.from_workdir(str(tmp_path))

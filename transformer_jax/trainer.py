@@ -56,7 +56,11 @@ from transformer_jax.data import (
     prepare,
     train_dataset,
 )
-from transformer_jax.data.vocabulary import tokenizer_path
+from transformer_jax.data.vocabulary import (
+    CHECKPOINT_TOKENIZER_KEY,
+    other_tokenizer,
+    tokenizer_path,
+)
 from transformer_jax.model import Transformer
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
@@ -206,6 +210,9 @@ def _train(config, workdir: str, stop: StopSignal, started: float) -> TrainResul
         found = checkpointer.newest(checkpointer.metadata)
         if found is not None:
             _refuse_other_model(found[1]["model"], model_config, workdir)
+            if why := other_tokenizer(found[1], tokenizer):
+                raise ConfigError(f"{checkpointer.directory}/{found[0]} {why}, or train in a "
+                                  f"new --workdir")
             _refuse_other_optimizer(found[1].get("config", {}).get("optim") or {}, config.optim,
                                     model_config.d_model, f"{checkpointer.directory}/{found[0]}")
         loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer, splits)
@@ -281,7 +288,8 @@ class _Loop:
         self.tokenizer, self.checkpointer = tokenizer, checkpointer
         self.model = Transformer(model_config)
         self.metadata = {"config": config.to_dict(), "model": dataclasses.asdict(model_config),
-                         "tokenizer": tokenizer_path(workdir)}
+                         "tokenizer": tokenizer_path(workdir),
+                         CHECKPOINT_TOKENIZER_KEY: tokenizer.sha256}
         optimizer = optimizer_from_config(config.optim, model_config.d_model)
         self.p_train = parallel.compile_train_step(functools.partial(
             train_step, model=self.model, seed=config.seed,

@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.data.vocabulary import tokenizer_path
+from transformer_jax.data.vocabulary import other_tokenizer, tokenizer_path
 from transformer_jax.model import Transformer
 from transformer_jax.predict import predict
 from transformer_jax.run_config import decode_fields
@@ -56,6 +56,8 @@ class Translator:
             raise TranslationError(str(error)) from None
         except OSError as error:
             raise TranslationError(f"cannot read {path}: {error.strerror or error}") from None
+        if why := other_tokenizer(trained.metadata, tokenizer):
+            raise TranslationError(f"{workdir}/checkpoints/{trained.steps[-1]} {why}")
         return cls(trained.model, trained.params, tokenizer,
                    ml_collections.ConfigDict(trained.metadata["config"]), trained.steps)
 

@@ -59,6 +59,23 @@ def tokenizer_path(workdir: str) -> str:
     return os.path.join(workdir, TOKENIZER_FILE)
 
 
+# The checkpoint metadata key of the SHA-256 of the tokenizer the run trained with.
+CHECKPOINT_TOKENIZER_KEY = "tokenizer_sha256"
+
+
+def other_tokenizer(metadata: dict, tokenizer: Tokenizer) -> str | None:
+    """Why a checkpoint (its `metadata`) does not go with `tokenizer`: it was trained with
+    a tokenizer of another SHA-256 (a vocabulary of the same size gives ids of other
+    pieces: the model would read and write nonsense). None when it is the same, or when
+    the checkpoint is from a version that did not record it."""
+    saved = metadata.get(CHECKPOINT_TOKENIZER_KEY)
+    if saved is None or saved == tokenizer.sha256:
+        return None
+    return (f"was trained with another tokenizer (SHA-256 {saved[:12]}...) than the "
+            f"workdir's {TOKENIZER_FILE} ({tokenizer.sha256[:12]}...); put back the one it "
+            f"was trained with")
+
+
 def settings_path(model_path: str | os.PathLike) -> str:
     """Where the record (settings, training data, SHA-256) of the model at `model_path` is."""
     return os.fspath(model_path) + ".json"

@@ -23,13 +23,15 @@ def export(workdir: str, output: str, *, fmt: str, checkpoint: str = "latest",
     import ml_collections
 
     from transformer_jax.data.tokenizer import Tokenizer
-    from transformer_jax.data.vocabulary import tokenizer_path
+    from transformer_jax.data.vocabulary import other_tokenizer, tokenizer_path
     from transformer_jax.trained_params import load_trained_params
     from transformer_jax.translation import search_settings
 
     if fmt not in FORMATS:
         raise ExportError(f"--format={fmt!r}: choose one of {', '.join(FORMATS)}")
     trained = load_trained_params(workdir, checkpoint)
+    if why := other_tokenizer(trained.metadata, Tokenizer.load(tokenizer_path(workdir))):
+        raise ExportError(f"{workdir}/checkpoints/{trained.steps[-1]} {why}")
     search = search_settings(ml_collections.ConfigDict(trained.metadata["config"]))
     with staged_directory(output, force=force) as directory:
         if fmt == "ctranslate2":
