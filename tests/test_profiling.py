@@ -66,3 +66,20 @@ def test_train_profiles_its_steps_after_the_first_ten(tmp_path, capsys):
     # fill at most the 8 rows of 24 tokens.
     assert record["step"] == 13 and 13 / record["steps_per_sec"] <= record["elapsed_s"]
     assert 0 < record["tokens_per_sec"] / record["steps_per_sec"] <= 8 * 24
+
+
+def test_a_trace_that_cannot_start_is_one_warning_and_training_goes_on(tmp_path, capsys):
+    """Another trace already running (a notebook's own): the run warns once and trains on."""
+    import jax
+
+    jax.profiler.start_trace(str(tmp_path / "theirs"))
+    try:
+        result = train(tiny_run(num_train_steps=11, log_every_steps=11, eval_every_steps=11,
+                                checkpoint_every_steps=11, profile_steps=1),
+                       str(tmp_path / "run"))
+    finally:
+        jax.profiler.stop_trace()
+    assert result.step == 11
+    printed = "".join(capsys.readouterr())
+    assert printed.count("warning: cannot trace steps 11 and on: ") == 1
+    assert not (tmp_path / "run" / "plugins").exists()

@@ -291,7 +291,8 @@ def test_a_replaced_tokenizer_is_refused_by_translation_export_and_training(
     # Training refuses the ids prepared with the old tokenizer; with them deleted too, as
     # that error suggests, the checkpoint is what refuses it.
     shutil.rmtree(workdir_copy / "prepared")
-    with pytest.raises(ConfigError) as resuming:
+    with pytest.raises(ConfigError) as resuming, \
+            pytest.warns(UserWarning, match="tokenizer.model.json', which records them, is"):
         train(shared_run(num_train_steps=6), str(workdir_copy))
     for error in (translating, exporting, resuming):
         assert said in str(error.value)

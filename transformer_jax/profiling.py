@@ -84,11 +84,17 @@ def timeline(trace_dir: str) -> dict[str, float]:
             "idle_share": (span - busy) / span if span else 0.0}
 
 
+class ProfileError(Exception):
+    """A trace that could not be taken or summarized; the training it watched goes on."""
+
+
 class StepTrace:
     """Traces `steps` steps of a training loop, after its first `PROFILE_AFTER_STEPS`, into
     `logdir`/plugins/profile/RUN/ (where TensorBoard's profiler looks: the run's TensorBoard
     folder shows it), and writes RUN/summary.json: the steps, their wall time, the device's
-    `timeline` per step and the top operations (`summarize`).
+    `timeline` per step and the top operations over all the traced steps (`summarize`).
+    A trace that cannot be taken (another one is running) or summarized (a full disk) is
+    a ProfileError, after which the loop goes on untraced.
 
         trace = StepTrace(logdir, first_step=0, steps=20)
         for step in ...:
@@ -105,7 +111,10 @@ class StepTrace:
     def before(self, step: int) -> None:
         if self.steps and step == self.start_step:
             self._runs = set(self._run_folders())
-            jax.profiler.start_trace(self.logdir)
+            try:
+                jax.profiler.start_trace(self.logdir)
+            except RuntimeError as error:  # "Profile has already been started"
+                raise ProfileError(f"cannot trace steps {step + 1} and on: {error}") from None
             self._started = time.perf_counter()
 
     def after(self, step: int, outputs, *, last: bool = False) -> dict | None:
@@ -117,16 +126,20 @@ class StepTrace:
         wall_ms = (time.perf_counter() - self._started) * 1e3
         jax.profiler.stop_trace()
         self._started = None
-        new = set(self._run_folders()) - self._runs
-        folder = max(new or self._run_folders(), key=os.path.getmtime)  # a name reused: newest
-        steps, device = step - self.start_step, timeline(folder)
-        summary = {"trace": folder, "first_step": self.start_step + 1, "last_step": step,
-                   "wall_ms_per_step": wall_ms / steps,
-                   "busy_ms_per_step": device["busy_ms"] / steps,
-                   "idle_ms_per_step": device["idle_ms"] / steps,
-                   "idle_share": device["idle_share"], "operations": summarize(folder)}
-        with atomic_write(os.path.join(folder, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=1)
+        try:
+            new = set(self._run_folders()) - self._runs
+            folder = max(new or self._run_folders(), key=os.path.getmtime)  # a name reused
+            steps, device = step - self.start_step, timeline(folder)
+            summary = {"trace": folder, "first_step": self.start_step + 1, "last_step": step,
+                       "wall_ms_per_step": wall_ms / steps,
+                       "busy_ms_per_step": device["busy_ms"] / steps,
+                       "idle_ms_per_step": device["idle_ms"] / steps,
+                       "idle_share": device["idle_share"], "operations": summarize(folder)}
+            with atomic_write(os.path.join(folder, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=1)
+        except (OSError, ValueError) as error:  # no trace written, a full disk
+            raise ProfileError(f"the trace of steps {self.start_step + 1}-{step} in "
+                               f"{self.logdir} could not be summarized: {error}") from None
         return summary
 
     def close(self) -> None:

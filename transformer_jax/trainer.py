@@ -66,7 +66,7 @@ from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
 from transformer_jax import processes
-from transformer_jax.profiling import StepTrace
+from transformer_jax.profiling import ProfileError, StepTrace
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
 from transformer_jax.steps import eval_step, train_step
@@ -367,7 +367,7 @@ class _Loop:
             stop.check()
             stop.training = True
             while step < self.config.num_train_steps:
-                trace.before(step)
+                self._watch(log, trace.before, step)
                 placed, metrics = self.p_train(placed, self.parallel.put_batch(next(self.data)))
                 step += 1
                 self._window.pending.append(metrics)
@@ -376,7 +376,7 @@ class _Loop:
                     log.message(f"step {step} done {time.monotonic() - started:.1f} s after "
                                 f"the start (reading or preparing the data, compiling)")
                 stopped = self._stop_requested(stop, step)
-                profiled = trace.after(step, metrics,
+                profiled = self._watch(log, trace.after, step, metrics,
                                        last=stopped or step == self.config.num_train_steps)
                 if profiled:
                     log.message(_profile_line(profiled))
@@ -398,6 +398,15 @@ class _Loop:
             getattr(self.data, "close", lambda: None)()  # grain's worker processes, if any
             log.close()
         return TrainResult(step, records, stopped)
+
+    @staticmethod
+    def _watch(log: RunLog, call, *args, **kwargs):
+        """`call` of the step trace; a ProfileError is one warning, and training goes on."""
+        try:
+            return call(*args, **kwargs)
+        except ProfileError as error:
+            log.message(f"warning: {error}")
+            return None
 
     def _periodic_work(self, log: RunLog, records: list[dict]) -> list["_Periodic"]:
         """What the loop does between steps, in this order: log the training metrics,
