@@ -23,6 +23,7 @@ POSITIVE = {
     "pipeline": ("batches_per_sec", "examples_per_sec", "tokens_per_sec", "source_fill",
                  "target_fill", "first_batch_s", "resume_s", "prepare_s", "pairs_per_sec"),
     "compare": ("step_ms", "tflops"),
+    "loss": ("ms", "tflops", "compile_s", "memory_bytes"),
 }
 
 
@@ -48,6 +49,9 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
             True, True]  # packed and bucketed
     if suite == "attention":
         assert_attention_masks(result)
+    if suite == "loss":
+        assert [row["method"] for row in result["results"]][:2] == ["whole", "chunks"]
+        assert result["results"][0]["vs_whole"] == 1.0
     assert "tflops" in capsys.readouterr().out or suite in ("decode", "pipeline")
 
 
@@ -416,3 +420,43 @@ def test_corpus_command_writes_the_corpus_and_refuses_a_folder_that_has_one(tmp_
     with pytest.raises(SystemExit):
         main([str(tmp_path / "cli"), "--pairs=500"])
     assert "already holds a corpus" in capsys.readouterr().err
+
+
+def loss_inputs(rows=40, width=16, vocab=50):
+    rng = np.random.default_rng(1)
+    return (jnp.asarray(rng.normal(size=(rows, width)), jnp.float32),
+            jnp.asarray(rng.normal(size=(vocab, width)), jnp.float32),
+            jnp.asarray(rng.integers(1, vocab, rows), jnp.int32))
+
+
+def test_loss_suite_methods_compute_the_same_loss_and_gradients():
+    """The suite's whole and chunked methods (chunks of 16 here) give the same smoothed loss,
+    accuracy and gradients, so the suite times the same work two ways."""
+    from transformer_jax.benchmark import loss
+
+    found, _ = loss.methods(chunk=16)
+    x_RD, table_VD, targets_R = loss_inputs()
+    results = [jax.value_and_grad(lambda x, t: found[name](x, t, targets_R, jnp.float32),
+                                  argnums=(0, 1), has_aux=True)(x_RD, table_VD)
+               for name in ("whole", "chunks")]
+    (whole, whole_correct), whole_grads = results[0]
+    (chunks, chunks_correct), chunks_grads = results[1]
+    np.testing.assert_allclose(chunks, whole, rtol=1e-5)
+    assert chunks_correct == whole_correct
+    for a, b in zip(chunks_grads, whole_grads):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_loss_suite_tokamax_is_the_unsmoothed_loss():
+    """tokamax's kernel, as the suite calls it, is the cross-entropy without smoothing:
+    Σ -log softmax(x · table^T)[target], here against NumPy in float64."""
+    pytest.importorskip("tokamax", reason="tokamax is optional (pip install tokamax)")
+    from transformer_jax.benchmark import loss
+
+    found, _ = loss.methods(chunk=16)
+    x_RD, table_VD, targets_R = loss_inputs()
+    value, _ = found["tokamax"](x_RD, table_VD, targets_R, jnp.float32)
+    logits = np.asarray(x_RD, np.float64) @ np.asarray(table_VD, np.float64).T
+    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    np.testing.assert_allclose(value, -logp[np.arange(40), np.asarray(targets_R)].sum(),
+                               rtol=1e-5)

@@ -11,9 +11,11 @@ Suites (each a module here whose `run(quick) -> (rows, notes)` returns one dict 
     pipeline   packed batches per second and fill, ours beside grain's packers; a WMT-size
                generated corpus: preparation, first batch, resume, memory
     compare    the same train step in PyTorch's torch.nn.Transformer, and Flax's attention
+    loss       the output layer and smoothed loss alone: the whole logits, in chunks, and
+               tokamax's kernel where it is installed
 
 Every figure is a median over timed calls after warm-up calls, each call waited
 for with `block_until_ready`; every suite compares within one run.
 """
 
-SUITES = ("attention", "model", "decode", "pipeline", "compare")
+SUITES = ("attention", "model", "decode", "pipeline", "compare", "loss")

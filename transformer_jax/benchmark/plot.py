@@ -66,7 +66,7 @@ def bar_figure(rows: list[dict], value: str, title: str):
 
 
 HEADLINE = {"model": "tokens_per_sec", "decode": "tokens_per_sec",
-            "pipeline": "examples_per_sec", "compare": "tokens_per_sec"}
+            "pipeline": "examples_per_sec", "compare": "tokens_per_sec", "loss": "tflops"}
 
 
 def save(suite: str, rows: list[dict], path: str) -> None:

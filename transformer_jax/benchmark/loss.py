@@ -1,0 +1,107 @@
+"""The `loss` suite: the tied output layer and the smoothed loss (§3.4, §5.4), forward and
+backward, alone: what `config.loss_chunk_size` chooses between, and a library's kernel.
+
+    whole    the logits `(R, V)` whole: `losses.label_smoothed_cross_entropy` and
+             `losses.accuracy` of `features @ table.T` (`loss_chunk_size=0`)
+    chunks   `output_loss.output_loss`, `chunk` rows at a time, with its hand-written
+             gradient (`loss_chunk_size`: 4,096 on accelerators, 512 on CPUs, 16 in --quick)
+    tokamax  tokamax's `linear_softmax_cross_entropy_loss`, where tokamax is installed: no
+             label smoothing, no token weights, no accuracy, so less work than the two
+             above and no drop-in for them; it is here to measure what a well-kept kernel
+             does with the same matmuls
+
+Each is the value and gradient (features and table) of the loss's sum, jitted; R target
+tokens of width D against V. On accelerators R = 96 × 256 (the base step's batch), D 512,
+V 37,000, bfloat16 operands; on CPUs R 2,048, D 256, V 8,000, float32.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.benchmark.timing import compile_seconds, median_seconds, memory_bytes
+from transformer_jax.losses import accuracy, label_smoothed_cross_entropy
+from transformer_jax.output_loss import output_loss
+
+
+def cases(quick: bool) -> list[tuple[int, int, int, str, int]]:
+    """(R rows, D, V, dtype, rows per chunk)."""
+    if quick:
+        return [(64, 32, 300, "float32", 16)]
+    if jax.default_backend() == "cpu":
+        return [(2048, 256, 8000, "float32", 512)]
+    return [(96 * 256, 512, 37_000, "bfloat16", 4096)]
+
+
+def _whole(x_RD, table_VD, targets_R, dtype):
+    logits_RV = jnp.einsum("RD,VD->RV", x_RD.astype(dtype), table_VD.astype(dtype),
+                           preferred_element_type=jnp.float32)
+    loss, _ = label_smoothed_cross_entropy(logits_RV, targets_R, label_smoothing=0.1)
+    return loss, accuracy(logits_RV, targets_R)[0]
+
+
+def _chunks(x_RD, table_VD, targets_R, dtype, chunk):
+    loss, _, correct = output_loss(x_RD, table_VD, targets_R, label_smoothing=0.1,
+                                   chunk_size=chunk, dtype=dtype)
+    return loss, correct
+
+
+def _tokamax(x_RD, table_VD, targets_R, dtype):
+    import tokamax
+
+    loss = tokamax.linear_softmax_cross_entropy_loss(
+        x_RD.astype(dtype), targets_R, table_VD.astype(dtype).T, reduction="sum")
+    return loss, jnp.zeros((), jnp.float32)
+
+
+def methods(chunk: int) -> tuple[dict, list[str]]:
+    """{name: loss function}, and notes on what could not run here."""
+    found = {"whole": _whole, "chunks": functools.partial(_chunks, chunk=chunk)}
+    try:
+        import tokamax  # noqa: F401
+    except ImportError:
+        return found, ["tokamax: not installed (pip install tokamax)"]
+    from absl import flags
+
+    # tokamax 0.0.12 reads its options as absl flags, parsing sys.argv on first use; here
+    # sys.argv holds this command's own arguments (--quick), which absl would refuse.
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    return {**found, "tokamax": _tokamax}, []
+
+
+def time_method(fn, rows: int, width: int, vocab: int, dtype: str, chunk: int, *,
+                quick: bool) -> dict:
+    rng = np.random.default_rng(0)
+    x_RD = jnp.asarray(rng.normal(size=(rows, width)), jnp.float32)
+    table_VD = jnp.asarray(rng.normal(size=(vocab, width)) * width ** -0.5, jnp.float32)
+    targets_R = jnp.asarray(rng.integers(1, vocab, rows), jnp.int32)
+    step = jax.jit(jax.value_and_grad(lambda x, t: fn(x, t, targets_R, jnp.dtype(dtype)),
+                                      argnums=(0, 1), has_aux=True))
+    compiled, compile_s = compile_seconds(step, x_RD, table_VD)
+    seconds = median_seconds(lambda: jax.block_until_ready(compiled(x_RD, table_VD)),
+                             warmup=1 if quick else 2, iters=3 if quick else 10)
+    flops = 6 * rows * width * vocab  # logits, then d(features) and d(table)
+    return {"rows": rows, "d_model": width, "vocab": vocab, "dtype": dtype, "chunk": chunk,
+            "ms": seconds * 1e3, "tflops": flops / seconds / 1e12, "compile_s": compile_s,
+            "memory_bytes": memory_bytes(compiled)}
+
+
+def run(quick: bool = False) -> tuple[list[dict], list[str]]:
+    rows = []
+    for case in cases(quick):
+        found, notes = methods(chunk=case[-1])
+        timed = [{"method": name, **time_method(fn, *case, quick=quick)}
+                 for name, fn in found.items()]
+        for row in timed:
+            row["vs_whole"] = timed[0]["ms"] / row["ms"]
+            if row["method"] != "chunks":
+                row["chunk"] = None
+        rows += timed
+    return rows, notes + [
+        "whole: the (R, V) logits whole; chunks: output_loss, the same loss and gradient; "
+        "tokamax: no label smoothing, weights or accuracy",
+        "tflops: the nominal 6·R·D·V of the logits and their two gradients (chunks compute "
+        "the logits twice)", "vs_whole: the whole logits' time over this method's"]
