@@ -53,7 +53,9 @@ def test_train_profiles_its_steps_after_the_first_ten(tmp_path, capsys):
     assert len(runs) == 1
     summary = json.loads((tmp_path / "plugins" / "profile" / runs[0] / "summary.json").read_text())
     assert (summary["first_step"], summary["last_step"]) == (11, 13)
-    assert 0 < summary["busy_ms_per_step"] <= summary["wall_ms_per_step"]
+    # (The busy time is not compared with the wall time: step 10 may still be running when
+    # the trace starts, and its end counts in the trace, not in the wall time.)
+    assert summary["busy_ms_per_step"] > 0 and summary["wall_ms_per_step"] > 0
     assert summary["idle_ms_per_step"] >= 0 and 0 <= summary["idle_share"] < 1
     assert sum(o["share"] for o in summary["operations"]) <= 1 + 1e-9
     assert any(o["operation"] in ("dot", "ynn_fusion") for o in summary["operations"])
