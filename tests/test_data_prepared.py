@@ -73,6 +73,17 @@ def count_calls(monkeypatch, obj, name, fail_after=None):
     return calls
 
 
+def killed_preparation(config, tmp_path, monkeypatch, name: str, fail_after: int) -> str:
+    """`prepare` in parts of 100 pairs into tmp_path/run, killed (KeyboardInterrupt) once
+    `fail_after` calls of prepared.`name` ran; returns the workdir."""
+    monkeypatch.setattr(prepared_module, "PART_PAIRS", 100)
+    workdir = str(tmp_path / "run")
+    count_calls(monkeypatch, prepared_module, name, fail_after=fail_after)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(config, workdir, **QUIET)
+    return workdir
+
+
 # --- what is prepared -------------------------------------------------------------------------
 
 
@@ -239,11 +250,7 @@ def test_worker_processes_pack_slices_of_the_chunks_in_turn(run):
 def test_a_killed_preparation_resumes_from_its_whole_parts(corpus, run, tmp_path, monkeypatch):
     """Killed after the first of 5 parts: nothing opens; a rerun keeps that part, writes the
     other 4 (and the validation split's one) and equals a clean preparation."""
-    monkeypatch.setattr(prepared_module, "PART_PAIRS", 100)  # 429 pairs: parts of 100
-    workdir = str(tmp_path / "run")
-    count_calls(monkeypatch, prepared_module, "_write_part", fail_after=1)
-    with pytest.raises(KeyboardInterrupt):
-        prepare(corpus, workdir, **QUIET)
+    workdir = killed_preparation(corpus, tmp_path, monkeypatch, "_write_part", 1)  # 429 pairs
     tokenizer = Tokenizer.load(os.path.join(workdir, "tokenizer.model"))
     for split in ("train", "validation"):
         with pytest.raises(DataError, match=f"{split} is not prepared"):
@@ -273,12 +280,8 @@ def test_a_killed_preparation_resumes_from_its_whole_parts(corpus, run, tmp_path
 
 def test_parts_made_from_other_files_are_not_reused(tmp_path, monkeypatch):
     """Killed, then the corpus changes: the rerun tokenizes every part anew, from the new text."""
-    monkeypatch.setattr(prepared_module, "PART_PAIRS", 100)
     config = write_corpus(tmp_path / "corpus")
-    workdir = str(tmp_path / "run")
-    count_calls(monkeypatch, prepared_module, "_write_part", fail_after=2)
-    with pytest.raises(KeyboardInterrupt):
-        prepare(config, workdir, **QUIET)
+    workdir = killed_preparation(config, tmp_path, monkeypatch, "_write_part", 2)
     # Other pairs (the workdir's tokenizer is kept: its settings are the same).
     changed = list(reversed(PAIRS)) + [{"source": "null", "target": "nothing"}]
     write_corpus(tmp_path / "corpus", changed)
@@ -399,11 +402,7 @@ def damage(path, how):
 def test_a_damaged_part_is_tokenized_again(corpus, run, tmp_path, monkeypatch, how):
     """A whole part of a killed preparation, damaged before the rerun: a warning names it,
     it is tokenized again (with the parts never written), and the ids equal a clean run's."""
-    monkeypatch.setattr(prepared_module, "PART_PAIRS", 100)
-    workdir = str(tmp_path / "run")
-    count_calls(monkeypatch, prepared_module, "_write_part", fail_after=2)
-    with pytest.raises(KeyboardInterrupt):
-        prepare(corpus, workdir, **QUIET)
+    workdir = killed_preparation(corpus, tmp_path, monkeypatch, "_write_part", 2)
     partial = tmp_path / "run" / "prepared" / "train.partial"
     damage(partial / "part-00000.npz", how)
     written = count_calls(monkeypatch, prepared_module, "_write_part")
@@ -457,11 +456,7 @@ def test_a_kill_while_moving_a_split_into_place_resumes_without_tokenizing(
         corpus, run, tmp_path, monkeypatch):
     """Killed after joining, while removing the parts (made_from.json already gone): the
     rerun finds the joined arrays whole and moves them into place, tokenizing nothing."""
-    monkeypatch.setattr(prepared_module, "PART_PAIRS", 100)
-    workdir = str(tmp_path / "run")
-    count_calls(monkeypatch, prepared_module, "_move_into_place", fail_after=0)
-    with pytest.raises(KeyboardInterrupt):
-        prepare(corpus, workdir, **QUIET)
+    workdir = killed_preparation(corpus, tmp_path, monkeypatch, "_move_into_place", 0)
     partial = tmp_path / "run" / "prepared" / "train.partial"
     for name in ("made_from.json", "part-00000.npz", "part-00001.npz"):
         (partial / name).unlink()
