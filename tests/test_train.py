@@ -22,11 +22,11 @@ from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config_checks import writable_folder
 from transformer_jax.data.pipeline import ShuffledChunks
 from transformer_jax.run_log import MetricsWriteError
+from transformer_jax.resume_checks import refuse_other_optimizer
 from transformer_jax.trainer import (
     ConfigError,
     NonFiniteLossError,
     _new_shuffle_seed,
-    _refuse_other_optimizer,
     check_config,
     train,
 )
@@ -172,14 +172,14 @@ def test_only_optimizer_settings_that_change_its_state_are_refused():
     saved = shared_run().optim.to_dict()
     assert saved["grad_clip_norm"] == 1.0
     same_tree = shared_run(**{"optim.grad_clip_norm": 0.5, "optim.learning_rate_scale": 0.5})
-    _refuse_other_optimizer(saved, same_tree.optim, 32, "W/checkpoints/4")
+    refuse_other_optimizer(saved, same_tree.optim, 32, "W/checkpoints/4")
     other_tree = shared_run(**{"optim.grad_clip_norm": 0.0, "optim.learning_rate_scale": 0.5})
     with pytest.raises(ConfigError) as caught:
-        _refuse_other_optimizer(saved, other_tree.optim, 32, "W/checkpoints/4")
+        refuse_other_optimizer(saved, other_tree.optim, 32, "W/checkpoints/4")
     assert str(caught.value) == (
         "W/checkpoints/4 was written with optim.grad_clip_norm=1.0, now 0.0, which changes "
         "the optimizer state; resume with the saved value, or train in a new --workdir")
-    _refuse_other_optimizer({"name": "another version's"}, other_tree.optim, 32, "W/4")
+    refuse_other_optimizer({"name": "another version's"}, other_tree.optim, 32, "W/4")
 
 
 def test_a_state_that_does_not_fit_is_refused_when_the_saved_config_cannot_say_why(

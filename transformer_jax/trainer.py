@@ -56,17 +56,14 @@ from transformer_jax.data import (
     prepare,
     train_dataset,
 )
-from transformer_jax.data.vocabulary import (
-    CHECKPOINT_TOKENIZER_KEY,
-    other_tokenizer,
-    tokenizer_path,
-)
+from transformer_jax.data.vocabulary import CHECKPOINT_TOKENIZER_KEY, tokenizer_path
 from transformer_jax.model import Transformer
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
 from transformer_jax import processes
 from transformer_jax.profiling import ProfileError, StepTrace
+from transformer_jax.resume_checks import changed_settings, refuse_other_run
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
 from transformer_jax.steps import eval_step, train_step
@@ -77,48 +74,6 @@ from transformer_jax.workdir_lock import workdir_lock
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or infinite; nothing was saved for that step."""
-
-
-def _refuse_other_model(saved: dict, model_config, workdir) -> None:
-    wanted = dataclasses.asdict(model_config)
-    changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
-    if changed:
-        diffs = ", ".join(f"{k}: saved {saved.get(k)!r}, now {wanted[k]!r}" for k in changed)
-        raise ConfigError(f"{workdir} holds a run of another model ({diffs}); use a new "
-                          f"--workdir or the config it was trained with")
-
-
-def _changes(group: str, saved: dict, now: dict, keys) -> list[str]:
-    """"group.key=saved, now new" for each of `keys` saved with another value."""
-    return [f"{group}.{k}={saved[k]!r}, now {now[k]!r}" for k in keys
-            if k in saved and saved[k] != now[k]]
-
-
-def _optimizer_state_tree(optim: dict, d_model: int):
-    """The tree structure of the optimizer state that `optim`'s settings build (over a
-    one-array parameter tree: a setting changes it for every tree or for none)."""
-    tx = optimizer_from_config(optim, d_model).tx
-    params = {"w": jax.ShapeDtypeStruct((1,), jnp.float32)}
-    return jax.tree.structure(jax.eval_shape(tx.init, params))
-
-
-def _refuse_other_optimizer(saved: dict, optim, d_model: int, where: str) -> None:
-    """A ConfigError naming each optim setting whose change alone, from `saved` (the
-    checkpoint's optim settings), changes the optimizer state's tree. Saved settings that
-    build no optimizer (another version's) are left to the restore's own check of the tree."""
-    now = optim.to_dict()
-    try:
-        before = _optimizer_state_tree(saved, d_model)
-        keys = [k for k in now if k in saved and saved[k] != now[k]
-                and _optimizer_state_tree({**saved, k: now[k]}, d_model) != before]
-    except (KeyError, TypeError, ValueError):
-        return
-    if keys:
-        one = len(keys) == 1
-        raise ConfigError(f"{where} was written with "
-                          f"{' and '.join(_changes('optim', saved, now, keys))}, which "
-                          f"change{'s' if one else ''} the optimizer state; resume with the "
-                          f"saved value{'' if one else 's'}, or train in a new --workdir")
 
 
 def _due(step: int, every: int, last_step: int) -> bool:
@@ -209,12 +164,8 @@ def _train(config, workdir: str, stop: StopSignal, started: float) -> TrainResul
         # The newest checkpoint whose metadata reads; damaged ones are moved aside.
         found = checkpointer.newest(checkpointer.metadata)
         if found is not None:
-            _refuse_other_model(found[1]["model"], model_config, workdir)
-            if why := other_tokenizer(found[1], tokenizer):
-                raise ConfigError(f"{checkpointer.directory}/{found[0]} {why}, or train in a "
-                                  f"new --workdir")
-            _refuse_other_optimizer(found[1].get("config", {}).get("optim") or {}, config.optim,
-                                    model_config.d_model, f"{checkpointer.directory}/{found[0]}")
+            refuse_other_run(found[1], model_config, config.optim, tokenizer, workdir=workdir,
+                             where=f"{checkpointer.directory}/{found[0]}")
         loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer, splits)
         return loop.run(stop, started)
     finally:
@@ -336,7 +287,7 @@ class _Loop:
         # The same buckets as the first iterator's, already announced.
         self.data = self._batches(_new_shuffle_seed(self.config.seed, step), announce=False)
         now = self.config.data.to_dict()
-        changed = _changes("data", saved.get("config", {}).get("data", {}), now, now)
+        changed = changed_settings("data", saved.get("config", {}).get("data", {}), now, now)
         why = f"written with {' and '.join(changed)}" if changed else error.why
         if jax.process_index() == 0:
             print(f"warning: {self.checkpointer.directory}/{step}: {why}; the training data "

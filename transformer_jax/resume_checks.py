@@ -1,0 +1,71 @@
+"""What a checkpoint must agree with before a run resumes from it, checked before anything
+compiles: its model, its tokenizer, and the optimizer state's tree.
+
+    refuse_other_run(metadata, model_config, config.optim, tokenizer, workdir=W,
+                     where="W/checkpoints/40")  # or a ConfigError
+
+Settings that keep the state (learning_rate_scale, num_train_steps, intervals...) resume.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.config_checks import ConfigError
+from transformer_jax.data.vocabulary import other_tokenizer
+from transformer_jax.optim import optimizer_from_config
+
+
+def refuse_other_run(metadata: dict, model_config, optim, tokenizer, *, workdir: str,
+                     where: str) -> None:
+    """A ConfigError when `workdir`'s checkpoint at `where` (its `metadata`) was written by
+    another model, with another tokenizer, or with optim settings that build another
+    optimizer state; nothing is moved or changed."""
+    refuse_other_model(metadata["model"], model_config, workdir)
+    if why := other_tokenizer(metadata, tokenizer):
+        raise ConfigError(f"{where} {why}, or train in a new --workdir")
+    refuse_other_optimizer(metadata.get("config", {}).get("optim") or {}, optim,
+                           model_config.d_model, where)
+
+
+def refuse_other_model(saved: dict, model_config, workdir: str) -> None:
+    wanted = dataclasses.asdict(model_config)
+    changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
+    if changed:
+        diffs = ", ".join(f"{k}: saved {saved.get(k)!r}, now {wanted[k]!r}" for k in changed)
+        raise ConfigError(f"{workdir} holds a run of another model ({diffs}); use a new "
+                          f"--workdir or the config it was trained with")
+
+
+def changed_settings(group: str, saved: dict, now: dict, keys) -> list[str]:
+    """"group.key=saved, now new" for each of `keys` saved with another value."""
+    return [f"{group}.{k}={saved[k]!r}, now {now[k]!r}" for k in keys
+            if k in saved and saved[k] != now[k]]
+
+
+def _optimizer_state_tree(optim: dict, d_model: int):
+    """The tree structure of the optimizer state that `optim`'s settings build (over a
+    one-array parameter tree: a setting changes it for every tree or for none)."""
+    tx = optimizer_from_config(optim, d_model).tx
+    params = {"w": jax.ShapeDtypeStruct((1,), jnp.float32)}
+    return jax.tree.structure(jax.eval_shape(tx.init, params))
+
+
+def refuse_other_optimizer(saved: dict, optim, d_model: int, where: str) -> None:
+    """A ConfigError naming each optim setting whose change alone, from `saved` (the
+    checkpoint's optim settings), changes the optimizer state's tree. Saved settings that
+    build no optimizer (another version's) are left to the restore's own check of the tree."""
+    now = optim.to_dict()
+    try:
+        before = _optimizer_state_tree(saved, d_model)
+        keys = [k for k in now if k in saved and saved[k] != now[k]
+                and _optimizer_state_tree({**saved, k: now[k]}, d_model) != before]
+    except (KeyError, TypeError, ValueError):
+        return
+    if keys:
+        one = len(keys) == 1
+        raise ConfigError(f"{where} was written with "
+                          f"{' and '.join(changed_settings('optim', saved, now, keys))}, which "
+                          f"change{'s' if one else ''} the optimizer state; resume with the "
+                          f"saved value{'' if one else 's'}, or train in a new --workdir")
