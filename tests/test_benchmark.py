@@ -30,7 +30,9 @@ POSITIVE = {
 @pytest.mark.parametrize("suite", SUITES)
 def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
     path = tmp_path / f"{suite}.json"
-    assert main([suite, "--quick", f"--json={path}"]) == 0
+    # The model suite with a ModelConfig field set to another value than its default (16).
+    vary = ["--vary", "dropout_bits=8"] if suite == "model" else []
+    assert main([suite, "--quick", f"--json={path}", *vary]) == 0
     result = json.loads(path.read_text())
     assert result["suite"] == suite and result["quick"] is True
     about = result["machine"]
@@ -49,6 +51,9 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
             True, True]  # packed and bucketed
     if suite == "attention":
         assert_attention_masks(result)
+    if suite == "model":
+        assert {(row["loss_chunk"], row["dropout_bits"]) for row in result["results"]} == {
+            (0, 8), (64, 8)}
     if suite == "loss":
         assert [row["method"] for row in result["results"]][:2] == ["whole", "chunks"]
         assert result["results"][0]["vs_whole"] == 1.0
@@ -167,6 +172,19 @@ def test_compare_has_torch_and_flax_peers(tmp_path):
     assert ours[0]["batch"] * ours[0]["length"] == torch_rows[0]["batch"] * torch_rows[0]["length"]
     assert ours[0]["ratio"] == pytest.approx(torch_rows[0]["step_ms"] / ours[0]["step_ms"],
                                              rel=1e-6)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["model", "--vary", "dropout_bits=4"], "dropout_bits must be one of 8, 16, 32, got 4"),
+    (["model", "--vary", "pre_layer_norm=yes"], "pre_layer_norm= takes true or false"),
+    (["model", "--vary", "d_model=wide"], "d_model= takes int values, got 'wide'"),
+    (["model", "--vary", "dtype=bfloat16"], "a ModelConfig field other than dtype"),
+    (["attention", "--models=base"], "--models and --vary are for the model suite"),
+])
+def test_model_suite_options_are_checked_before_anything_runs(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err
 
 
 def test_cli_writes_a_png_and_rejects_bad_arguments(tmp_path):

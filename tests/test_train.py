@@ -1,5 +1,6 @@
 """The training loop: steps on real and mock data, learning, exact resume, stops and errors."""
 
+import dataclasses
 import errno
 import json
 import math
@@ -22,7 +23,8 @@ from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config_checks import writable_folder
 from transformer_jax.data.pipeline import ShuffledChunks
 from transformer_jax.run_log import MetricsWriteError
-from transformer_jax.resume_checks import refuse_other_optimizer
+from transformer_jax.model_config import get_model_config
+from transformer_jax.resume_checks import refuse_other_model, refuse_other_optimizer
 from transformer_jax.trainer import (
     ConfigError,
     NonFiniteLossError,
@@ -140,6 +142,18 @@ def test_refuses_a_workdir_of_another_model(trained_run, tmp_path):
     shutil.copytree(trained_run.workdir, tmp_path / "run")
     with pytest.raises(ConfigError, match="another model.*d_model: saved 32, now 64"):
         train(tiny_run(num_train_steps=2, **{"model.d_model": 64}), str(tmp_path / "run"))
+
+
+def test_a_model_field_newer_than_the_checkpoint_counts_as_its_default():
+    """A checkpoint written before dropout_bits existed resumes with its default (16) and
+    names it when another value is asked for; a saved value is compared as it is."""
+    model = get_model_config("tiny")
+    older = {k: v for k, v in dataclasses.asdict(model).items() if k != "dropout_bits"}
+    refuse_other_model(older, model, "W")
+    with pytest.raises(ConfigError, match="dropout_bits: saved 16, now 8"):
+        refuse_other_model(older, dataclasses.replace(model, dropout_bits=8), "W")
+    with pytest.raises(ConfigError, match="dropout_bits: saved 32, now 16"):
+        refuse_other_model({**older, "dropout_bits": 32}, model, "W")
 
 
 def files(workdir) -> dict[str, bytes]:

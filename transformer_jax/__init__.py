@@ -9,6 +9,7 @@ Dimension key, used in tensor names (`q_BTNH`) and einsums across the package:
 # Pure functions (jax.numpy only): one per equation of the paper.
 from transformer_jax.positional import sinusoidal_encoding
 from transformer_jax.masks import causal_mask, combine_masks, padding_mask, segment_mask
+from transformer_jax.dropout import dropout
 from transformer_jax.attention import (
     attention_implementations,
     attention_weights,

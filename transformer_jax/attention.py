@@ -23,6 +23,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.dropout import dropout
 from transformer_jax.masks import causal_mask, combine_masks
 
 AttentionFn = Callable[..., jax.Array]
@@ -80,8 +81,7 @@ def _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, is_caus
     probs_BNTS = weights_BNTS
     if dropout_rate > 0.0:
         # Not in the paper: attention dropout comes from tensor2tensor.
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BNTS.shape)
-        probs_BNTS = jnp.where(keep, probs_BNTS / (1.0 - dropout_rate), 0.0)
+        probs_BNTS = dropout(probs_BNTS, dropout_rate, dropout_rng)
     out_BTNH = jnp.einsum("BNTS,BSNH->BTNH", probs_BNTS.astype(value_BSNH.dtype), value_BSNH)
     return out_BTNH, weights_BNTS
 

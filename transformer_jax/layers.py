@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.attention import dot_product_attention
+from transformer_jax.dropout import Dropout
 from transformer_jax.model_config import ModelConfig
 
 # Glorot-uniform projections and zero biases, as in tensor2tensor (the paper names no init).
@@ -169,7 +170,7 @@ class FeedForward(nn.Module):
         return dense(x_BTD.shape[-1], name="wo")(h_BTF)
 
 
-def residual(x, sublayer: Callable, norm: nn.LayerNorm, dropout: nn.Dropout, *,
+def residual(x, sublayer: Callable, norm: nn.LayerNorm, dropout: Dropout, *,
              pre_layer_norm: bool, deterministic: bool):
     """One residual sublayer (§3.1, §5.4): LayerNorm(x + Dropout(Sublayer(x))).
 
@@ -216,7 +217,7 @@ class EncoderLayer(_Layer):
     def setup(self):
         self.self_attention, self.self_attention_norm = self._attention(), self._norm()
         self.ffn, self.ffn_norm = self._ffn(), self._norm()
-        self.dropout = nn.Dropout(self.config.dropout_rate)
+        self.dropout = Dropout(self.config.dropout_rate, self.config.dropout_bits)
 
     def __call__(self, inputs, encoder_mask=None, *, deterministic: bool = True):
         def attend(x):
@@ -241,7 +242,7 @@ class DecoderLayer(_Layer):
         self.self_attention, self.self_attention_norm = self._attention(), self._norm()
         self.cross_attention, self.cross_attention_norm = self._attention(), self._norm()
         self.ffn, self.ffn_norm = self._ffn(), self._norm()
-        self.dropout = nn.Dropout(self.config.dropout_rate)
+        self.dropout = Dropout(self.config.dropout_rate, self.config.dropout_bits)
 
     def __call__(self, targets, encoded, decoder_mask=None, encoder_decoder_mask=None, *,
                  deterministic: bool = True):

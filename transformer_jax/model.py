@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.decoding import PerExample
+from transformer_jax.dropout import Dropout
 from transformer_jax.layers import CachedKeyValue, DecoderLayer, EncoderLayer
 from transformer_jax.masks import combine_masks, padding_mask, segment_mask
 from transformer_jax.model_config import ModelConfig
@@ -103,7 +104,7 @@ class AddPositions(nn.Module):
             table_PD = self.param("table", nn.initializers.normal(stddev=0.02),
                                   (c.max_length, c.d_model), jnp.float32)
             x_BTD = x_BTD + jnp.take(table_PD, positions_BT, axis=0).astype(x_BTD.dtype)
-        return nn.Dropout(c.dropout_rate)(x_BTD, deterministic=deterministic)
+        return Dropout(c.dropout_rate, c.dropout_bits)(x_BTD, deterministic=deterministic)
 
 
 class Encoder(nn.Module):

@@ -5,6 +5,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from transformer_jax.attention import attention_implementations
+from transformer_jax.dropout import DEFAULT_BITS, DROPOUT_BITS
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -21,6 +22,9 @@ class ModelConfig:
     num_layers: int = 6  # L: identical layers in the encoder and in the decoder
     dropout_rate: float = 0.1  # P_drop on sublayer outputs and embedding sums (§5.4)
     attention_dropout_rate: float = 0.0  # not in the paper (tensor2tensor has it)
+    # Random bits per dropout decision (8, 16 or 32; dropout.py): the rate is rounded to
+    # them, a deviation of at most 2^-17 at 16 bits; fewer bits, fewer threefry draws.
+    dropout_bits: int = DEFAULT_BITS
     positional_encoding: str = "sinusoidal"  # "sinusoidal" (§3.5), "learned" (Table 3 E), "none"
     max_length: int = 512  # rows of the "learned" position table
     pre_layer_norm: bool = False  # deviation: norm before each sublayer, one more at the end
@@ -42,11 +46,16 @@ class ModelConfig:
             f"must be divisible by num_heads={self.num_heads}",
             self.d_model,
         )
-        for name in ("dropout_rate", "attention_dropout_rate"):
-            value = getattr(self, name)
-            _require(0.0 <= value < 1.0, name, "must be in [0, 1)", value)
         _require(self.layer_norm_epsilon > 0, "layer_norm_epsilon", "must be positive",
                  self.layer_norm_epsilon)
+        _require_choice(self.dropout_bits, "dropout_bits", DROPOUT_BITS)
+        # Attention dropout takes the `dropout` function's default bits (the attention
+        # implementations' signature, as jax.nn's, has no place for them).
+        for name, bits in (("dropout_rate", self.dropout_bits), ("attention_dropout_rate", DEFAULT_BITS)):
+            rate = getattr(self, name)
+            _require(0.0 <= rate < 1.0, name, "must be in [0, 1)", rate)
+            _require(rate == 0.0 or round(rate * 2**bits) > 0, name,
+                     f"rounds to 0 in {bits} random bits (dropout.py)", rate)
         _require_choice(self.positional_encoding, "positional_encoding", POSITIONAL_ENCODINGS)
         _require_choice(self.attention_implementation, "attention_implementation",
                         attention_implementations())

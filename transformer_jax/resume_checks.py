@@ -30,7 +30,12 @@ def refuse_other_run(metadata: dict, model_config, optim, tokenizer, *, workdir:
 
 
 def refuse_other_model(saved: dict, model_config, workdir: str) -> None:
+    """A ConfigError naming each field of `model_config` that the checkpoint's model
+    (`saved`) has another value of. A field it does not name (one added since it was
+    written, such as dropout_bits) counts as the field's default."""
     wanted = dataclasses.asdict(model_config)
+    defaults = {f.name: f.default for f in dataclasses.fields(model_config)}
+    saved = {**defaults, **saved}
     changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
     if changed:
         diffs = ", ".join(f"{k}: saved {saved.get(k)!r}, now {wanted[k]!r}" for k in changed)

@@ -1,4 +1,5 @@
 """python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png] [--markdown] [--profile=DIR]
+python -m transformer_jax.benchmark model [--models=base,big] [--vary FIELD=V1,V2 ...]
 python -m transformer_jax.benchmark decode --peers [--workdir=DIR]"""
 
 import argparse
@@ -7,6 +8,7 @@ import os
 import sys
 
 from transformer_jax.benchmark import SUITES, machine, report, timing
+from transformer_jax.benchmark.model import parse_vary
 
 
 def parse_args(argv):
@@ -29,9 +31,21 @@ def parse_args(argv):
                              "sentences (needs the serve extra)")
     parser.add_argument("--workdir", default="runs/default",
                         help="decode --peers: the trained run whose test split it translates")
+    parser.add_argument("--models", metavar="NAMES",
+                        help="model: time only these of its models (comma-separated)")
+    parser.add_argument("--vary", metavar="FIELD=V1,V2", action="append", default=[],
+                        help="model: time the step with each value of this ModelConfig "
+                             "field, e.g. --vary dropout_bits=32,16,8 (repeatable)")
     args = parser.parse_args(argv)
     if args.peers and args.suite != "decode":
         parser.error("--peers is for the decode suite")
+    if (args.models or args.vary) and args.suite != "model":
+        parser.error("--models and --vary are for the model suite")
+    try:
+        args.vary = parse_vary(args.vary)
+    except ValueError as error:
+        parser.error(str(error))
+    args.models = args.models.split(",") if args.models else None
     if args.plot and not args.plot.lower().endswith(".png"):
         parser.error(f"--plot needs a .png file name, got {args.plot!r}")
     return args
@@ -54,7 +68,8 @@ def main(argv=None) -> int:
         rows, notes = decode_peers.run(quick=args.quick, workdir=args.workdir)
     else:
         suite = importlib.import_module(f"transformer_jax.benchmark.{args.suite}")
-        rows, notes = suite.run(quick=args.quick)
+        options = dict(models=args.models, vary=args.vary) if args.suite == "model" else {}
+        rows, notes = suite.run(quick=args.quick, **options)
     print(report.markdown(rows) if args.markdown else report.table(rows))
     for note in notes:
         print(f"  {note}")

@@ -11,6 +11,7 @@ and without the FLOPs of softmax(Q Kᵀ) V itself.
 
 import dataclasses
 import functools
+import itertools
 
 import jax
 import tqdm
@@ -114,10 +115,13 @@ def train_setup(config: ModelConfig, strategy: str, batch: dict, loss_chunk_size
 
 
 def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
-                    packed: bool | None = None, loss_chunk_size: int = 0) -> dict:
+                    packed: bool | None = None, loss_chunk_size: int = 0,
+                    fields: dict | None = None) -> dict:
     """One row; `packed` rows by default on accelerators, full rows on CPUs;
-    `loss_chunk_size` as `train_step`'s (0: the whole logits)."""
-    config = dataclasses.replace(case.config, dtype=dtype)
+    `loss_chunk_size` as `train_step`'s (0: the whole logits); `fields` replace the case's
+    `ModelConfig` fields (and are columns of the row)."""
+    fields = fields or {}
+    config = dataclasses.replace(case.config, dtype=dtype, **fields)
     packed = jax.default_backend() != "cpu" if packed is None else packed
     make = packed_batch if packed else synthetic_batch
     batch = make(config, case.batch, case.length)
@@ -135,12 +139,40 @@ def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
     tflops = flops / seconds / 1e12
     return {"model": case.name, "dtype": dtype, "strategy": strategy, "batch": case.batch,
             "length": case.length, "rows": "packed" if packed else "full",
-            "loss_chunk": loss_chunk_size,
+            "loss_chunk": loss_chunk_size, **fields,
             "step_ms": seconds * 1e3, "tokens_per_sec": case.batch * case.length / seconds,
             "real_tokens_per_sec": int(np.count_nonzero(batch["targets"])) / seconds,
             "compile_s": compile_s, "tflops": tflops, "mfu": tflops / peak if peak else None,
             "mfu_no_attention": matmuls / seconds / 1e12 / peak if peak else None,
             "memory_bytes": memory_bytes(step)}
+
+
+def parse_vary(texts) -> dict[str, tuple]:
+    """{"dropout_bits": (32, 16)} from ["dropout_bits=32,16"] (the CLI's --vary): each a
+    `ModelConfig` field and values of its type; a ValueError names what is wrong."""
+    types = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
+    vary = {}
+    for text in texts:
+        name, _, values = text.partition("=")
+        if name not in types or name in ("dtype", "vocab_size") or not values:
+            raise ValueError(f"--vary takes FIELD=V1,V2,... with a ModelConfig field other than "
+                             f"dtype and vocab_size, got {text!r}; fields: "
+                             f"{', '.join(n for n in types if n not in ('dtype', 'vocab_size'))}")
+        vary[name] = tuple(_field_value(types[name], name, v) for v in values.split(","))
+        for value in vary[name]:
+            ModelConfig(**{name: value})  # its own rules (a ValueError naming the field)
+    return vary
+
+
+def _field_value(kind: type, name: str, text: str):
+    if kind is bool:
+        if text.lower() not in ("true", "false"):
+            raise ValueError(f"--vary {name}= takes true or false, got {text!r}")
+        return text.lower() == "true"
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"--vary {name}= takes {kind.__name__} values, got {text!r}") from None
 
 
 def default_strategies() -> tuple[str, ...]:
@@ -165,9 +197,10 @@ def default_loss_chunks(quick: bool) -> tuple[int, ...]:
 
 
 def run(quick: bool = False, *, models=None, dtypes=None, strategies=None,
-        loss_chunks=None) -> tuple[list[dict], list[str]]:
-    """(one row per model × dtype × strategy × loss chunk, notes); `models` picks among
-    `cases(quick)`."""
+        loss_chunks=None, vary: dict | None = None) -> tuple[list[dict], list[str]]:
+    """(one row per model × dtype × strategy × loss chunk × varied fields, notes); `models`
+    picks among `cases(quick)`; `vary` maps `ModelConfig` fields to the values to time,
+    e.g. {"dropout_bits": (32, 16, 8)}, one after another in this process."""
     dtypes = dtypes or default_dtypes(quick)
     strategies = strategies or default_strategies()
     loss_chunks = loss_chunks or default_loss_chunks(quick)
@@ -175,10 +208,14 @@ def run(quick: bool = False, *, models=None, dtypes=None, strategies=None,
     if not chosen:
         raise ValueError(f"no model among {models}; this backend times "
                          f"{[case.name for case in cases(quick)]}")
-    grid = [(case, dtype, strategy, chunk) for case in chosen for dtype in dtypes
-            for strategy in strategies for chunk in loss_chunks]
-    rows = [time_train_step(case, dtype, strategy, quick=quick, loss_chunk_size=chunk)
-            for case, dtype, strategy, chunk in tqdm.tqdm(grid, desc="model", disable=quick)]
+    variants = [dict(zip(vary, values)) for values in itertools.product(*vary.values())] \
+        if vary else [{}]
+    grid = [(case, dtype, strategy, chunk, fields) for case in chosen for dtype in dtypes
+            for strategy in strategies for chunk in loss_chunks for fields in variants]
+    rows = [time_train_step(case, dtype, strategy, quick=quick, loss_chunk_size=chunk,
+                            fields=fields)
+            for case, dtype, strategy, chunk, fields in tqdm.tqdm(grid, desc="model",
+                                                                   disable=quick)]
     _, source = peak_tflops("float32", quick=quick)
     return rows, [f"peak: {source}", "tokens_per_sec: target tokens (B·T) per second",
                   "real_tokens_per_sec: non-padding target tokens per second",

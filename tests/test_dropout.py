@@ -1,0 +1,113 @@
+"""Dropout from fewer random bits (dropout.py): its rate, its scale, independent decisions,
+the same mask however the batch is sharded, and clear errors."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from transformer_jax.dropout import Dropout, dropout
+from transformer_jax.model_config import ModelConfig
+
+N_ELEMENTS = 1 << 20
+
+
+def dropped(bits: int, rate: float, shape=(256, N_ELEMENTS // 256), seed=0) -> np.ndarray:
+    return np.asarray(dropout(jnp.ones(shape, jnp.float32), rate, jax.random.key(seed),
+                              bits=bits))
+
+
+@pytest.mark.parametrize("bits,rate,zeroed", [
+    (8, 0.1, 26 / 256),  # round(25.6) = 26: 0.1016, which 2^20 draws tell from 0.1
+    (16, 0.1, 6554 / 65536),
+    (32, 0.3, round(0.3 * 2**32) / 2**32),
+    (8, 0.5, 0.5),
+])
+def test_zeroes_the_rounded_rate_and_scales_the_rest_to_keep_the_mean(bits, rate, zeroed):
+    y = dropped(bits, rate)
+    fraction = np.mean(y == 0)
+    sigma = math.sqrt(zeroed * (1 - zeroed) / y.size)
+    assert abs(fraction - zeroed) < 4 * sigma, (fraction, zeroed)
+    kept = y[y != 0]
+    np.testing.assert_allclose(kept, 1 / (1 - zeroed), rtol=1e-6)
+    # E[y] = 1: the scale is of the rate drawn, not the rate asked for.
+    assert abs(y.mean() - 1) < 4 * sigma / (1 - zeroed)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_decisions_taken_from_one_draw_are_independent(bits):
+    """Neighbours along the last axis share a 32-bit draw: both are zeroed with probability
+    p², not p (a decision copied across the draw's parts would give p)."""
+    y = dropped(bits, 0.5) == 0
+    both = np.mean(y[:, 0::2] & y[:, 1::2])
+    sigma = math.sqrt(0.25 * 0.75 / (y.size // 2))
+    assert abs(both - 0.25) < 4 * sigma, both
+
+
+def test_a_key_gives_one_mask_and_another_key_another():
+    a, again = dropped(16, 0.1, (4, 6), 0), dropped(16, 0.1, (4, 6), 0)
+    other = dropped(16, 0.1, (64, 64), 1) != dropped(16, 0.1, (64, 64), 0)
+    np.testing.assert_array_equal(a, again)
+    assert other.any()
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (3, 5), (2, 3, 6)])
+def test_any_shape_including_a_last_axis_the_packing_does_not_divide(shape):
+    x = jnp.arange(1, math.prod(shape) + 1, dtype=jnp.float32).reshape(shape)
+    y = np.asarray(dropout(x, 0.5, jax.random.key(3), bits=8))
+    assert y.shape == shape
+    assert np.all((y == 0) | np.isclose(y, np.asarray(x) * 2))
+
+
+def test_bfloat16_stays_bfloat16_under_strict_promotion():
+    y = dropout(jnp.ones((4, 8), jnp.bfloat16), 0.5, jax.random.key(0))
+    assert y.dtype == jnp.bfloat16
+    assert set(np.unique(np.asarray(y, np.float32))) <= {0.0, 2.0}
+
+
+def test_the_mask_does_not_depend_on_how_the_batch_is_sharded():
+    devices = np.array(jax.devices()[:2])
+    if devices.size < 2:
+        pytest.skip("needs two devices (tests simulate eight CPUs)")
+    sharded = NamedSharding(jax.sharding.Mesh(devices, ("data",)), PartitionSpec("data"))
+    x = jnp.ones((8, 16, 12), jnp.float32)
+
+    def drop(x_BTD):
+        return dropout(x_BTD, 0.25, jax.random.key(5), bits=8)
+
+    whole = jax.jit(drop)(x)
+    split = jax.jit(drop, in_shardings=sharded, out_shardings=sharded)(jax.device_put(x, sharded))
+    np.testing.assert_array_equal(np.asarray(whole), np.asarray(split))
+
+
+def test_rate_zero_is_the_identity_and_the_module_is_off_when_deterministic():
+    x = jnp.arange(1.0, 7.0)
+    assert dropout(x, 0.0, None) is x
+    module = Dropout(0.5, bits=8)
+    np.testing.assert_array_equal(module.apply({}, x, deterministic=True), x)
+    y = module.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)})
+    assert np.any(np.asarray(y) == 0)
+    assert np.all((np.asarray(y) == 0) | (np.asarray(y) == 2 * np.asarray(x)))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(rate=0.1, bits=12), "bits must be one of"),
+    (dict(rate=1.0, bits=16), r"in \[0, 1\)"),
+    (dict(rate=0.001, bits=8), "rounds to 0 in 8 bits"),
+])
+def test_bad_settings_are_refused_in_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        dropout(jnp.ones(3), key=jax.random.key(0), **kwargs)
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(dropout_bits=4), "dropout_bits must be one of 8, 16, 32"),
+    (dict(dropout_rate=0.001, dropout_bits=8), "dropout_rate rounds to 0 in 8 random bits"),
+    (dict(attention_dropout_rate=1e-6), "attention_dropout_rate rounds to 0 in 16"),
+])
+def test_model_config_refuses_bits_that_cannot_draw_its_rates(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**fields)
