@@ -6,6 +6,7 @@ Padding targets (`token_ids.PAD_ID`, 0) get weight 0 by default.
 """
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,33 +42,67 @@ def label_smoothed_cross_entropy(
       `(loss_sum, weight_sum)`, float32 scalars: Σ weight · loss and Σ weight.
     """
     logits_BTV, targets_BT, weights_BT = _checked(logits_BTV, targets_BT, weights_BT)
-    vocab_size = logits_BTV.shape[-1]
-    confidence, low, entropy = smoothed_target(label_smoothing, vocab_size)
-    # log p_v = logit_v - logsumexp(logits), so Σ_v q_v log p_v = low · Σ_v log p_v
-    # + (confidence - low) · log p_y needs only three reductions of the logits, which XLA
-    # fuses: no (B, T, V) log-probabilities in memory (gigabytes per step for V = 37,000).
-    # The target's logit is a masked sum, not a gather: its gradient is then elementwise,
-    # where a gather's would be a scatter into a (B, T, V) buffer.
-    logits_BTV = logits_BTV.astype(jnp.float32)
-    logsumexp_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
-    vocab_V = jnp.arange(vocab_size).reshape((1,) * targets_BT.ndim + (-1,))
-    is_target_BTV = vocab_V == targets_BT[..., None]
-    logit_target_BT = jnp.where(is_target_BTV, logits_BTV, 0.0).sum(axis=-1)
-    sum_logp_BT = logits_BTV.sum(axis=-1) - vocab_size * logsumexp_BT
-    cross_entropy_BT = -(low * sum_logp_BT + (confidence - low) * (logit_target_BT - logsumexp_BT))
-    loss_BT = cross_entropy_BT - jnp.float32(entropy)
+    terms = logit_terms(logits_BTV, targets_BT)
+    loss_BT = smoothed_loss(terms, logits_BTV.shape[-1], label_smoothing)
     return (loss_BT * weights_BT).sum(), weights_BT.sum()
 
 
 def accuracy(logits_BTV, targets_BT, weights_BT=None) -> tuple[jax.Array, jax.Array]:
-    """Weighted count of tokens whose argmax logit is the target.
+    """Weighted count of tokens whose target has the largest logit (`is_correct`).
 
     Returns `(correct_sum, weight_sum)`, float32 scalars; weights default to
     `targets_BT != 0` as in `label_smoothed_cross_entropy`.
     """
     logits_BTV, targets_BT, weights_BT = _checked(logits_BTV, targets_BT, weights_BT)
-    correct_BT = (jnp.argmax(logits_BTV, axis=-1) == targets_BT).astype(jnp.float32)
+    correct_BT = is_correct(logit_terms(logits_BTV, targets_BT))
     return (correct_BT * weights_BT).sum(), weights_BT.sum()
+
+
+class LogitTerms(NamedTuple):
+    """The reductions over V of each token's logits that its loss and accuracy need:
+    float32, one value per token `(...)`."""
+
+    largest: jax.Array  # max_v logit_v
+    logsumexp: jax.Array  # log Σ_v exp(logit_v)
+    target: jax.Array  # logit_y of the target y
+    total: jax.Array  # Σ_v logit_v
+
+
+def logit_terms(logits, targets) -> LogitTerms:
+    """`LogitTerms` of `logits` `(..., V)` (any float dtype) for `targets` `(...)`.
+
+    Four reductions, which XLA fuses into passes over the logits: no array of the logits'
+    size is made (log-probabilities would be gigabytes per step for V = 37,000). The
+    target's logit is a masked sum, not a gather: its gradient is then elementwise, where
+    a gather's would be a scatter into a (..., V) buffer; and being exact (one logit plus
+    zeros), it compares equal to `largest` when it is the largest.
+    """
+    logits = logits.astype(jnp.float32)
+    vocab_V = jnp.arange(logits.shape[-1]).reshape((1,) * targets.ndim + (-1,))
+    target = jnp.where(vocab_V == targets[..., None], logits, 0.0).sum(axis=-1)
+    return LogitTerms(largest=logits.max(axis=-1), logsumexp=jax.nn.logsumexp(logits, axis=-1),
+                      target=target, total=logits.sum(axis=-1))
+
+
+def smoothed_loss(terms: LogitTerms, vocab_size: int, label_smoothing: float) -> jax.Array:
+    """Each token's `-Σ_v q_v log p_v - H(q)` (see `label_smoothed_cross_entropy`) from its
+    `terms`: log p_v = logit_v - logsumexp, so Σ_v q_v log p_v = low · Σ_v log p_v
+    + (confidence - low) · log p_y."""
+    confidence, low, entropy = smoothed_target(label_smoothing, vocab_size)
+    sum_logp = terms.total - vocab_size * terms.logsumexp
+    cross_entropy = -(low * sum_logp + (confidence - low) * (terms.target - terms.logsumexp))
+    return cross_entropy - jnp.float32(entropy)
+
+
+def is_correct(terms: LogitTerms) -> jax.Array:
+    """1.0 where the target's logit is the largest, else 0.0 (float32).
+
+    The argmax's test without the argmax: it reuses the max that the loss's reductions
+    take, where `argmax(logits) == target` is one more pass over the logits, and an
+    expensive one (a reduction of (value, index) pairs). Deviation: a target that ties
+    for the largest logit counts as correct (argmax would pick the first of them).
+    """
+    return (terms.target >= terms.largest).astype(jnp.float32)
 
 
 def smoothed_target(label_smoothing: float, vocab_size: int) -> tuple[float, float, float]:

@@ -7,7 +7,7 @@ is `label_smoothed_cross_entropy` and `accuracy` of the logits `features @ table
 `chunk_size` rows (target tokens) at a time: no `(B·T, V)` array is ever whole, forward or
 backward. For the paper's 25,000-token batches and 37,000-token vocabulary the logits are
 3.7 GB in float32, read and written several times per step by the softmax, the loss, the
-argmax and their gradients; here a chunk of 4,096 rows is 0.6 GB, and lives only inside
+accuracy and their gradients; here a chunk of 4,096 rows is 0.6 GB, and lives only inside
 one iteration of a `lax.scan`.
 
 The gradient is a custom VJP: for each chunk the backward pass computes the logits again
@@ -27,13 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.losses import smoothed_target
+from transformer_jax.losses import is_correct, logit_terms, smoothed_loss, smoothed_target
 from transformer_jax.token_ids import PAD_ID
 
 
 def output_loss(features, table, targets, weights=None, *, label_smoothing: float = 0.0,
                 chunk_size: int = 4096, dtype=None) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Σ weight · loss, Σ weight and Σ weight · [argmax = target] of the tied logits.
+    """Σ weight · loss, Σ weight and Σ weight · [the target's logit is the largest] of the
+    tied logits.
 
     Args:
       features: `(..., D)`, the decoder's output (after its final norm, if any).
@@ -88,21 +89,15 @@ def _output_loss(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype
 
 def _forward(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype):
     vocab_size = table_VD.shape[0]
-    confidence, low, entropy = smoothed_target(label_smoothing, vocab_size)
     table_cast_VD = table_VD.astype(dtype)  # once, not once per chunk
 
     def one_chunk(sums, chunk):
         x_CD, targets_C, weights_C = chunk
-        logits_CV = _logits(x_CD, table_cast_VD, dtype)
-        logsumexp_C = jax.nn.logsumexp(logits_CV, axis=-1)
-        # As in label_smoothed_cross_entropy: three reductions, no log-softmax array.
-        target_C = jnp.where(_targets_mask(targets_C, vocab_size), logits_CV, 0.0).sum(-1)
-        sum_logp_C = logits_CV.sum(-1) - vocab_size * logsumexp_C
-        loss_C = -(low * sum_logp_C + (confidence - low) * (target_C - logsumexp_C)) - entropy
-        correct_C = (jnp.argmax(logits_CV, axis=-1) == targets_C).astype(jnp.float32)
+        terms = logit_terms(_logits(x_CD, table_cast_VD, dtype), targets_C)
+        loss_C = smoothed_loss(terms, vocab_size, label_smoothing)
         sums = (sums[0] + (loss_C * weights_C).sum(), sums[1] + weights_C.sum(),
-                sums[2] + (correct_C * weights_C).sum())
-        return sums, logsumexp_C
+                sums[2] + (is_correct(terms) * weights_C).sum())
+        return sums, terms.logsumexp
 
     zero = jnp.zeros((), jnp.float32)
     sums, logsumexp_KC = jax.lax.scan(one_chunk, (zero, zero, zero),
