@@ -37,6 +37,7 @@ def main(argv) -> None:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.WARNING)  # orbax and TFDS report every file at INFO
     parallel.initialize_processes(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    trainer.use_compilation_cache(_WORKDIR.value)
     try:
         trainer.train(loaded_config(_CONFIG.value), _WORKDIR.value)
     except (trainer.ConfigError, DataError, trainer.NonFiniteLossError,

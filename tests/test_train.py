@@ -6,6 +6,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from transformer_jax.trainer import (
     _new_shuffle_seed,
     check_config,
     train,
+    use_compilation_cache,
 )
 
 
@@ -355,13 +357,31 @@ def run_train_py(workdir, *overrides, launch=(), **popen):
                             text=True, **popen)
 
 
-def test_sigterm_saves_and_exits_cleanly(tmp_path):
+def test_the_compilation_cache_is_the_workdirs_unless_the_user_chose_one():
+    """Only JAX's flags change (restored after): nothing compiles here, so no cache opens."""
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache)
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert use_compilation_cache("/runs/a") == "/runs/a/compilation_cache"
+        jax.config.update("jax_compilation_cache_dir", "/mine")  # JAX_COMPILATION_CACHE_DIR
+        assert use_compilation_cache("/runs/a") == "/mine"
+        jax.config.update("jax_enable_compilation_cache", False)  # JAX_ENABLE_..._CACHE=false
+        assert use_compilation_cache("/runs/a") is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_enable_compilation_cache", before[1])
+
+
+def test_sigterm_saves_and_exits_cleanly_and_the_restart_loads_the_compiled_step(tmp_path):
     """SIGTERM to the run's process group, its 2 grain workers too (as Ctrl-C in a terminal
     or a scheduler's preemption sends it): the current step finishes, a checkpoint is
-    saved, exit status 0, no traceback."""
+    saved, exit status 0, no traceback. The restart trains one more step with the train
+    step and the parameters' initialization loaded from WORKDIR/compilation_cache, not
+    compiled again."""
+    cache_everything = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     process = run_train_py(tmp_path, "--config.num_train_steps=100000",
                            "--config.log_every_steps=1", "--config.data.num_workers=2",
-                           start_new_session=True)
+                           start_new_session=True, env=cache_everything)
     deadline = time.time() + 240
     while not (tmp_path / "metrics.jsonl").exists() or len(records(tmp_path)) < 3:
         assert process.poll() is None and time.time() < deadline, process.communicate()
@@ -377,6 +397,18 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     step = int(stopped[0].split("stopped at step ")[1].split(";")[0])
     assert f"saved to {tmp_path / 'checkpoints'}/{step}" in stopped[0]
     assert step in Checkpointer(str(tmp_path / "checkpoints"), keep=5).all_steps()
+    entries = sorted((tmp_path / "compilation_cache").iterdir(), key=lambda p: p.stat().st_size)
+    compiled = {path.name.split("-")[0] for path in entries}
+    restart = run_train_py(tmp_path, f"--config.num_train_steps={step + 1}",
+                           "--config.num_eval_batches=0", "--config.decode.bleu_every_steps=0",
+                           env={**cache_everything, "JAX_LOG_COMPILES": "1"})
+    out, err = restart.communicate(timeout=240)
+    assert restart.returncode == 0, err
+    assert f"step {step + 1} done" in out + err
+    loaded = set(re.findall(r"Persistent compilation cache hit for '(\w+)'", err))
+    # The largest program is the train step (whatever JAX names it: 'jit__fun' under pmap).
+    biggest = entries[-1].name.split("-")[0]
+    assert {"jit__compiled_init_params", biggest} <= loaded <= compiled, (loaded, compiled)
 
 
 # Sends SIGTERM 0.2 s into the first large XLA compilation, which looks for signals in C++.
