@@ -180,6 +180,10 @@ def test_compare_has_torch_and_flax_peers(tmp_path):
     (["model", "--vary", "d_model=wide"], "d_model= takes int values, got 'wide'"),
     (["model", "--vary", "dtype=bfloat16"], "a ModelConfig field other than dtype"),
     (["attention", "--models=base"], "--models and --vary are for the model suite"),
+    (["model", "--models=bse,tiny"], "no model bse here; this backend times tiny"),
+    (["model", "--vary", "dropout_bits=8", "--vary", "dropout_bits=16"], "given twice"),
+    (["model", "--quick", "--vary", "dropout_bits=8", "--vary", "dropout_rate=0.001"],
+     "tiny with {'dropout_bits': 8, 'dropout_rate': 0.001}: ModelConfig.dropout_rate 0.001"),
 ])
 def test_model_suite_options_are_checked_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from transformer_jax.attention import available_implementations
-from transformer_jax.layers import EncoderLayer, FeedForward, MultiHeadAttention, residual
+from transformer_jax.layers import Dropout, EncoderLayer, FeedForward, MultiHeadAttention, residual
 from transformer_jax.model_config import get_model_config
 
 B, T, S = 2, 3, 5
@@ -166,7 +166,7 @@ class _Residual(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        return residual(x, lambda y: 2.0 * y, nn.LayerNorm(name="norm"), nn.Dropout(0.5),
+        return residual(x, lambda y: 2.0 * y, nn.LayerNorm(name="norm"), Dropout(0.5),
                         pre_layer_norm=self.pre_layer_norm, deterministic=True)
 
 

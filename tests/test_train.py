@@ -152,7 +152,7 @@ def test_a_model_field_newer_than_the_checkpoint_counts_as_its_default():
     model = get_model_config("tiny")
     older = {k: v for k, v in dataclasses.asdict(model).items() if k != "dropout_bits"}
     refuse_other_model(older, model, "W")
-    with pytest.raises(ConfigError, match="dropout_bits: saved 16, now 8"):
+    with pytest.raises(ConfigError, match=r"dropout_bits: not saved \(so 16, its default\), now 8"):
         refuse_other_model(older, dataclasses.replace(model, dropout_bits=8), "W")
     with pytest.raises(ConfigError, match="dropout_bits: saved 32, now 16"):
         refuse_other_model({**older, "dropout_bits": 32}, model, "W")

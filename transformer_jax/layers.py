@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.attention import dot_product_attention
-from transformer_jax.dropout import Dropout
+from transformer_jax.dropout import DEFAULT_BITS, dropout
 from transformer_jax.model_config import ModelConfig
 
 # Glorot-uniform projections and zero biases, as in tensor2tensor (the paper names no init).
@@ -168,6 +168,20 @@ class FeedForward(nn.Module):
         )
         h_BTF = nn.relu(dense(self.d_ff, name="wi")(x_BTD))
         return dense(x_BTD.shape[-1], name="wo")(h_BTF)
+
+
+class Dropout(nn.Module):
+    """`dropout.dropout` (§5.4) as a Flax module: its key from the "dropout" rng collection,
+    as `flax.linen.Dropout`'s; `deterministic=True` (evaluation, decoding) returns `x`."""
+
+    rate: float
+    bits: int = DEFAULT_BITS
+
+    @nn.compact
+    def __call__(self, x, *, deterministic: bool):
+        if deterministic or self.rate == 0.0:
+            return x
+        return dropout(x, self.rate, self.make_rng("dropout"), bits=self.bits)
 
 
 def residual(x, sublayer: Callable, norm: nn.LayerNorm, dropout: Dropout, *,

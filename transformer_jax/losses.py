@@ -48,40 +48,46 @@ def label_smoothed_cross_entropy(
 
 
 def accuracy(logits_BTV, targets_BT, weights_BT=None) -> tuple[jax.Array, jax.Array]:
-    """Weighted count of tokens whose target has the largest logit (`is_correct`).
+    """Weighted count of tokens whose argmax logit is the target.
 
     Returns `(correct_sum, weight_sum)`, float32 scalars; weights default to
     `targets_BT != 0` as in `label_smoothed_cross_entropy`.
     """
     logits_BTV, targets_BT, weights_BT = _checked(logits_BTV, targets_BT, weights_BT)
-    correct_BT = is_correct(logit_terms(logits_BTV, targets_BT))
+    correct_BT = is_correct(logit_terms(logits_BTV, targets_BT), targets_BT)
     return (correct_BT * weights_BT).sum(), weights_BT.sum()
 
 
 class LogitTerms(NamedTuple):
-    """The reductions over V of each token's logits that its loss and accuracy need:
-    float32, one value per token `(...)`."""
+    """The reductions over V of each token's logits that its loss and accuracy need, one
+    value per token `(...)`."""
 
-    largest: jax.Array  # max_v logit_v
-    logsumexp: jax.Array  # log Σ_v exp(logit_v)
-    target: jax.Array  # logit_y of the target y
-    total: jax.Array  # Σ_v logit_v
+    logsumexp: jax.Array  # log Σ_v exp(logit_v), float32
+    target: jax.Array  # logit_y of the target y, float32
+    total: jax.Array  # Σ_v logit_v, float32
+    argmax: jax.Array  # the first v of the largest logit, int32 (jnp.argmax's)
 
 
 def logit_terms(logits, targets) -> LogitTerms:
-    """`LogitTerms` of `logits` `(..., V)` (any float dtype) for `targets` `(...)`.
+    """`LogitTerms` of `logits` `(..., V)` (any float dtype, reduced in float32) for
+    `targets` `(...)`.
 
-    Four reductions, which XLA fuses into passes over the logits: no array of the logits'
+    Reductions only, which XLA fuses into passes over the logits: no array of the logits'
     size is made (log-probabilities would be gigabytes per step for V = 37,000). The
     target's logit is a masked sum, not a gather: its gradient is then elementwise, where
-    a gather's would be a scatter into a (..., V) buffer; and being exact (one logit plus
-    zeros), it compares equal to `largest` when it is the largest.
+    a gather's would be a scatter into a (..., V) buffer.
     """
-    logits = logits.astype(jnp.float32)
-    vocab_V = jnp.arange(logits.shape[-1]).reshape((1,) * targets.ndim + (-1,))
-    target = jnp.where(vocab_V == targets[..., None], logits, 0.0).sum(axis=-1)
-    return LogitTerms(largest=logits.max(axis=-1), logsumexp=jax.nn.logsumexp(logits, axis=-1),
-                      target=target, total=logits.sum(axis=-1))
+    logits, vocab_size = logits.astype(jnp.float32), logits.shape[-1]
+    target = jnp.where(target_mask(targets, vocab_size), logits, 0.0).sum(axis=-1)
+    return LogitTerms(logsumexp=jax.nn.logsumexp(logits, axis=-1), target=target,
+                      total=logits.sum(axis=-1),
+                      argmax=jnp.argmax(logits, axis=-1).astype(jnp.int32))
+
+
+def target_mask(targets, vocab_size: int) -> jax.Array:
+    """`(..., V)` bool, True at each token's target id."""
+    vocab = jnp.arange(vocab_size).reshape((1,) * targets.ndim + (vocab_size,))
+    return vocab == targets[..., None]
 
 
 def smoothed_loss(terms: LogitTerms, vocab_size: int, label_smoothing: float) -> jax.Array:
@@ -94,15 +100,9 @@ def smoothed_loss(terms: LogitTerms, vocab_size: int, label_smoothing: float) ->
     return cross_entropy - jnp.float32(entropy)
 
 
-def is_correct(terms: LogitTerms) -> jax.Array:
-    """1.0 where the target's logit is the largest, else 0.0 (float32).
-
-    The argmax's test without the argmax: it reuses the max that the loss's reductions
-    take, where `argmax(logits) == target` is one more pass over the logits, and an
-    expensive one (a reduction of (value, index) pairs). Deviation: a target that ties
-    for the largest logit counts as correct (argmax would pick the first of them).
-    """
-    return (terms.target >= terms.largest).astype(jnp.float32)
+def is_correct(terms: LogitTerms, targets) -> jax.Array:
+    """1.0 where the argmax of the logits is the target, else 0.0 (float32)."""
+    return (terms.argmax == targets).astype(jnp.float32)
 
 
 def smoothed_target(label_smoothing: float, vocab_size: int) -> tuple[float, float, float]:

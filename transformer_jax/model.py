@@ -14,8 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.decoding import PerExample
-from transformer_jax.dropout import Dropout
-from transformer_jax.layers import CachedKeyValue, DecoderLayer, EncoderLayer
+from transformer_jax.layers import CachedKeyValue, DecoderLayer, Dropout, EncoderLayer
 from transformer_jax.masks import combine_masks, padding_mask, segment_mask
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.output_loss import output_loss

@@ -5,7 +5,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from transformer_jax.attention import attention_implementations
-from transformer_jax.dropout import DEFAULT_BITS, DROPOUT_BITS
+from transformer_jax.dropout import DEFAULT_BITS, DROPOUT_BITS, rate_problem
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -52,10 +52,8 @@ class ModelConfig:
         # Attention dropout takes the `dropout` function's default bits (the attention
         # implementations' signature, as jax.nn's, has no place for them).
         for name, bits in (("dropout_rate", self.dropout_bits), ("attention_dropout_rate", DEFAULT_BITS)):
-            rate = getattr(self, name)
-            _require(0.0 <= rate < 1.0, name, "must be in [0, 1)", rate)
-            _require(rate == 0.0 or round(rate * 2**bits) > 0, name,
-                     f"rounds to 0 in {bits} random bits (dropout.py)", rate)
+            if problem := rate_problem(getattr(self, name), bits):
+                raise ValueError(f"ModelConfig.{name} {problem}")
         _require_choice(self.positional_encoding, "positional_encoding", POSITIONAL_ENCODINGS)
         _require_choice(self.attention_implementation, "attention_implementation",
                         attention_implementations())

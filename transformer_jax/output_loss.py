@@ -27,14 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.losses import is_correct, logit_terms, smoothed_loss, smoothed_target
+from transformer_jax.losses import (is_correct, logit_terms, smoothed_loss, smoothed_target,
+                                    target_mask)
 from transformer_jax.token_ids import PAD_ID
 
 
 def output_loss(features, table, targets, weights=None, *, label_smoothing: float = 0.0,
                 chunk_size: int = 4096, dtype=None) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Σ weight · loss, Σ weight and Σ weight · [the target's logit is the largest] of the
-    tied logits.
+    """Σ weight · loss, Σ weight and Σ weight · [argmax = target] of the tied logits.
 
     Args:
       features: `(..., D)`, the decoder's output (after its final norm, if any).
@@ -78,10 +78,6 @@ def _logits(x_CD, table_VD, dtype):
                       preferred_element_type=jnp.float32)
 
 
-def _targets_mask(targets_C, vocab_size):
-    return jnp.arange(vocab_size)[None, :] == targets_C[:, None]
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _output_loss(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype):
     return _forward(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype)[0]
@@ -96,7 +92,7 @@ def _forward(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype):
         terms = logit_terms(_logits(x_CD, table_cast_VD, dtype), targets_C)
         loss_C = smoothed_loss(terms, vocab_size, label_smoothing)
         sums = (sums[0] + (loss_C * weights_C).sum(), sums[1] + weights_C.sum(),
-                sums[2] + (is_correct(terms) * weights_C).sum())
+                sums[2] + (is_correct(terms, targets_C) * weights_C).sum())
         return sums, terms.logsumexp
 
     zero = jnp.zeros((), jnp.float32)
@@ -115,7 +111,7 @@ def _backward(label_smoothing, dtype, residuals, cotangents):
     def one_chunk(dtable_VD, chunk):
         x_CD, targets_C, weights_C, logsumexp_C = chunk
         probs_CV = jnp.exp(_logits(x_CD, table_cast_VD, dtype) - logsumexp_C[:, None])
-        q_CV = jnp.where(_targets_mask(targets_C, vocab_size), confidence, low)
+        q_CV = jnp.where(target_mask(targets_C, vocab_size), confidence, low)
         dlogits_CV = ((g * weights_C)[:, None] * (probs_CV - q_CV)).astype(dtype)
         dx_CD = jnp.einsum("CV,VD->CD", dlogits_CV, table_cast_VD,
                            preferred_element_type=jnp.float32)

@@ -35,10 +35,12 @@ def refuse_other_model(saved: dict, model_config, workdir: str) -> None:
     written, such as dropout_bits) counts as the field's default."""
     wanted = dataclasses.asdict(model_config)
     defaults = {f.name: f.default for f in dataclasses.fields(model_config)}
-    saved = {**defaults, **saved}
-    changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
+    was = {k: saved.get(k, defaults[k]) for k in wanted}
+    changed = sorted(k for k in wanted if was[k] != wanted[k])
     if changed:
-        diffs = ", ".join(f"{k}: saved {saved.get(k)!r}, now {wanted[k]!r}" for k in changed)
+        diffs = ", ".join(f"{k}: saved {saved[k]!r}, now {wanted[k]!r}" if k in saved else
+                          f"{k}: not saved (so {was[k]!r}, its default), now {wanted[k]!r}"
+                          for k in changed)
         raise ConfigError(f"{workdir} holds a run of another model ({diffs}); use a new "
                           f"--workdir or the config it was trained with")
 

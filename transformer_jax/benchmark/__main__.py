@@ -8,7 +8,7 @@ import os
 import sys
 
 from transformer_jax.benchmark import SUITES, machine, report, timing
-from transformer_jax.benchmark.model import parse_vary
+from transformer_jax.benchmark.model import chosen_cases, parse_vary
 
 
 def parse_args(argv):
@@ -41,11 +41,12 @@ def parse_args(argv):
         parser.error("--peers is for the decode suite")
     if (args.models or args.vary) and args.suite != "model":
         parser.error("--models and --vary are for the model suite")
+    args.models = args.models.split(",") if args.models else None
     try:
         args.vary = parse_vary(args.vary)
+        chosen_cases(args.quick, args.models, args.vary)
     except ValueError as error:
         parser.error(str(error))
-    args.models = args.models.split(",") if args.models else None
     if args.plot and not args.plot.lower().endswith(".png"):
         parser.error(f"--plot needs a .png file name, got {args.plot!r}")
     return args

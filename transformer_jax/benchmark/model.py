@@ -154,6 +154,9 @@ def parse_vary(texts) -> dict[str, tuple]:
     vary = {}
     for text in texts:
         name, _, values = text.partition("=")
+        if name in vary:
+            raise ValueError(f"--vary {name} is given twice; give its values once: "
+                             f"{name}=V1,V2,...")
         if name not in types or name in ("dtype", "vocab_size") or not values:
             raise ValueError(f"--vary takes FIELD=V1,V2,... with a ModelConfig field other than "
                              f"dtype and vocab_size, got {text!r}; fields: "
@@ -181,6 +184,25 @@ def default_strategies() -> tuple[str, ...]:
     return ("sharded",) if one_accelerator else STRATEGIES
 
 
+def chosen_cases(quick: bool, models=None, vary: dict | None = None):
+    """(the cases of `models`, the dicts of field values of `vary`), every combination
+    checked before anything is timed: a ValueError names a model this backend does not
+    time or a combination `ModelConfig` refuses."""
+    names = [case.name for case in cases(quick)]
+    if unknown := [name for name in models or () if name not in names]:
+        raise ValueError(f"no model {', '.join(unknown)} here; this backend times "
+                         f"{', '.join(names)}")
+    chosen = [case for case in cases(quick) if models is None or case.name in models]
+    variants = [dict(zip(vary, values)) for values in itertools.product(*vary.values())] \
+        if vary else [{}]
+    for case, fields in itertools.product(chosen, variants):
+        try:
+            dataclasses.replace(case.config, **fields)
+        except ValueError as error:
+            raise ValueError(f"{case.name} with {fields}: {error}") from None
+    return chosen, variants
+
+
 def default_dtypes(quick: bool) -> tuple[str, ...]:
     """float32 on CPUs (bfloat16 beside it); bfloat16 alone on accelerators, how they train."""
     if quick:
@@ -204,12 +226,7 @@ def run(quick: bool = False, *, models=None, dtypes=None, strategies=None,
     dtypes = dtypes or default_dtypes(quick)
     strategies = strategies or default_strategies()
     loss_chunks = loss_chunks or default_loss_chunks(quick)
-    chosen = [case for case in cases(quick) if models is None or case.name in models]
-    if not chosen:
-        raise ValueError(f"no model among {models}; this backend times "
-                         f"{[case.name for case in cases(quick)]}")
-    variants = [dict(zip(vary, values)) for values in itertools.product(*vary.values())] \
-        if vary else [{}]
+    chosen, variants = chosen_cases(quick, models, vary)
     grid = [(case, dtype, strategy, chunk, fields) for case in chosen for dtype in dtypes
             for strategy in strategies for chunk in loss_chunks for fields in variants]
     rows = [time_train_step(case, dtype, strategy, quick=quick, loss_chunk_size=chunk,
