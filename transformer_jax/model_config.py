@@ -51,7 +51,8 @@ class ModelConfig:
         _require_choice(self.dropout_bits, "dropout_bits", DROPOUT_BITS)
         # Attention dropout takes the `dropout` function's default bits (the attention
         # implementations' signature, as jax.nn's, has no place for them).
-        for name, bits in (("dropout_rate", self.dropout_bits), ("attention_dropout_rate", DEFAULT_BITS)):
+        for name, bits in (("dropout_rate", self.dropout_bits),
+                           ("attention_dropout_rate", DEFAULT_BITS)):
             if problem := rate_problem(getattr(self, name), bits):
                 raise ValueError(f"ModelConfig.{name} {problem}")
         _require_choice(self.positional_encoding, "positional_encoding", POSITIONAL_ENCODINGS)
