@@ -25,7 +25,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # written in the code. Library internals that mix run under "standard": the package's
 # calls of optax's Adam and jax.nn's XLA attention, and the tests below that use the
 # `standard_dtype_promotion` fixture. On GPUs too (their cuDNN and bfloat16 paths have not
-# run strict yet: `gpu_pass.sh tests` is where a mix there shows).
+# run strict yet: the suite on a GPU is where a mix there shows).
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Full float32 matmuls on GPUs too (TF32 would break the 1e-5 tolerances).
 jax.config.update("jax_default_matmul_precision", "highest")

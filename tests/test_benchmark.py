@@ -21,7 +21,8 @@ POSITIVE = {
     "model": ("step_ms", "tokens_per_sec", "compile_s", "tflops", "mfu", "memory_bytes"),
     "decode": ("ms", "tokens_per_sec", "sentences_per_sec", "compile_s"),
     "pipeline": ("batches_per_sec", "examples_per_sec", "tokens_per_sec", "source_fill",
-                 "target_fill", "first_batch_s", "resume_s", "prepare_s", "pairs_per_sec"),
+                 "target_fill", "first_batch_s", "resume_s", "prepare_s", "pairs_per_sec",
+                 "threads_prepare_s", "threads_pairs_per_sec", "processes_over_threads"),
     "compare": ("step_ms", "tflops"),
     "loss": ("ms", "tflops", "compile_s", "memory_bytes"),
 }

@@ -6,9 +6,12 @@ here from the text with `tokenizer.encode`, never read back from the prepared fi
 """
 
 import itertools
+import multiprocessing
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -73,14 +76,15 @@ def count_calls(monkeypatch, obj, name, fail_after=None):
     return calls
 
 
-def killed_preparation(config, tmp_path, monkeypatch, name: str, fail_after: int) -> str:
+def killed_preparation(config, tmp_path, monkeypatch, name: str, fail_after: int,
+                       processes: int | None = None) -> str:
     """`prepare` in parts of 100 pairs into tmp_path/run, killed (KeyboardInterrupt) once
     `fail_after` calls of prepared.`name` ran; returns the workdir."""
     monkeypatch.setattr(prepared_module, "PART_PAIRS", 100)
     workdir = str(tmp_path / "run")
     count_calls(monkeypatch, prepared_module, name, fail_after=fail_after)
     with pytest.raises(KeyboardInterrupt):
-        prepare(config, workdir, **QUIET)
+        prepare(config, workdir, **QUIET, processes=processes)
     return workdir
 
 
@@ -276,6 +280,46 @@ def test_a_killed_preparation_resumes_from_its_whole_parts(corpus, run, tmp_path
             assert array.dtype == clean[name].dtype
             np.testing.assert_array_equal(array, clean[name], err_msg=f"{split} {name}")
         assert splits[split].manifest == run[2][split].manifest
+
+
+def test_worker_processes_prepare_the_same_ids_and_end_with_a_kill(corpus, run, tmp_path,
+                                                                    monkeypatch):
+    """Splits encoded by 3 worker processes (pieces of 34, 33 and 33 pairs, 10, 10 and 9 in
+    the last part of train, 14, 13 and 13 in validation) give the ids encoded in process,
+    byte for byte; a kill after the first part leaves no worker running, and the rerun
+    completes it."""
+    pools = count_calls(monkeypatch, prepared_module, "encode_in_processes")
+    workdir = killed_preparation(corpus, tmp_path, monkeypatch, "_write_part", 1,
+                                 processes=3)
+    assert len(pools) == 1 and not multiprocessing.active_children()
+    count_calls(monkeypatch, prepared_module, "_write_part")  # no longer failing
+    _, splits = prepare(corpus, workdir, **QUIET, processes=3)
+    assert len(pools) == 3  # train again, then validation
+    for split in ("train", "validation"):
+        clean = prepared_arrays(run[0], split)
+        for name, array in prepared_arrays(workdir, split).items():
+            assert array.dtype == clean[name].dtype
+            np.testing.assert_array_equal(array, clean[name], err_msg=f"{split} {name}")
+        assert splits[split].manifest == run[2][split].manifest
+
+
+def test_worker_processes_do_not_run_a_script_without_a_main_guard(corpus, run, tmp_path):
+    """A script that calls prepare at its top level, with no `if __name__ == "__main__":`,
+    runs once: spawned workers do not import it (they would prepare again, and fail)."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from transformer_jax.data.prepared import prepare\n"
+        "from transformer_jax.run_config import data_fields\n"
+        f"config = data_fields(dataset={corpus.dataset!r}, vocab_size={VOCAB_SIZE})\n"
+        f"_, splits = prepare(config, {str(tmp_path / 'run')!r}, processes=2)\n"
+        "print('prepared', len(splits['train']), 'pairs')\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("prepared train") == 1 and "2 worker processes" in done.stdout
+    assert done.stdout.count("prepared 429 pairs") == 1
+    np.testing.assert_array_equal(prepared_arrays(str(tmp_path / "run"), "train")["targets"],
+                                  prepared_arrays(run[0], "train")["targets"])
 
 
 def test_parts_made_from_other_files_are_not_reused(tmp_path, monkeypatch):

@@ -30,6 +30,7 @@ from transformer_jax.trainer import (
     ConfigError,
     NonFiniteLossError,
     _new_shuffle_seed,
+    _Window,
     check_config,
     train,
     use_compilation_cache,
@@ -370,6 +371,38 @@ def test_the_compilation_cache_is_the_workdirs_unless_the_user_chose_one():
     finally:
         jax.config.update("jax_compilation_cache_dir", before[0])
         jax.config.update("jax_enable_compilation_cache", before[1])
+
+
+def test_the_first_records_rates_leave_out_the_first_steps_time(monkeypatch):
+    """Steps of 10, 20 and 30 tokens; the first one takes 8 s (compiling), the next two
+    1.5 s together: 2 steps / 1.5 s and 50 tokens / 1.5 s, while the loss and accuracy
+    count all three. A window holding only the left-out step is timed whole."""
+    clock = iter([0.0, 8.0, 9.5,  # the first window: opened, first step done, summary
+                  20.0, 21.0, 24.0])  # the second: opened, its step left out, summary
+    monkeypatch.setattr("transformer_jax.trainer.time.perf_counter", lambda: next(clock))
+
+    class Host:  # the device values are already host values here
+        to_host = staticmethod(lambda metrics: metrics)
+
+    def step(tokens):
+        return {"loss_sum": 2.0 * tokens, "correct_sum": tokens / 2, "weight_sum": tokens,
+                "learning_rate": 1e-3, "grad_norm": 1.0}
+
+    window = _Window()
+    window.pending.append(step(10))
+    window.leave_out_time()
+    window.pending += [step(20), step(30)]
+    window.fetch(Host, 3)
+    record = window.summary()
+    assert record["steps_per_sec"] == pytest.approx(2 / 1.5)
+    assert record["tokens_per_sec"] == pytest.approx(50 / 1.5)
+    assert (record["loss"], record["accuracy"]) == (2.0, 0.5)
+    window.start()
+    window.pending.append(step(10))
+    window.leave_out_time()
+    window.fetch(Host, 4)
+    record = window.summary()
+    assert (record["steps_per_sec"], record["tokens_per_sec"]) == (1 / 4, 10 / 4)
 
 
 def test_sigterm_saves_and_exits_cleanly_and_the_restart_loads_the_compiled_step(tmp_path):

@@ -24,8 +24,9 @@ are only moved aside when their files are damaged):
     restored step) so that it does not replay the first steps' batches; one
     warning names the setting (or the reason).
 
-Watching the speed: each training record has `steps_per_sec` beside `tokens_per_sec`,
-the first step's line says how long the start took (data, compiling), and
+Watching the speed: each training record has `steps_per_sec` beside `tokens_per_sec`
+(rates that leave out a run's first step, which waits for compiling, and the profiled
+steps below), the first step's line says how long the start took (data, compiling), and
 `config.profile_steps=N` traces N steps of the run (after its first 10) into
 DIR/plugins/profile/ (TensorBoard's profile tab) with a summary: the device's busy and
 idle time per step and the operations that took it (`profiling.StepTrace`).
@@ -96,13 +97,20 @@ class _Periodic:
 
 class _Window:
     """The training metrics since the last record: the steps' device values until
-    `fetch` brings them to the host, once each, then their host values."""
+    `fetch` brings them to the host, once each, then their host values. Its rates count
+    the steps after `leave_out_time` (a run's first step, whose time is mostly compiling)."""
 
     def __init__(self):
-        self.pending, self.rows, self.started = [], [], time.perf_counter()
+        self.pending, self.rows = [], []
+        self.start()
 
     def start(self) -> None:
-        self.started = time.perf_counter()
+        self.started = self.opened = time.perf_counter()
+        self.untimed = 0  # the window's first steps that its rates leave out
+
+    def leave_out_time(self) -> None:
+        """The steps so far leave the rates (the loss and accuracy still count them)."""
+        self.untimed, self.started = len(self.rows) + len(self.pending), time.perf_counter()
 
     def fetch(self, parallel: Parallel, step: int) -> None:
         """Host values of the pending steps (waits for them); raises on a non-finite loss."""
@@ -116,8 +124,11 @@ class _Window:
         self.pending, self.rows = [], self.rows + rows
 
     def summary(self) -> dict[str, float]:
-        """The record of the fetched steps, which it empties: means, the last rate, tokens/s."""
-        rows, seconds = self.rows, time.perf_counter() - self.started
+        """The record of the fetched steps, which it empties: means, the last rate, and the
+        rates of the timed steps (all of them, with their time, if none is timed)."""
+        rows, timed, now = self.rows, self.rows[self.untimed:], time.perf_counter()
+        seconds = now - (self.started if timed else self.opened)
+        timed = timed or rows
         tokens = sum(r["weight_sum"] for r in rows)
         self.rows = []
         return {
@@ -125,8 +136,8 @@ class _Window:
             "accuracy": sum(r["correct_sum"] for r in rows) / max(tokens, 1.0),
             "learning_rate": rows[-1]["learning_rate"],
             "grad_norm": rows[-1]["grad_norm"],
-            "tokens_per_sec": tokens / seconds,
-            "steps_per_sec": len(rows) / seconds,
+            "tokens_per_sec": sum(r["weight_sum"] for r in timed) / seconds,
+            "steps_per_sec": len(timed) / seconds,
         }
 
 
@@ -335,6 +346,7 @@ class _Loop:
                 self._window.pending.append(metrics)
                 if step == first + 1:
                     jax.block_until_ready(metrics)
+                    self._window.leave_out_time()  # compiling is not the training's speed
                     log.message(f"step {step} done {time.monotonic() - started:.1f} s after "
                                 f"the start (reading or preparing the data, compiling)")
                 stopped = self._stop_requested(stop, step)
@@ -342,6 +354,7 @@ class _Loop:
                                        last=stopped or step == self.config.num_train_steps)
                 if profiled:
                     log.message(_profile_line(profiled))
+                    self._window.leave_out_time()  # nor are traced steps, nor writing the trace
                 due = [w for w in work if w.due(step, self.config.num_train_steps, stopped)]
                 if due:  # the window's metrics reach the host once; never save a broken state
                     self._window.fetch(self.parallel, step)

@@ -23,6 +23,7 @@ import collections
 import functools
 import os
 import resource
+import shutil
 import tempfile
 import time
 
@@ -37,6 +38,8 @@ from transformer_jax.data import (
     prepare,
     train_dataset,
 )
+from transformer_jax.data.parallel_encoding import usable_cores
+from transformer_jax.data.prepared import prepared_dir
 from transformer_jax.run_config import data_fields
 
 WMT_PAIRS = 4_500_000  # WMT14 EN-DE's training pairs
@@ -113,9 +116,11 @@ def _batches(split: PreparedSplit, case: Case):
     return iter(train_dataset(split, batch_size=case.rows, **lengths))
 
 
-def _prepare_train(data, workdir: str) -> PreparedSplit:
-    """The training split of `data`, prepared in `workdir` (its tokenizer trained first)."""
-    _, splits = prepare(data, workdir, splits=("train",), log=lambda line: None)
+def _prepare_train(data, workdir: str, processes: int | None = None) -> PreparedSplit:
+    """The training split of `data`, prepared in `workdir` (its tokenizer trained first) by
+    `processes` worker processes (`prepare`'s argument)."""
+    _, splits = prepare(data, workdir, splits=("train",), log=lambda line: None,
+                        processes=processes)
     return splits["train"]
 
 
@@ -167,19 +172,26 @@ def wmt_data(folder: str, quick: bool):
 
 
 def prepare_wmt(pairs: int, quick: bool, tmp: str) -> tuple[dict, object, str]:
-    """Generates the corpus, trains its tokenizer, prepares its training split: the seconds
-    of each and the preparation's pairs/s; then its config.data and workdir."""
+    """Generates the corpus, trains its tokenizer, prepares its training split with
+    sentencepiece's threads, then again with one worker process per core: the seconds of
+    each and the preparations' pairs/s; then its config.data and workdir."""
     start = time.perf_counter()
     data = wmt_data(write_wmt_like_corpus(os.path.join(tmp, "corpus"), pairs), quick)
     generated = time.perf_counter()
     workdir = os.path.join(tmp, "wmt")
     get_tokenizer(data, workdir)
     trained = time.perf_counter()
-    _prepare_train(data, workdir)
-    seconds, cores = time.perf_counter() - trained, os.cpu_count() or 1
+    _prepare_train(data, workdir, processes=0)
+    threads = time.perf_counter() - trained
+    shutil.rmtree(prepared_dir(workdir))
+    cores, started = usable_cores(), time.perf_counter()
+    _prepare_train(data, workdir, processes=cores)
+    seconds = time.perf_counter() - started
     return {"pairs": pairs, "generate_s": generated - start, "tokenizer_s": trained - generated,
             "prepare_s": seconds, "pairs_per_sec": pairs / seconds,
-            "pairs_per_sec_per_core": pairs / seconds / cores}, data, workdir
+            "pairs_per_sec_per_core": pairs / seconds / cores,
+            "threads_prepare_s": threads, "threads_pairs_per_sec": pairs / threads,
+            "processes_over_threads": threads / seconds}, data, workdir
 
 
 def _memory_mb() -> dict[str, float]:
@@ -265,6 +277,8 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
         "peak_rss_mb: this process's peak resident memory growth while reading (mapped id "
         "pages included; workers' not); anon_mb: its anonymous memory growth",
         "prepare row: generate_s writes the corpus; tokenizer_s reads it and trains the "
-        "tokenizer; prepare_s reads it again, tokenizes and writes the ids, at pairs_per_sec "
-        "(and per core of os.cpu_count())",
+        "tokenizer; prepare_s reads it again, tokenizes and writes the ids in one worker "
+        "process per core, at pairs_per_sec (and per core); threads_prepare_s and "
+        "threads_pairs_per_sec: the same before, in this process on sentencepiece's "
+        "threads (one per core); processes_over_threads: the ratio of their rates",
     ]

@@ -42,17 +42,19 @@ Preparing is idempotent, resumable, checked, and refuses stale data:
 - In a multi-host run, process 0 prepares and the others wait, then open.
 """
 
-import itertools
+import contextlib
 import json
 import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import tqdm
 
 from transformer_jax.atomic_file import atomic_write, remove_temporaries, sync_folder
+from transformer_jax.data.parallel_encoding import encode_in_processes, usable_cores
 from transformer_jax.data.sources import DataError, describe_split, load_split
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.vocabulary import TOKENIZER_FILE, get_tokenizer, tokenizer_path
@@ -63,6 +65,10 @@ PREPARED_DIR = "prepared"
 PREPARED_SPLITS = ("train", "validation")
 SIDES = ("inputs", "targets")
 PART_PAIRS = 250_000  # pairs per part: the work a kill can lose
+# Splits this large are tokenized by worker processes (parallel_encoding.py) unless
+# `prepare(processes=)` says otherwise: below it, starting them (about 1.5 s) costs more
+# than they save. The numbers dataset's 200,000 pairs stay in process.
+PROCESS_MIN_PAIRS = 250_000
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MADE_FROM = "made_from.json"  # in {split}.partial/ while its parts are written
@@ -201,14 +207,17 @@ def _refuse_stale(recorded: dict, wanted: dict, folder: str) -> None:
                         f"trained on the old ids), or use another workdir.")
 
 
-def prepare(data_config, workdir: str, *, splits=PREPARED_SPLITS,
-            log=print) -> tuple[Tokenizer, dict[str, PreparedSplit]]:
+def prepare(data_config, workdir: str, *, splits=PREPARED_SPLITS, log=print,
+            processes: int | None = None) -> tuple[Tokenizer, dict[str, PreparedSplit]]:
     """Trains or loads the run's tokenizer, then tokenizes each of `splits` not yet prepared
     (or found damaged: prepared again, with a warning naming the file).
 
     Returns the tokenizer and the prepared splits; a stale one is a DataError.
     `log` gets one line per split with its size and rate. Runs alone on `workdir`
     (train.py and the data command hold its lock): it removes what kills left there.
+    `processes`: how many worker processes tokenize a split (parallel_encoding.py); 0 for
+    none (sentencepiece's threads, one per core, in this process); None for one per core
+    for a split of `PROCESS_MIN_PAIRS` pairs or more and none for a smaller one.
     """
     folders = {split: os.path.join(prepared_dir(workdir), split) for split in splits}
     if os.path.isdir(workdir):
@@ -225,7 +234,7 @@ def prepare(data_config, workdir: str, *, splits=PREPARED_SPLITS,
         pairs = train if split == "train" and train is not None else load_split(data_config,
                                                                                 split)
         _write_split(pairs, made_from(data_config, split, tokenizer), tokenizer, folders[split],
-                     log)
+                     log, _worker_processes(len(pairs.pairs), processes))
     return tokenizer, {split: open_split(data_config, workdir, split, tokenizer)
                        for split in splits}
 
@@ -246,23 +255,33 @@ def _damaged(data_config, workdir: str, split: str, tokenizer: Tokenizer) -> boo
     return False
 
 
-def _write_split(split, record: dict, tokenizer: Tokenizer, folder: str, log) -> None:
-    """Tokenizes `split` (a sources.Split) into `folder`, through `folder`.partial."""
+def _worker_processes(pairs: int, processes: int | None) -> int:
+    """The worker processes that tokenize a split of `pairs` pairs (0: none)."""
+    if processes is None:
+        processes = usable_cores() if pairs >= PROCESS_MIN_PAIRS else 0
+    return processes if processes > 1 else 0  # one would only wait for the other
+
+
+def _write_split(split, record: dict, tokenizer: Tokenizer, folder: str, log,
+                 processes: int) -> None:
+    """Tokenizes `split` (a sources.Split) into `folder`, through `folder`.partial, in
+    `processes` worker processes (0: sentencepiece's threads here)."""
     partial = folder + ".partial"
     started = _start_partial(partial, record)
     manifest = _joined_manifest(partial)  # a kill while moving the split into place
     if manifest is None:
         dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-        num_parts = _write_parts(split, tokenizer, dtype, partial)
+        num_parts = _write_parts(split, tokenizer, dtype, partial, processes)
         tokens = _join_parts(partial, num_parts, dtype)
         manifest = {"made_from": record, "pairs": len(split.pairs),
                     "skipped_empty": split.skipped_empty, "dtype": np.dtype(dtype).name,
                     "tokens": tokens}
         _write_json(os.path.join(partial, MANIFEST), manifest)
     _move_into_place(partial, folder)
-    seconds, cores, pairs = time.perf_counter() - started, os.cpu_count() or 1, len(split.pairs)
+    seconds, pairs = time.perf_counter() - started, len(split.pairs)
+    how = f"{processes} worker processes" if processes else f"{usable_cores()} threads"
     log(f"prepared {split.name}: {pairs:,} pairs, {sum(manifest['tokens'].values()):,} tokens "
-        f"in {seconds:.1f} s ({pairs / max(seconds, 1e-9):,.0f} pairs/s on {cores} cores)")
+        f"in {seconds:.1f} s ({pairs / max(seconds, 1e-9):,.0f} pairs/s, {how})")
 
 
 def _start_partial(partial: str, record: dict) -> float:
@@ -305,32 +324,67 @@ def _part_path(partial: str, k: int) -> str:
     return os.path.join(partial, f"part-{k:05d}.npz")
 
 
-def _write_parts(split, tokenizer: Tokenizer, dtype, partial: str) -> int:
+def _write_parts(split, tokenizer: Tokenizer, dtype, partial: str, processes: int) -> int:
     """Tokenizes the parts of `split` that `partial` lacks whole; returns the number of parts."""
-    pairs, cores = split.pairs, os.cpu_count() or 1
+    pairs = split.pairs
     starts = range(0, len(pairs), PART_PAIRS)
-    with tqdm.tqdm(total=len(pairs), desc=f"preparing {split.name}", unit="pair",
+    todo = []  # (path, first pair, pairs) of each part to tokenize
+    for k, start in enumerate(starts):
+        path, size = _part_path(partial, k), min(PART_PAIRS, len(pairs) - start)
+        damage = _part_damage(path, size, dtype) if os.path.exists(path) else "none"
+        if damage is not None:
+            if damage != "none":
+                warnings.warn(f"{path} is damaged ({damage}); tokenizing its "
+                              f"{size:,} pairs again", stacklevel=4)
+            todo.append((path, start, size))
+    parts = _encoded_parts(pairs, [(start, start + size) for _, start, size in todo],
+                           tokenizer, dtype, processes)
+    with tqdm.tqdm(total=len(pairs), initial=len(pairs) - sum(size for *_, size in todo),
+                   desc=f"preparing {split.name}", unit="pair",
                    disable=len(pairs) < 50_000) as progress:
-        for k, start in enumerate(starts):
-            path, chunk = _part_path(partial, k), pairs[start:start + PART_PAIRS]
-            damage = _part_damage(path, len(chunk), dtype) if os.path.exists(path) else "none"
-            if damage is not None:
-                if damage != "none":
-                    warnings.warn(f"{path} is damaged ({damage}); tokenizing its "
-                                  f"{len(chunk):,} pairs again", stacklevel=4)
-                _write_part(path, chunk, tokenizer, dtype, cores)
-            progress.update(len(chunk))
+        for (path, _, size), arrays in zip(todo, parts):
+            _write_part(path, arrays)
+            progress.update(size)
     return len(starts)
 
 
-def _write_part(path: str, pairs: list, tokenizer: Tokenizer, dtype, threads: int) -> None:
-    """One part: each side's ids end to end and their lengths; whole or not at all."""
+def _encoded_parts(pairs: list, parts: list[tuple[int, int]], tokenizer: Tokenizer, dtype,
+                   processes: int) -> Iterator[dict[str, np.ndarray]]:
+    """The arrays of each part `pairs[start:stop]` of `parts`, in order: encoded by
+    `processes` worker processes, each part's sides cut into a piece per process; or with
+    0, here, on sentencepiece's threads."""
+    if not processes:
+        for start, stop in parts:
+            yield _part_arrays(tokenizer.encode_arrays(
+                [p[key] for p in pairs[start:stop]], dtype=dtype, add_eos=True,
+                num_threads=usable_cores()) for key in ("source", "target"))
+        return
+    pieces = [_pieces(start, stop, processes) for start, stop in parts]
+    batches = [[p[key] for p in pairs[a:b]]
+               for part in pieces for key in ("source", "target") for a, b in part]
+    with contextlib.closing(encode_in_processes(tokenizer, batches, dtype=dtype, add_eos=True,
+                                                processes=processes)) as encoded:
+        for part in pieces:
+            sides = [[next(encoded) for _ in part] for _ in SIDES]
+            yield _part_arrays(tuple(map(np.concatenate, zip(*side))) for side in sides)
+
+
+def _pieces(start: int, stop: int, count: int) -> list[tuple[int, int]]:
+    """[start, stop) cut into at most `count` ranges of nearly equal sizes."""
+    size = -(-(stop - start) // count)
+    return [(a, min(a + size, stop)) for a in range(start, stop, size)]
+
+
+def _part_arrays(sides) -> dict[str, np.ndarray]:
+    """A part's arrays from each side's (lengths, ids), sources first."""
     arrays = {}
-    for side, key in zip(SIDES, ("source", "target")):
-        ids = tokenizer.encode_batch([p[key] for p in pairs], add_eos=True, num_threads=threads)
-        arrays[f"{side}_lengths"] = np.fromiter(map(len, ids), np.int64, len(ids))
-        arrays[side] = np.fromiter(itertools.chain.from_iterable(ids), dtype,
-                                   int(arrays[f"{side}_lengths"].sum()))
+    for side, (lengths, ids) in zip(SIDES, sides):
+        arrays[side], arrays[f"{side}_lengths"] = ids, lengths
+    return arrays
+
+
+def _write_part(path: str, arrays: dict[str, np.ndarray]) -> None:
+    """One part: each side's ids end to end and their lengths; whole or not at all."""
     with atomic_write(path) as f:
         np.savez(f, **arrays)
 
