@@ -141,11 +141,42 @@ def leftovers(workdir: str) -> list[str]:
             for name in dirs + names if is_temporary(name) or name.endswith(".partial")]
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def still_running(pids: list[int], seconds: float) -> list[int]:
+    """Those of `pids` still running (not zombies) after up to `seconds`."""
+    deadline, running = time.monotonic() + seconds, list(pids)
+    while running and time.monotonic() < deadline:
+        time.sleep(0.2)
+        running = [p for p in running if _running(p)]
+    return running
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def kill_rounds(args, corpus: str, killed: str, reference: dict) -> dict:
     """The rounds of start, wait, SIGKILL: what each start did with what the last left."""
     rng, partial = random.Random(args.seed), os.path.join(killed, "prepared", "train.partial")
     sizes = {"train": args.pairs, "validation": VALIDATION_PAIRS}
     tally = {"kills": 0, "resumes": 0, "clean": 0, "finished": 0, "unequal": 0,
+             "workers": 0, "orphans": 0,
              "damaged": [], "errors": [], "moments": collections.Counter()}
     while tally["kills"] < args.kills:
         before, resume = parts(partial), os.path.isdir(killed)
@@ -153,10 +184,13 @@ def kill_rounds(args, corpus: str, killed: str, reference: dict) -> dict:
         try:
             process.wait(timeout=rng.uniform(1, 12))
         except subprocess.TimeoutExpired:
+            workers = children(process.pid)  # tokenizing worker processes, if any
             process.send_signal(signal.SIGKILL)
             process.wait()
             tally["kills"] += 1
             tally["moments"][moment(killed)] += 1
+            tally["workers"] += len(workers)
+            tally["orphans"] += len(still_running(workers, seconds=15))
         stderr = process.stderr.read()
         kept = all(parts(partial).get(p, t) == t for p, t in before.items())
         failed = process.returncode not in (0, -signal.SIGKILL) or "Traceback" in stderr
@@ -201,9 +235,11 @@ def main() -> int:
               f"between kills ({tally['unequal']} unequal to the reference); final exit "
               f"{final.returncode}; tokenizer and prepared ids equal, byte for byte, to those "
               f"of the run never killed ({clean_s:.0f} s): {same}; "
-              f"{time.perf_counter() - started:.0f} s in all")
+              f"{time.perf_counter() - started:.0f} s in all; worker processes running at "
+              f"the kills: {tally['workers']}, of which still running 15 s after: "
+              f"{tally['orphans']}")
         return 0 if same and not tally["errors"] and not tally["damaged"] and not tally[
-            "unequal"] and tally["clean"] == tally["resumes"] else 1
+            "unequal"] and not tally["orphans"] and tally["clean"] == tally["resumes"] else 1
 
 
 if __name__ == "__main__":

@@ -10,14 +10,18 @@ import multiprocessing
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 from num2words import num2words
 
 from transformer_jax.data import prepared as prepared_module
+from transformer_jax.data.parallel_encoding import encode_in_processes
 from transformer_jax.data.pipeline import CHUNK, train_dataset
 from transformer_jax.data.prepared import open_split, prepare
 from transformer_jax.data.sources import DataError
@@ -284,8 +288,8 @@ def test_a_killed_preparation_resumes_from_its_whole_parts(corpus, run, tmp_path
 
 def test_worker_processes_prepare_the_same_ids_and_end_with_a_kill(corpus, run, tmp_path,
                                                                     monkeypatch):
-    """Splits encoded by 3 worker processes (pieces of 34, 33 and 33 pairs, 10, 10 and 9 in
-    the last part of train, 14, 13 and 13 in validation) give the ids encoded in process,
+    """Splits encoded by 3 worker processes (pieces of 33, 33 and 34 pairs, 9, 10 and 10 in
+    the last part of train, 13, 13 and 14 in validation) give the ids encoded in process,
     byte for byte; a kill after the first part leaves no worker running, and the rerun
     completes it."""
     pools = count_calls(monkeypatch, prepared_module, "encode_in_processes")
@@ -301,6 +305,95 @@ def test_worker_processes_prepare_the_same_ids_and_end_with_a_kill(corpus, run, 
             assert array.dtype == clean[name].dtype
             np.testing.assert_array_equal(array, clean[name], err_msg=f"{split} {name}")
         assert splits[split].manifest == run[2][split].manifest
+
+
+@pytest.mark.parametrize("cores, pairs, processes, expected", [
+    (64, 250_000, None, 32),  # one per core, at most MAX_PROCESSES
+    (16, 250_000, None, 16),
+    (16, 249_999, None, 0),  # too small to be worth starting them
+    (1, 4_500_000, None, 0),  # one worker would only wait for the other
+    (16, 100, 5, 5),  # asked for: whatever the size
+    (16, 4_500_000, 1, 0),
+    (16, 4_500_000, 0, 0),
+])
+def test_how_many_worker_processes_tokenize_a_split(monkeypatch, cores, pairs, processes,
+                                                     expected):
+    monkeypatch.setattr(prepared_module, "usable_cores", lambda: cores)
+    assert prepared_module.worker_processes(pairs, processes) == expected
+
+
+@pytest.mark.parametrize("start, stop, count, sizes", [
+    (0, 100, 3, [33, 33, 34]),
+    (300, 329, 3, [9, 10, 10]),
+    (0, 32, 16, [2] * 16),  # an exact multiple
+    (5, 7, 4, [1, 1]),  # fewer pairs than processes: no empty piece
+])
+def test_pieces_differ_by_one_pair_at_most_and_cover_the_part(start, stop, count, sizes):
+    pieces = prepared_module._pieces(start, stop, count)
+    assert [b - a for a, b in pieces] == sizes
+    assert pieces[0][0] == start and pieces[-1][1] == stop
+    assert all(a1 == b0 for (_, b0), (a1, _) in zip(pieces, pieces[1:]))
+
+
+def test_worker_processes_exit_when_their_caller_is_killed(run, tmp_path):
+    """kill -9 of the process that started the workers, while they encode: they exit too,
+    instead of waiting on its queues for good."""
+    script = tmp_path / "encode.py"
+    script.write_text(
+        "import multiprocessing, sys, threading, time\n"
+        "import numpy as np\n"
+        "from transformer_jax.data.parallel_encoding import encode_in_processes\n"
+        "from transformer_jax.data.tokenizer import Tokenizer\n"
+        "tokenizer = Tokenizer.load(sys.argv[1])\n"
+        "batches = [['siebenhundertdreiundzwanzig'] * 200_000] * 50\n"
+        "threading.Thread(target=lambda: list(encode_in_processes(\n"
+        "    tokenizer, batches, dtype=np.int32, add_eos=True, processes=2)),\n"
+        "    daemon=True).start()\n"
+        "while len(multiprocessing.active_children()) < 2:\n"
+        "    time.sleep(0.05)\n"
+        "print(*(p.pid for p in multiprocessing.active_children()), flush=True)\n"
+        "time.sleep(300)\n")
+    caller = subprocess.Popen([sys.executable, str(script),
+                               os.path.join(run[0], "tokenizer.model")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in caller.stdout.readline().split()]
+    finally:
+        caller.kill()
+        caller.wait()
+    assert len(workers) == 2
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def test_a_worker_that_dies_is_a_data_error_and_leaves_no_worker(run):
+    """A worker killed while it encodes (as the out-of-memory killer would): the caller gets
+    a DataError that says what to do, and the other worker is stopped."""
+    def kill_a_worker():
+        while len(workers := multiprocessing.active_children()) < 2:
+            time.sleep(0.05)
+        os.kill(workers[0].pid, signal.SIGKILL)
+
+    encoded = encode_in_processes(run[1], [["siebenhundertdreiundzwanzig"] * 200_000] * 50,
+                                  dtype=np.int32, add_eos=True, processes=2)
+    killer = threading.Thread(target=kill_a_worker, daemon=True)
+    killer.start()
+    with pytest.raises(DataError, match=r"a worker process tokenizing the corpus died .* "
+                                        r"fewer processes"):
+        list(encoded)
+    killer.join()
+    assert not multiprocessing.active_children()
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie that no one reaped has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_worker_processes_do_not_run_a_script_without_a_main_guard(corpus, run, tmp_path):

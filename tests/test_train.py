@@ -48,7 +48,8 @@ def test_one_step_on_the_builtin_data(tmp_path):
     assert result.step == 1 and not result.stopped_early
     train_record, eval_record = records(tmp_path)
     assert train_record["step"] == 1 and train_record["loss"] > 0
-    assert train_record["tokens_per_sec"] > 0
+    # Its only step waited for compiling: no rates rather than the compiler's (_Window).
+    assert "tokens_per_sec" not in train_record and "steps_per_sec" not in train_record
     # The schedule of §5.3 at step 1 (tiny: d_model 32; warmup 10).
     assert train_record["learning_rate"] == pytest.approx(32**-0.5 * 10**-1.5, rel=1e-6)
     assert set(eval_record) == {"step", "eval_loss", "eval_accuracy", "eval_perplexity",
@@ -373,36 +374,86 @@ def test_the_compilation_cache_is_the_workdirs_unless_the_user_chose_one():
         jax.config.update("jax_enable_compilation_cache", before[1])
 
 
-def test_the_first_records_rates_leave_out_the_first_steps_time(monkeypatch):
-    """Steps of 10, 20 and 30 tokens; the first one takes 8 s (compiling), the next two
-    1.5 s together: 2 steps / 1.5 s and 50 tokens / 1.5 s, while the loss and accuracy
-    count all three. A window holding only the left-out step is timed whole."""
-    clock = iter([0.0, 8.0, 9.5,  # the first window: opened, first step done, summary
-                  20.0, 21.0, 24.0])  # the second: opened, its step left out, summary
-    monkeypatch.setattr("transformer_jax.trainer.time.perf_counter", lambda: next(clock))
+class _Host:  # the window's device values are already host values here
+    to_host = staticmethod(lambda metrics: metrics)
 
-    class Host:  # the device values are already host values here
-        to_host = staticmethod(lambda metrics: metrics)
 
-    def step(tokens):
-        return {"loss_sum": 2.0 * tokens, "correct_sum": tokens / 2, "weight_sum": tokens,
-                "learning_rate": 1e-3, "grad_norm": 1.0}
+def _step(tokens: float) -> dict:
+    return {"loss_sum": 2.0 * tokens, "correct_sum": tokens / 2, "weight_sum": tokens,
+            "learning_rate": 1e-3, "grad_norm": 1.0}
 
-    window = _Window()
-    window.pending.append(step(10))
-    window.leave_out_time()
-    window.pending += [step(20), step(30)]
-    window.fetch(Host, 3)
+
+def test_a_records_rates_leave_out_the_paused_steps_and_their_time():
+    """A first step of 10 tokens that takes 8 s (compiling), then 20 and 30 tokens in 1.5 s:
+    2 steps / 1.5 s and 50 tokens / 1.5 s, while the loss and accuracy count all three.
+    Then a pause (a trace) across a record: each record rates only its steps outside it."""
+    now = [0.0]
+    window = _Window(clock=lambda: now[0])
+    window.pause()
+    window.pending.append(_step(10))
+    now[0] = 8.0
+    window.resume()
+    window.pending += [_step(20), _step(30)]
+    window.fetch(_Host, 3)
+    now[0] = 9.5
     record = window.summary()
     assert record["steps_per_sec"] == pytest.approx(2 / 1.5)
     assert record["tokens_per_sec"] == pytest.approx(50 / 1.5)
     assert (record["loss"], record["accuracy"]) == (2.0, 0.5)
+
+    now[0] = 20.0  # after an evaluation: the loop opens a new window
     window.start()
-    window.pending.append(step(10))
-    window.leave_out_time()
-    window.fetch(Host, 4)
+    window.pending.append(_step(10))  # timed
+    now[0] = 21.0
+    window.pause()
+    window.pending.append(_step(10))  # traced
+    window.fetch(_Host, 5)
+    now[0] = 23.0
+    record = window.summary()  # 1 step in 23 - 20 - 2 s
+    assert (record["steps_per_sec"], record["tokens_per_sec"]) == (1.0, 10.0)
+    window.pending.append(_step(10))  # still traced
+    now[0] = 25.0
+    window.resume()
+    window.pending.append(_step(40))  # timed
+    window.fetch(_Host, 7)
+    now[0] = 27.0
+    record = window.summary()  # 1 step in 27 - 23 - 2 s
+    assert (record["steps_per_sec"], record["tokens_per_sec"]) == (0.5, 20.0)
+    assert record["loss"] == 2.0
+
+
+def test_a_pause_waits_for_the_steps_dispatched_before_it():
+    """Dispatch runs ahead of the device: a step dispatched at 0 s that the device ends at
+    5 s is timed 5 s, though the pause (a trace starting) comes at 1 s."""
+    now = [0.0]
+
+    class Running(float):  # a step's device value, done when waited for
+        def block_until_ready(self):
+            now[0] = 5.0
+            return self
+
+    window = _Window(clock=lambda: now[0])
+    window.pending.append({**_step(10), "loss_sum": Running(20.0)})
+    now[0] = 1.0
+    window.pause()
+    window.pending.append(_step(10))
+    now[0] = 9.0
+    window.resume()
+    window.fetch(_Host, 2)
+    assert window.summary()["steps_per_sec"] == 1 / 5.0
+
+
+def test_a_record_of_left_out_steps_alone_has_no_rates():
+    """log_every_steps=1: the first record holds only the compiling step; rather than a
+    rate that is mostly compiling, it has none."""
+    window = _Window()
+    window.pause()
+    window.pending.append(_step(10))
+    window.resume()
+    window.fetch(_Host, 1)
     record = window.summary()
-    assert (record["steps_per_sec"], record["tokens_per_sec"]) == (1 / 4, 10 / 4)
+    assert "steps_per_sec" not in record and "tokens_per_sec" not in record
+    assert record["loss"] == 2.0
 
 
 def test_sigterm_saves_and_exits_cleanly_and_the_restart_loads_the_compiled_step(tmp_path):

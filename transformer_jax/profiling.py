@@ -108,6 +108,11 @@ class StepTrace:
         self.start_step = first_step + PROFILE_AFTER_STEPS  # traced: start_step + 1, ...
         self._started = self._runs = None
 
+    @property
+    def tracing(self) -> bool:
+        """Whether steps are being traced now (from `before` to `after` at the last one)."""
+        return self._started is not None
+
     def before(self, step: int) -> None:
         if self.steps and step == self.start_step:
             self._runs = set(self._run_folders())

@@ -106,9 +106,11 @@ class RunLog:
         """Moves the bar to `step` and shows the latest loss, learning rate and speed."""
         if not self.enabled:
             return
+        speed = {"tok_s": f"{metrics['tokens_per_sec']:,.0f}"} if "tokens_per_sec" in metrics \
+            else {}  # a record of left-out steps alone (trainer._Window) has no rates
         self._progress.set_postfix(
-            loss=f"{metrics['loss']:.3f}", lr=f"{metrics['learning_rate']:.2e}",
-            tok_s=f"{metrics['tokens_per_sec']:,.0f}", refresh=False)
+            loss=f"{metrics['loss']:.3f}", lr=f"{metrics['learning_rate']:.2e}", **speed,
+            refresh=False)
         self._progress.update(step - self._progress.n)
 
     def message(self, text: str) -> None:

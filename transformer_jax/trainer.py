@@ -97,20 +97,34 @@ class _Periodic:
 
 class _Window:
     """The training metrics since the last record: the steps' device values until
-    `fetch` brings them to the host, once each, then their host values. Its rates count
-    the steps after `leave_out_time` (a run's first step, whose time is mostly compiling)."""
+    `fetch` brings them to the host, once each, then their host values. Its rates leave
+    out the steps (and their time) between `pause` and `resume`: a run's first step,
+    which waits for compiling, and traced steps; the loss and accuracy count every step."""
 
-    def __init__(self):
-        self.pending, self.rows = [], []
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.pending, self.rows, self._clock, self._paused = [], [], clock, None
         self.start()
 
     def start(self) -> None:
-        self.started = self.opened = time.perf_counter()
-        self.untimed = 0  # the window's first steps that its rates leave out
+        """Opens a new window (after a record, an evaluation, a save); a pause goes on."""
+        self.opened, self._left_out, self._left_out_seconds = self._clock(), set(), 0.0
+        if self._paused is not None:
+            self._paused = (self.opened, 0)
 
-    def leave_out_time(self) -> None:
-        """The steps so far leave the rates (the loss and accuracy still count them)."""
-        self.untimed, self.started = len(self.rows) + len(self.pending), time.perf_counter()
+    def pause(self) -> None:
+        """The steps added from here to `resume` leave the rates (no-op if paused). Waits
+        for the pending steps: dispatch runs ahead of the device, and their time is timed.
+        (`resume` and `summary` come after a wait: the left-out step's, or `fetch`.)"""
+        if self._paused is None:
+            jax.block_until_ready(self.pending)
+            self._paused = (self._clock(), len(self.rows) + len(self.pending))
+
+    def resume(self) -> None:
+        if self._paused is not None:
+            since, first = self._paused
+            self._left_out_seconds += self._clock() - since
+            self._left_out.update(range(first, len(self.rows) + len(self.pending)))
+            self._paused = None
 
     def fetch(self, parallel: Parallel, step: int) -> None:
         """Host values of the pending steps (waits for them); raises on a non-finite loss."""
@@ -124,21 +138,27 @@ class _Window:
         self.pending, self.rows = [], self.rows + rows
 
     def summary(self) -> dict[str, float]:
-        """The record of the fetched steps, which it empties: means, the last rate, and the
-        rates of the timed steps (all of them, with their time, if none is timed)."""
-        rows, timed, now = self.rows, self.rows[self.untimed:], time.perf_counter()
-        seconds = now - (self.started if timed else self.opened)
-        timed = timed or rows
+        """The record of the fetched steps, which starts a new window: means, the last
+        rate, and the rates of the steps not left out (none if every step was)."""
+        paused = self._paused is not None
+        self.resume()
+        rows, seconds = self.rows, self._clock() - self.opened - self._left_out_seconds
+        timed = [r for i, r in enumerate(rows) if i not in self._left_out]
         tokens = sum(r["weight_sum"] for r in rows)
-        self.rows = []
-        return {
+        record = {
             "loss": sum(r["loss_sum"] for r in rows) / max(tokens, 1.0),
             "accuracy": sum(r["correct_sum"] for r in rows) / max(tokens, 1.0),
             "learning_rate": rows[-1]["learning_rate"],
             "grad_norm": rows[-1]["grad_norm"],
-            "tokens_per_sec": sum(r["weight_sum"] for r in timed) / seconds,
-            "steps_per_sec": len(timed) / seconds,
         }
+        if timed:
+            record["tokens_per_sec"] = sum(r["weight_sum"] for r in timed) / seconds
+            record["steps_per_sec"] = len(timed) / seconds
+        self.rows = []
+        self.start()
+        if paused:
+            self.pause()
+        return record
 
 
 @dataclasses.dataclass
@@ -341,12 +361,13 @@ class _Loop:
             stop.training = True
             while step < self.config.num_train_steps:
                 self._watch(log, trace.before, step)
+                if step == first or trace.tracing:  # compiling and tracing: not the speed
+                    self._window.pause()
                 placed, metrics = self.p_train(placed, self.parallel.put_batch(next(self.data)))
                 step += 1
                 self._window.pending.append(metrics)
                 if step == first + 1:
                     jax.block_until_ready(metrics)
-                    self._window.leave_out_time()  # compiling is not the training's speed
                     log.message(f"step {step} done {time.monotonic() - started:.1f} s after "
                                 f"the start (reading or preparing the data, compiling)")
                 stopped = self._stop_requested(stop, step)
@@ -354,7 +375,8 @@ class _Loop:
                                        last=stopped or step == self.config.num_train_steps)
                 if profiled:
                     log.message(_profile_line(profiled))
-                    self._window.leave_out_time()  # nor are traced steps, nor writing the trace
+                if not trace.tracing:
+                    self._window.resume()
                 due = [w for w in work if w.due(step, self.config.num_train_steps, stopped)]
                 if due:  # the window's metrics reach the host once; never save a broken state
                     self._window.fetch(self.parallel, step)

@@ -39,7 +39,7 @@ from transformer_jax.data import (
     train_dataset,
 )
 from transformer_jax.data.parallel_encoding import usable_cores
-from transformer_jax.data.prepared import prepared_dir
+from transformer_jax.data.prepared import prepared_dir, worker_processes
 from transformer_jax.run_config import data_fields
 
 WMT_PAIRS = 4_500_000  # WMT14 EN-DE's training pairs
@@ -184,12 +184,13 @@ def prepare_wmt(pairs: int, quick: bool, tmp: str) -> tuple[dict, object, str]:
     _prepare_train(data, workdir, processes=0)
     threads = time.perf_counter() - trained
     shutil.rmtree(prepared_dir(workdir))
-    cores, started = usable_cores(), time.perf_counter()
-    _prepare_train(data, workdir, processes=cores)
-    seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    _prepare_train(data, workdir)  # prepare's default: worker processes at this size
+    seconds, cores = time.perf_counter() - started, usable_cores()
     return {"pairs": pairs, "generate_s": generated - start, "tokenizer_s": trained - generated,
             "prepare_s": seconds, "pairs_per_sec": pairs / seconds,
             "pairs_per_sec_per_core": pairs / seconds / cores,
+            "processes": worker_processes(pairs),
             "threads_prepare_s": threads, "threads_pairs_per_sec": pairs / threads,
             "processes_over_threads": threads / seconds}, data, workdir
 
@@ -277,8 +278,9 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
         "peak_rss_mb: this process's peak resident memory growth while reading (mapped id "
         "pages included; workers' not); anon_mb: its anonymous memory growth",
         "prepare row: generate_s writes the corpus; tokenizer_s reads it and trains the "
-        "tokenizer; prepare_s reads it again, tokenizes and writes the ids in one worker "
-        "process per core, at pairs_per_sec (and per core); threads_prepare_s and "
+        "tokenizer; prepare_s reads it again, tokenizes and writes the ids as prepare does "
+        "by default (in `processes` worker processes; 0: in process, when the corpus is "
+        "small), at pairs_per_sec (and per core); threads_prepare_s and "
         "threads_pairs_per_sec: the same before, in this process on sentencepiece's "
         "threads (one per core); processes_over_threads: the ratio of their rates",
     ]

@@ -64,11 +64,16 @@ PREPARED_DIR = "prepared"
 # only translated and scored, from its text (evaluate.py).
 PREPARED_SPLITS = ("train", "validation")
 SIDES = ("inputs", "targets")
+PAIR_KEYS = ("source", "target")  # the text of each of SIDES in a pair
 PART_PAIRS = 250_000  # pairs per part: the work a kill can lose
 # Splits this large are tokenized by worker processes (parallel_encoding.py) unless
 # `prepare(processes=)` says otherwise: below it, starting them (about 1.5 s) costs more
 # than they save. The numbers dataset's 200,000 pairs stay in process.
 PROCESS_MIN_PAIRS = 250_000
+# At most this many by default, however many cores: each holds about 200 MB (it imports
+# JAX), and the calling process's own share (sending texts, joining arrays: 4 % of the
+# work on 2 cores) leaves little to gain beyond it.
+MAX_PROCESSES = 32
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MADE_FROM = "made_from.json"  # in {split}.partial/ while its parts are written
@@ -217,7 +222,8 @@ def prepare(data_config, workdir: str, *, splits=PREPARED_SPLITS, log=print,
     (train.py and the data command hold its lock): it removes what kills left there.
     `processes`: how many worker processes tokenize a split (parallel_encoding.py); 0 for
     none (sentencepiece's threads, one per core, in this process); None for one per core
-    for a split of `PROCESS_MIN_PAIRS` pairs or more and none for a smaller one.
+    (at most `MAX_PROCESSES`) for a split of `PROCESS_MIN_PAIRS` pairs or more and none
+    for a smaller one.
     """
     folders = {split: os.path.join(prepared_dir(workdir), split) for split in splits}
     if os.path.isdir(workdir):
@@ -234,7 +240,7 @@ def prepare(data_config, workdir: str, *, splits=PREPARED_SPLITS, log=print,
         pairs = train if split == "train" and train is not None else load_split(data_config,
                                                                                 split)
         _write_split(pairs, made_from(data_config, split, tokenizer), tokenizer, folders[split],
-                     log, _worker_processes(len(pairs.pairs), processes))
+                     log, processes)
     return tokenizer, {split: open_split(data_config, workdir, split, tokenizer)
                        for split in splits}
 
@@ -255,23 +261,25 @@ def _damaged(data_config, workdir: str, split: str, tokenizer: Tokenizer) -> boo
     return False
 
 
-def _worker_processes(pairs: int, processes: int | None) -> int:
-    """The worker processes that tokenize a split of `pairs` pairs (0: none)."""
+def worker_processes(pairs: int, processes: int | None = None) -> int:
+    """How many worker processes tokenize `pairs` pairs, for `prepare(processes=...)`:
+    0 means none (sentencepiece's threads in this process), and so does 1."""
     if processes is None:
-        processes = usable_cores() if pairs >= PROCESS_MIN_PAIRS else 0
+        processes = min(usable_cores(), MAX_PROCESSES) if pairs >= PROCESS_MIN_PAIRS else 0
     return processes if processes > 1 else 0  # one would only wait for the other
 
 
 def _write_split(split, record: dict, tokenizer: Tokenizer, folder: str, log,
-                 processes: int) -> None:
-    """Tokenizes `split` (a sources.Split) into `folder`, through `folder`.partial, in
-    `processes` worker processes (0: sentencepiece's threads here)."""
+                 processes: int | None) -> None:
+    """Tokenizes `split` (a sources.Split) into `folder`, through `folder`.partial, with
+    `prepare`'s `processes`."""
     partial = folder + ".partial"
     started = _start_partial(partial, record)
     manifest = _joined_manifest(partial)  # a kill while moving the split into place
+    workers = None  # how many processes tokenized (0: threads); None: nothing was left
     if manifest is None:
         dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-        num_parts = _write_parts(split, tokenizer, dtype, partial, processes)
+        num_parts, workers = _write_parts(split, tokenizer, dtype, partial, processes)
         tokens = _join_parts(partial, num_parts, dtype)
         manifest = {"made_from": record, "pairs": len(split.pairs),
                     "skipped_empty": split.skipped_empty, "dtype": np.dtype(dtype).name,
@@ -279,7 +287,8 @@ def _write_split(split, record: dict, tokenizer: Tokenizer, folder: str, log,
         _write_json(os.path.join(partial, MANIFEST), manifest)
     _move_into_place(partial, folder)
     seconds, pairs = time.perf_counter() - started, len(split.pairs)
-    how = f"{processes} worker processes" if processes else f"{usable_cores()} threads"
+    how = ("nothing left to tokenize" if workers is None else
+           f"{workers} worker processes" if workers else f"{usable_cores()} threads")
     log(f"prepared {split.name}: {pairs:,} pairs, {sum(manifest['tokens'].values()):,} tokens "
         f"in {seconds:.1f} s ({pairs / max(seconds, 1e-9):,.0f} pairs/s, {how})")
 
@@ -324,8 +333,11 @@ def _part_path(partial: str, k: int) -> str:
     return os.path.join(partial, f"part-{k:05d}.npz")
 
 
-def _write_parts(split, tokenizer: Tokenizer, dtype, partial: str, processes: int) -> int:
-    """Tokenizes the parts of `split` that `partial` lacks whole; returns the number of parts."""
+def _write_parts(split, tokenizer: Tokenizer, dtype, partial: str,
+                 processes: int | None) -> tuple[int, int | None]:
+    """Tokenizes the parts of `split` that `partial` lacks whole, with `prepare`'s
+    `processes` for the pairs left; returns the number of parts and of worker processes
+    used (0: threads; None: no part was left)."""
     pairs = split.pairs
     starts = range(0, len(pairs), PART_PAIRS)
     todo = []  # (path, first pair, pairs) of each part to tokenize
@@ -337,15 +349,17 @@ def _write_parts(split, tokenizer: Tokenizer, dtype, partial: str, processes: in
                 warnings.warn(f"{path} is damaged ({damage}); tokenizing its "
                               f"{size:,} pairs again", stacklevel=4)
             todo.append((path, start, size))
+    left = sum(size for *_, size in todo)
+    workers = worker_processes(left, processes) if todo else None
     parts = _encoded_parts(pairs, [(start, start + size) for _, start, size in todo],
-                           tokenizer, dtype, processes)
-    with tqdm.tqdm(total=len(pairs), initial=len(pairs) - sum(size for *_, size in todo),
-                   desc=f"preparing {split.name}", unit="pair",
-                   disable=len(pairs) < 50_000) as progress:
+                           tokenizer, dtype, workers)
+    with contextlib.closing(parts), tqdm.tqdm(
+            total=len(pairs), initial=len(pairs) - left, desc=f"preparing {split.name}",
+            unit="pair", disable=len(pairs) < 50_000) as progress:
         for (path, _, size), arrays in zip(todo, parts):
             _write_part(path, arrays)
             progress.update(size)
-    return len(starts)
+    return len(starts), workers
 
 
 def _encoded_parts(pairs: list, parts: list[tuple[int, int]], tokenizer: Tokenizer, dtype,
@@ -357,22 +371,25 @@ def _encoded_parts(pairs: list, parts: list[tuple[int, int]], tokenizer: Tokeniz
         for start, stop in parts:
             yield _part_arrays(tokenizer.encode_arrays(
                 [p[key] for p in pairs[start:stop]], dtype=dtype, add_eos=True,
-                num_threads=usable_cores()) for key in ("source", "target"))
+                num_threads=usable_cores()) for key in PAIR_KEYS)
         return
     pieces = [_pieces(start, stop, processes) for start, stop in parts]
+    # Every text listed at once (pointers to the pairs' strings, 72 MB for WMT14's 9 M):
+    # the pool's `map` submits every batch at once anyway.
     batches = [[p[key] for p in pairs[a:b]]
-               for part in pieces for key in ("source", "target") for a, b in part]
+               for part in pieces for key in PAIR_KEYS for a, b in part]
     with contextlib.closing(encode_in_processes(tokenizer, batches, dtype=dtype, add_eos=True,
                                                 processes=processes)) as encoded:
         for part in pieces:
-            sides = [[next(encoded) for _ in part] for _ in SIDES]
+            sides = [[next(encoded) for _ in part] for _ in PAIR_KEYS]
             yield _part_arrays(tuple(map(np.concatenate, zip(*side))) for side in sides)
 
 
 def _pieces(start: int, stop: int, count: int) -> list[tuple[int, int]]:
-    """[start, stop) cut into at most `count` ranges of nearly equal sizes."""
-    size = -(-(stop - start) // count)
-    return [(a, min(a + size, stop)) for a in range(start, stop, size)]
+    """[start, stop) cut into `count` ranges whose sizes differ by one at most (fewer, none
+    empty, when there are fewer than `count` items)."""
+    bounds = [start + (stop - start) * i // count for i in range(count + 1)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if a < b]
 
 
 def _part_arrays(sides) -> dict[str, np.ndarray]:

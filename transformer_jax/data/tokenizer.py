@@ -100,10 +100,12 @@ class Tokenizer:
 
     def encode_arrays(self, texts: Iterable[str], *, dtype, add_eos: bool = False,
                       num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """`encode_batch` as two arrays: each text's id count (int64) and the ids end to
-        end (`dtype`), as `ids_arrays` makes them."""
-        return ids_arrays(self.encode_batch(texts, add_eos=add_eos, num_threads=num_threads),
-                          dtype)
+        """`encode_batch` as two arrays: each text's id count (int64), and the ids end to
+        end (`dtype`), the layout of prepared splits."""
+        ids = self.encode_batch(texts, add_eos=add_eos, num_threads=num_threads)
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        return lengths, np.fromiter(itertools.chain.from_iterable(ids), dtype,
+                                    int(lengths.sum()))
 
     def decode(self, ids) -> str:
         """Text of a list or 1-D int array, up to the first EOS, PAD ids dropped.
@@ -142,13 +144,6 @@ class Tokenizer:
                 f"{os.fspath(path)} is damaged ({error}): restore it from a copy, or run python "
                 "-m transformer_jax.data prepare with its run's config and workdir, which "
                 "trains it again if its record shows that the same model comes out") from None
-
-
-def ids_arrays(ids: list[list[int]], dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Lists of ids as two arrays: each list's length (int64), and the ids end to end
-    (`dtype`), the layout of prepared splits."""
-    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-    return lengths, np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum()))
 
 
 def _processor(model_proto: bytes) -> spm.SentencePieceProcessor:
