@@ -12,7 +12,8 @@ file aside). A round that finishes before its kill is compared with the referenc
 workdir emptied, so that every kill lands inside a preparation. Then one run goes to the
 end. The figures: how many restarts resumed cleanly (no error, no damaged file, the whole
 parts of the attempts before kept as they were) and whether the final tokenizer and
-prepared ids equal, byte for byte, those of the run never killed. Not part of the test
+prepared ids equal, byte for byte, those of the run never killed; and whether any child
+process (the tokenizing workers) still runs 15 s after its caller's kill. Not part of the test
 suite (minutes); its result is in docs/faults.md.
 """
 
@@ -184,7 +185,7 @@ def kill_rounds(args, corpus: str, killed: str, reference: dict) -> dict:
         try:
             process.wait(timeout=rng.uniform(1, 12))
         except subprocess.TimeoutExpired:
-            workers = children(process.pid)  # tokenizing worker processes, if any
+            workers = children(process.pid)  # tokenizing workers, multiprocessing's tracker
             process.send_signal(signal.SIGKILL)
             process.wait()
             tally["kills"] += 1
@@ -235,9 +236,9 @@ def main() -> int:
               f"between kills ({tally['unequal']} unequal to the reference); final exit "
               f"{final.returncode}; tokenizer and prepared ids equal, byte for byte, to those "
               f"of the run never killed ({clean_s:.0f} s): {same}; "
-              f"{time.perf_counter() - started:.0f} s in all; worker processes running at "
-              f"the kills: {tally['workers']}, of which still running 15 s after: "
-              f"{tally['orphans']}")
+              f"{time.perf_counter() - started:.0f} s in all; child processes (tokenizing "
+              f"workers, multiprocessing's resource tracker) at the kills: "
+              f"{tally['workers']}, of which still running 15 s after: {tally['orphans']}")
         return 0 if same and not tally["errors"] and not tally["damaged"] and not tally[
             "unequal"] and not tally["orphans"] and tally["clean"] == tally["resumes"] else 1
 
