@@ -278,11 +278,8 @@ def test_a_killed_preparation_resumes_from_its_whole_parts(corpus, run, tmp_path
         f"train.partial/part-0000{k}.npz" for k in (1, 2, 3, 4)] + [
         "validation.partial/part-00000.npz"]
     assert not os.path.exists(partial)
+    assert_equal_to_the_clean_run(run, workdir)
     for split in ("train", "validation"):
-        clean = prepared_arrays(run[0], split)
-        for name, array in prepared_arrays(workdir, split).items():
-            assert array.dtype == clean[name].dtype
-            np.testing.assert_array_equal(array, clean[name], err_msg=f"{split} {name}")
         assert splits[split].manifest == run[2][split].manifest
 
 
@@ -299,11 +296,8 @@ def test_worker_processes_prepare_the_same_ids_and_end_with_a_kill(corpus, run, 
     count_calls(monkeypatch, prepared_module, "_write_part")  # no longer failing
     _, splits = prepare(corpus, workdir, **QUIET, processes=3)
     assert len(pools) == 3  # train again, then validation
+    assert_equal_to_the_clean_run(run, workdir)
     for split in ("train", "validation"):
-        clean = prepared_arrays(run[0], split)
-        for name, array in prepared_arrays(workdir, split).items():
-            assert array.dtype == clean[name].dtype
-            np.testing.assert_array_equal(array, clean[name], err_msg=f"{split} {name}")
         assert splits[split].manifest == run[2][split].manifest
 
 
