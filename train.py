@@ -15,7 +15,9 @@ from ml_collections import config_flags
 
 from transformer_jax import parallel, trainer
 from transformer_jax.checkpoint import CheckpointWriteError
+from transformer_jax.config_checks import ConfigError
 from transformer_jax.data import DataError
+from transformer_jax.metrics_window import NonFiniteLossError
 from transformer_jax.plot import MetricsError
 from transformer_jax.run_config import loaded_config, parse_flags
 from transformer_jax.run_log import MetricsWriteError
@@ -40,7 +42,7 @@ def main(argv) -> None:
     trainer.use_compilation_cache(_WORKDIR.value)
     try:
         trainer.train(loaded_config(_CONFIG.value), _WORKDIR.value)
-    except (trainer.ConfigError, DataError, trainer.NonFiniteLossError,
+    except (ConfigError, DataError, NonFiniteLossError,
             CheckpointWriteError, MetricsError, MetricsWriteError) as error:
         sys.exit(f"error: {error}")
     except StoppedAtOnce as error:

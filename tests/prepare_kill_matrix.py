@@ -36,11 +36,11 @@ sys.path.insert(0, ROOT)
 
 from transformer_jax.atomic_file import is_temporary  # noqa: E402
 from transformer_jax.benchmark.corpus import LANGUAGES, sentences  # noqa: E402
-from transformer_jax.data import prepared  # noqa: E402
+from transformer_jax.data import prepared, prepared_writer  # noqa: E402
 from transformer_jax.data.sources import DataError  # noqa: E402
 from transformer_jax.data.tokenizer import Tokenizer  # noqa: E402
 
-PART_PAIRS = prepared.PART_PAIRS
+PART_PAIRS = prepared_writer.PART_PAIRS
 VALIDATION_PAIRS = 2000
 
 FLAGS = ["--config=configs/default.py", "--config.data.source_lang=en",
@@ -98,7 +98,7 @@ def damaged_files(workdir: str, sizes: dict[str, int]) -> list[str]:
         path = os.path.join(folder, name)
         if name.endswith(".partial"):
             pairs = sizes[name.removesuffix(".partial")]
-            damaged += [p for p in parts(path) if prepared._part_damage(
+            damaged += [p for p in parts(path) if prepared_writer._part_damage(
                 p, min(PART_PAIRS, pairs - _index(p) * PART_PAIRS), np.uint16) is not None]
         else:
             try:

@@ -21,6 +21,7 @@ import pytest
 from num2words import num2words
 
 from transformer_jax.data import prepared as prepared_module
+from transformer_jax.data import prepared_writer
 from transformer_jax.data.parallel_encoding import encode_in_processes
 from transformer_jax.data.pipeline import CHUNK, train_dataset
 from transformer_jax.data.prepared import open_split, prepare
@@ -83,10 +84,10 @@ def count_calls(monkeypatch, obj, name, fail_after=None):
 def killed_preparation(config, tmp_path, monkeypatch, name: str, fail_after: int,
                        processes: int | None = None) -> str:
     """`prepare` in parts of 100 pairs into tmp_path/run, killed (KeyboardInterrupt) once
-    `fail_after` calls of prepared.`name` ran; returns the workdir."""
-    monkeypatch.setattr(prepared_module, "PART_PAIRS", 100)
+    `fail_after` calls of prepared_writer.`name` ran; returns the workdir."""
+    monkeypatch.setattr(prepared_writer, "PART_PAIRS", 100)
     workdir = str(tmp_path / "run")
-    count_calls(monkeypatch, prepared_module, name, fail_after=fail_after)
+    count_calls(monkeypatch, prepared_writer, name, fail_after=fail_after)
     with pytest.raises(KeyboardInterrupt):
         prepare(config, workdir, **QUIET, processes=processes)
     return workdir
@@ -272,7 +273,7 @@ def test_a_killed_preparation_resumes_from_its_whole_parts(corpus, run, tmp_path
     with open(os.path.join(partial, "part-00001.npz.tmp-xyz"), "wb") as f:
         f.write(b"PK\x03\x04 truncated")
 
-    written = count_calls(monkeypatch, prepared_module, "_write_part")
+    written = count_calls(monkeypatch, prepared_writer, "_write_part")
     _, splits = prepare(corpus, workdir, **QUIET)
     assert [os.path.relpath(p, os.path.join(workdir, "prepared")) for p in written] == [
         f"train.partial/part-0000{k}.npz" for k in (1, 2, 3, 4)] + [
@@ -289,11 +290,11 @@ def test_worker_processes_prepare_the_same_ids_and_end_with_a_kill(corpus, run, 
     the last part of train, 13, 13 and 14 in validation) give the ids encoded in process,
     byte for byte; a kill after the first part leaves no worker running, and the rerun
     completes it."""
-    pools = count_calls(monkeypatch, prepared_module, "encode_in_processes")
+    pools = count_calls(monkeypatch, prepared_writer, "encode_in_processes")
     workdir = killed_preparation(corpus, tmp_path, monkeypatch, "_write_part", 1,
                                  processes=3)
     assert len(pools) == 1 and not multiprocessing.active_children()
-    count_calls(monkeypatch, prepared_module, "_write_part")  # no longer failing
+    count_calls(monkeypatch, prepared_writer, "_write_part")  # no longer failing
     _, splits = prepare(corpus, workdir, **QUIET, processes=3)
     assert len(pools) == 3  # train again, then validation
     assert_equal_to_the_clean_run(run, workdir)
@@ -312,8 +313,8 @@ def test_worker_processes_prepare_the_same_ids_and_end_with_a_kill(corpus, run, 
 ])
 def test_how_many_worker_processes_tokenize_a_split(monkeypatch, cores, pairs, processes,
                                                      expected):
-    monkeypatch.setattr(prepared_module, "usable_cores", lambda: cores)
-    assert prepared_module.worker_processes(pairs, processes) == expected
+    monkeypatch.setattr(prepared_writer, "usable_cores", lambda: cores)
+    assert prepared_writer.worker_processes(pairs, processes) == expected
 
 
 @pytest.mark.parametrize("start, stop, count, sizes", [
@@ -323,7 +324,7 @@ def test_how_many_worker_processes_tokenize_a_split(monkeypatch, cores, pairs, p
     (5, 7, 4, [1, 1]),  # fewer pairs than processes: no empty piece
 ])
 def test_pieces_differ_by_one_pair_at_most_and_cover_the_part(start, stop, count, sizes):
-    pieces = prepared_module._pieces(start, stop, count)
+    pieces = prepared_writer._pieces(start, stop, count)
     assert [b - a for a, b in pieces] == sizes
     assert pieces[0][0] == start and pieces[-1][1] == stop
     assert all(a1 == b0 for (_, b0), (a1, _) in zip(pieces, pieces[1:]))
@@ -416,7 +417,7 @@ def test_parts_made_from_other_files_are_not_reused(tmp_path, monkeypatch):
     # Other pairs (the workdir's tokenizer is kept: its settings are the same).
     changed = list(reversed(PAIRS)) + [{"source": "null", "target": "nothing"}]
     write_corpus(tmp_path / "corpus", changed)
-    written = count_calls(monkeypatch, prepared_module, "_write_part")
+    written = count_calls(monkeypatch, prepared_writer, "_write_part")
     tokenizer, splits = prepare(config, workdir, **QUIET)
     assert len(written) == 5 + 1 and len(splits["train"]) == 430
     for i in (0, 1, 100, 199, 428, 429):
@@ -496,7 +497,7 @@ def test_prepare_redoes_only_the_missing_split(corpus, run, tmp_path, monkeypatc
     original = prepared_module.load_split
     monkeypatch.setattr(prepared_module, "load_split",
                         lambda config, split: read.append(split) or original(config, split))
-    written = count_calls(monkeypatch, prepared_module, "_write_part")
+    written = count_calls(monkeypatch, prepared_writer, "_write_part")
     prepare(corpus, workdir, **QUIET)
     assert read == ["validation"] and len(written) == 1
     clean = prepared_arrays(run[0], "validation")
@@ -536,7 +537,7 @@ def test_a_damaged_part_is_tokenized_again(corpus, run, tmp_path, monkeypatch, h
     workdir = killed_preparation(corpus, tmp_path, monkeypatch, "_write_part", 2)
     partial = tmp_path / "run" / "prepared" / "train.partial"
     damage(partial / "part-00000.npz", how)
-    written = count_calls(monkeypatch, prepared_module, "_write_part")
+    written = count_calls(monkeypatch, prepared_writer, "_write_part")
     with pytest.warns(UserWarning, match=r"train\.partial/part-00000\.npz is damaged \(.+\); "
                                          r"tokenizing its 100 pairs again"):
         _, splits = prepare(corpus, workdir, **QUIET)
@@ -591,8 +592,8 @@ def test_a_kill_while_moving_a_split_into_place_resumes_without_tokenizing(
     partial = tmp_path / "run" / "prepared" / "train.partial"
     for name in ("made_from.json", "part-00000.npz", "part-00001.npz"):
         (partial / name).unlink()
-    count_calls(monkeypatch, prepared_module, "_move_into_place")  # no longer failing
-    written = count_calls(monkeypatch, prepared_module, "_write_part")
+    count_calls(monkeypatch, prepared_writer, "_move_into_place")  # no longer failing
+    written = count_calls(monkeypatch, prepared_writer, "_write_part")
     prepare(corpus, workdir, **QUIET)
     assert [os.path.relpath(p, os.path.join(workdir, "prepared")) for p in written] == [
         "validation.partial/part-00000.npz"]

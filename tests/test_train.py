@@ -26,11 +26,10 @@ from transformer_jax.data.pipeline import ShuffledChunks
 from transformer_jax.run_log import MetricsWriteError
 from transformer_jax.model_config import get_model_config
 from transformer_jax.resume_checks import refuse_other_model, refuse_other_optimizer
+from transformer_jax.metrics_window import MetricsWindow, NonFiniteLossError
 from transformer_jax.trainer import (
     ConfigError,
-    NonFiniteLossError,
     _new_shuffle_seed,
-    _Window,
     check_config,
     train,
     use_compilation_cache,
@@ -48,7 +47,7 @@ def test_one_step_on_the_builtin_data(tmp_path):
     assert result.step == 1 and not result.stopped_early
     train_record, eval_record = records(tmp_path)
     assert train_record["step"] == 1 and train_record["loss"] > 0
-    # Its only step waited for compiling: no rates rather than the compiler's (_Window).
+    # Its only step waited for compiling: no rates rather than the compiler's (MetricsWindow).
     assert "tokens_per_sec" not in train_record and "steps_per_sec" not in train_record
     # The schedule of §5.3 at step 1 (tiny: d_model 32; warmup 10).
     assert train_record["learning_rate"] == pytest.approx(32**-0.5 * 10**-1.5, rel=1e-6)
@@ -388,7 +387,7 @@ def test_a_records_rates_leave_out_the_paused_steps_and_their_time():
     2 steps / 1.5 s and 50 tokens / 1.5 s, while the loss and accuracy count all three.
     Then a pause (a trace) across a record: each record rates only its steps outside it."""
     now = [0.0]
-    window = _Window(clock=lambda: now[0])
+    window = MetricsWindow(clock=lambda: now[0])
     window.pause()
     window.pending.append(_step(10))
     now[0] = 8.0
@@ -432,7 +431,7 @@ def test_a_pause_waits_for_the_steps_dispatched_before_it():
             now[0] = 5.0
             return self
 
-    window = _Window(clock=lambda: now[0])
+    window = MetricsWindow(clock=lambda: now[0])
     window.pending.append({**_step(10), "loss_sum": Running(20.0)})
     now[0] = 1.0
     window.pause()
@@ -446,7 +445,7 @@ def test_a_pause_waits_for_the_steps_dispatched_before_it():
 def test_a_record_of_left_out_steps_alone_has_no_rates():
     """log_every_steps=1: the first record holds only the compiling step; rather than a
     rate that is mostly compiling, it has none."""
-    window = _Window()
+    window = MetricsWindow()
     window.pause()
     window.pending.append(_step(10))
     window.resume()

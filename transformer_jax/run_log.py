@@ -107,7 +107,7 @@ class RunLog:
         if not self.enabled:
             return
         speed = {"tok_s": f"{metrics['tokens_per_sec']:,.0f}"} if "tokens_per_sec" in metrics \
-            else {}  # a record of left-out steps alone (trainer._Window) has no rates
+            else {}  # a record of left-out steps alone (MetricsWindow) has no rates
         self._progress.set_postfix(
             loss=f"{metrics['loss']:.3f}", lr=f"{metrics['learning_rate']:.2e}", **speed,
             refresh=False)

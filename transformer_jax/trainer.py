@@ -43,7 +43,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.bleu import score
@@ -58,6 +57,7 @@ from transformer_jax.data import (
     train_dataset,
 )
 from transformer_jax.data.vocabulary import CHECKPOINT_TOKENIZER_KEY, tokenizer_path
+from transformer_jax.metrics_window import MetricsWindow
 from transformer_jax.model import Transformer
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
@@ -71,10 +71,6 @@ from transformer_jax.steps import eval_step, train_step
 from transformer_jax.stop_signal import StopSignal
 from transformer_jax.train_state import create_train_state
 from transformer_jax.workdir_lock import workdir_lock
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; nothing was saved for that step."""
 
 
 def _due(step: int, every: int, last_step: int) -> bool:
@@ -93,72 +89,6 @@ class _Periodic:
 
     def due(self, step: int, last_step: int, stopped: bool) -> bool:
         return _due(step, self.every, last_step) or (stopped and self.on_stop)
-
-
-class _Window:
-    """The training metrics since the last record: the steps' device values until
-    `fetch` brings them to the host, once each, then their host values. Its rates leave
-    out the steps (and their time) between `pause` and `resume`: a run's first step,
-    which waits for compiling, and traced steps; the loss and accuracy count every step."""
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
-        self.pending, self.rows, self._clock, self._paused = [], [], clock, None
-        self.start()
-
-    def start(self) -> None:
-        """Opens a new window (after a record, an evaluation, a save); a pause goes on."""
-        self.opened, self._left_out, self._left_out_seconds = self._clock(), set(), 0.0
-        if self._paused is not None:
-            self._paused = (self.opened, 0)
-
-    def pause(self) -> None:
-        """The steps added from here to `resume` leave the rates (no-op if paused). Waits
-        for the pending steps: dispatch runs ahead of the device, and their time is timed.
-        (`resume` and `summary` come after a wait: the left-out step's, or `fetch`.)"""
-        if self._paused is None:
-            jax.block_until_ready(self.pending)
-            self._paused = (self._clock(), len(self.rows) + len(self.pending))
-
-    def resume(self) -> None:
-        if self._paused is not None:
-            since, first = self._paused
-            self._left_out_seconds += self._clock() - since
-            self._left_out.update(range(first, len(self.rows) + len(self.pending)))
-            self._paused = None
-
-    def fetch(self, parallel: Parallel, step: int) -> None:
-        """Host values of the pending steps (waits for them); raises on a non-finite loss."""
-        rows = [parallel.to_host(m) for m in self.pending]
-        for offset, row in enumerate(rows):
-            if not math.isfinite(row["loss_sum"]):
-                raise NonFiniteLossError(
-                    f"the loss is {row['loss_sum']} at step {step - len(rows) + offset + 1}; "
-                    f"stopped without saving it (try a lower learning_rate_scale or "
-                    f"grad_clip_norm > 0)")
-        self.pending, self.rows = [], self.rows + rows
-
-    def summary(self) -> dict[str, float]:
-        """The record of the fetched steps, which starts a new window: means, the last
-        rate, and the rates of the steps not left out (none if every step was)."""
-        paused = self._paused is not None
-        self.resume()
-        rows, seconds = self.rows, self._clock() - self.opened - self._left_out_seconds
-        timed = [r for i, r in enumerate(rows) if i not in self._left_out]
-        tokens = sum(r["weight_sum"] for r in rows)
-        record = {
-            "loss": sum(r["loss_sum"] for r in rows) / max(tokens, 1.0),
-            "accuracy": sum(r["correct_sum"] for r in rows) / max(tokens, 1.0),
-            "learning_rate": rows[-1]["learning_rate"],
-            "grad_norm": rows[-1]["grad_norm"],
-        }
-        if timed:
-            record["tokens_per_sec"] = sum(r["weight_sum"] for r in timed) / seconds
-            record["steps_per_sec"] = len(timed) / seconds
-        self.rows = []
-        self.start()
-        if paused:
-            self.pause()
-        return record
 
 
 @dataclasses.dataclass
@@ -298,7 +228,7 @@ class _Loop:
         self._train_split = splits["train"]
         self.data = self._batches(config.seed)
         self.state = create_train_state(self.model, optimizer.tx, jax.random.key(config.seed))
-        self._window = _Window()
+        self._window = MetricsWindow()
 
     def _batches(self, seed: int, *, announce: bool = True):
         return iter(_train_batches(self.config, self._train_split, self.rows,

@@ -39,7 +39,8 @@ from transformer_jax.data import (
     train_dataset,
 )
 from transformer_jax.data.parallel_encoding import usable_cores
-from transformer_jax.data.prepared import prepared_dir, worker_processes
+from transformer_jax.data.prepared import prepared_dir
+from transformer_jax.data.prepared_writer import worker_processes
 from transformer_jax.run_config import data_fields
 
 WMT_PAIRS = 4_500_000  # WMT14 EN-DE's training pairs

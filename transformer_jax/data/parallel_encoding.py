@@ -18,7 +18,7 @@ would also run the caller's script again up to its `if __name__ == "__main__":`
 line, so a script without that line would prepare its data again in every
 worker: the workers start with the main module hidden (`_main_module_hidden`).
 Each imports this package (and so JAX: about 1 s and 200 MB), which is why small
-corpora stay in the calling process (`prepared.PROCESS_MIN_PAIRS`). A worker
+corpora stay in the calling process (`prepared_writer.PROCESS_MIN_PAIRS`). A worker
 whose calling process dies (kill -9) exits too, and Ctrl-C is the calling
 process's to handle.
 
