@@ -54,10 +54,14 @@ MASKS = {
 }
 
 
-def np_weights(q_BTNH, k_BSNH, mask=None):
-    """softmax(Q Kᵀ / √H) in float64; masked logits are -inf; fully masked rows uniform."""
+def np_weights(q_BTNH, k_BSNH, mask=None, *, bias=None, scale=None):
+    """softmax(Q Kᵀ / √H + bias) in float64 (`scale` for 1/√H); masked logits are -inf;
+    fully masked rows uniform."""
     q, k = np.asarray(q_BTNH, np.float64), np.asarray(k_BSNH, np.float64)
-    logits_BNTS = np.einsum("btnh,bsnh->bnts", q, k) / math.sqrt(q.shape[-1])
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    logits_BNTS = np.einsum("btnh,bsnh->bnts", q, k) * scale
+    if bias is not None:
+        logits_BNTS = logits_BNTS + np.asarray(bias, np.float64)
     if mask is None:
         mask = np.ones((1, 1, 1, 1), dtype=bool)
     mask_BNTS = np.broadcast_to(np.asarray(mask), logits_BNTS.shape)
@@ -70,9 +74,9 @@ def np_weights(q_BTNH, k_BSNH, mask=None):
     return np.where(fully_masked, 1.0 / logits_BNTS.shape[-1], weights_BNTS)
 
 
-def np_attention(q_BTNH, k_BSNH, v_BSNH, mask=None):
-    """softmax(Q Kᵀ / √H) V in float64."""
-    weights_BNTS = np_weights(q_BTNH, k_BSNH, mask)
+def np_attention(q_BTNH, k_BSNH, v_BSNH, mask=None, **bias_scale):
+    """softmax(Q Kᵀ / √H) V in float64 (np_weights' bias and scale)."""
+    weights_BNTS = np_weights(q_BTNH, k_BSNH, mask, **bias_scale)
     return np.einsum("bnts,bsnh->btnh", weights_BNTS, np.asarray(v_BSNH, np.float64))
 
 
@@ -94,7 +98,7 @@ def np_attention_grads(q_BTNH, k_BSNH, v_BSNH, mask, dout_BTNH):
 
 def jax_grads(impl, q_BTNH, k_BSNH, v_BSNH, mask, dout_BTNH):
     def loss(q, k, v):
-        out = dot_product_attention(q, k, v, mask, implementation=impl)
+        out = dot_product_attention(q, k, v, mask=mask, implementation=impl)
         return jnp.sum(out * dout_BTNH)
 
     return jax.grad(loss, argnums=(0, 1, 2))(q_BTNH, k_BSNH, v_BSNH)
@@ -128,7 +132,8 @@ def test_hand_computed_masked_key(impl):
     k_BSNH = jnp.array([[1.0, 0.0], [0.0, 1.0]]).reshape(1, 2, 1, 2)
     v_BSNH = jnp.array([[1.0, 2.0], [3.0, 4.0]]).reshape(1, 2, 1, 2)
     mask_B1TS = jnp.array([[True, False], [True, True]]).reshape(1, 1, 2, 2)
-    out = np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask_B1TS, implementation=impl))
+    out = np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=mask_B1TS,
+                                           implementation=impl))
     b = math.exp(math.sqrt(2))
     assert_allclose(out[0, 0, 0], [1.0, 2.0], rtol=1e-6)
     assert_allclose(out[0, 1, 0], [(1 + 3 * b) / (1 + b), (2 + 4 * b) / (1 + b)], rtol=1e-6)
@@ -141,12 +146,54 @@ def test_matches_numpy_reference(impl, mask_name):
     q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=1)
     mask = MASKS[mask_name]()
     out_BTNH = dot_product_attention(
-        q_BTNH, k_BSNH, v_BSNH, None if mask is None else jnp.asarray(mask), implementation=impl
+        q_BTNH, k_BSNH, v_BSNH, mask=None if mask is None else jnp.asarray(mask),
+        implementation=impl
     )
     assert out_BTNH.shape == (B, T, N, H)
     assert out_BTNH.dtype == jnp.float32
     expected = np_attention(q_BTNH, k_BSNH, v_BSNH, mask)
     assert_allclose(np.asarray(out_BTNH), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("bias_shape", [(B, 1, T, S), (1, N, T, S)])
+def test_bias_and_scale_match_numpy(impl, bias_shape):
+    """jax.nn's `bias` (added to the scaled logits) and `scale` (for 1/√d_k), with a mask."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=21)
+    bias = np.random.default_rng(22).standard_normal(bias_shape).astype(np.float32)
+    mask_B1TS = causal_padding_mask_B1TS()
+    out = dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.asarray(bias),
+                                jnp.asarray(mask_B1TS), scale=0.37, implementation=impl)
+    expected = np_attention(q_BTNH, k_BSNH, v_BSNH, mask_B1TS, bias=bias, scale=0.37)
+    assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=1e-5)
+    weights_BNTS = attention_weights(q_BTNH, k_BSNH, bias, mask_B1TS, scale=0.37)
+    assert_allclose(np.asarray(weights_BNTS),
+                    np_weights(q_BTNH, k_BSNH, mask_B1TS, bias=bias, scale=0.37),
+                    rtol=1e-5, atol=1e-6)
+
+
+def test_a_call_of_jax_nn_is_a_call_of_ours():
+    """The same positional call (query, key, value, bias, mask) and keywords give jax.nn's
+    result: a bias is never read as a mask, nor a mask as a bias."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=23)
+    bias = jnp.asarray(np.random.default_rng(24).standard_normal((B, N, T, S)), jnp.float32)
+    mask_B1TS = jnp.asarray(causal_padding_mask_B1TS())
+    for args, kwargs in [((bias, mask_B1TS), {"scale": 0.5}), ((None, mask_B1TS), {}),
+                         ((bias,), {}), ((), {"mask": mask_B1TS, "scale": 2.0})]:
+        ours = dot_product_attention(q_BTNH, k_BSNH, v_BSNH, *args, **kwargs)
+        theirs = jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, *args, **kwargs)
+        assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-5, atol=1e-6)
+
+
+def test_bias_errors():
+    """A bool array given as the bias, or a bias of another shape, is a ValueError."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv()
+    with pytest.raises(ValueError, match="mask="):
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.asarray(padding_mask_B11S()))
+    with pytest.raises(ValueError, match="broadcastable"):
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.zeros((B, 1, T, S + 1)))
+    with pytest.raises(ValueError, match=r"\(B, T, N, H\)"):
+        attention_weights(q_BTNH[0], k_BSNH[0])
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -170,7 +217,7 @@ def test_fully_masked_rows_are_uniform_and_finite(impl):
     mask_B1TS = causal_padding_mask_B1TS()
     mask_B1TS[0, 0, 1, :] = False
     mask_B1TS[1, 0, 2, :] = False
-    out = np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.asarray(mask_B1TS),
+    out = np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=jnp.asarray(mask_B1TS),
                                            implementation=impl))
     assert not np.isnan(out).any()
     assert_allclose(out[0, 1], v_BSNH[0].mean(axis=0), rtol=1e-5, atol=1e-6)
@@ -194,7 +241,7 @@ def test_is_causal_hides_later_keys_on_top_of_the_mask(impl):
     padding_B11S = padding_mask_B11S()
     combined_B1SS = padding_B11S & np.tril(np.ones((S, S), bool))[None, None]
     attend = lambda q, k, v: dot_product_attention(  # noqa: E731
-        q, k, v, jnp.asarray(padding_B11S), is_causal=True, implementation=impl)
+        q, k, v, mask=jnp.asarray(padding_B11S), is_causal=True, implementation=impl)
     out = np.asarray(attend(q_BTNH, k_BTNH, v_BTNH))
     assert_allclose(out, np_attention(q_BTNH, k_BTNH, v_BTNH, combined_B1SS),
                     rtol=1e-5, atol=1e-5)
@@ -230,7 +277,7 @@ def test_opening_empty_rows_changes_nothing_the_reference_computes():
 
     def attend(q, k, v):
         q, mask = open_empty_rows(q, jnp.asarray(mask_B1TS))
-        return reference_attention(q, k, v, mask)
+        return reference_attention(q, k, v, mask=mask)
 
     dout_BTNH = np.random.default_rng(5).standard_normal((B, T, N, H)).astype(np.float32)
     out, vjp = jax.vjp(attend, q_BTNH, k_BSNH, v_BSNH)
@@ -247,7 +294,8 @@ def test_bfloat16_inputs(impl):
     # H=8: cuDNN (on GPU) needs a head dim that is a multiple of 8.
     q_BTNH, k_BSNH, v_BSNH = (jnp.asarray(x, jnp.bfloat16) for x in random_qkv(seed=5, h=8))
     mask_B1TS = causal_padding_mask_B1TS()
-    out = dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.asarray(mask_B1TS), implementation=impl)
+    out = dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=jnp.asarray(mask_B1TS),
+                                implementation=impl)
     assert out.dtype == jnp.bfloat16
     rounded = [np.asarray(x.astype(jnp.float32)) for x in (q_BTNH, k_BSNH, v_BSNH)]
     expected = np_attention(*rounded, mask_B1TS)
@@ -258,7 +306,7 @@ def test_attention_weights_bfloat16_are_float32():
     """attention_weights computes float32 weights from bfloat16 inputs; rows sum to 1."""
     q_BTNH, k_BSNH, _ = (jnp.asarray(x, jnp.bfloat16) for x in random_qkv(seed=6))
     mask_B1TS = causal_padding_mask_B1TS()
-    weights_BNTS = attention_weights(q_BTNH, k_BSNH, jnp.asarray(mask_B1TS))
+    weights_BNTS = attention_weights(q_BTNH, k_BSNH, mask=jnp.asarray(mask_B1TS))
     assert weights_BNTS.dtype == jnp.float32
     assert weights_BNTS.shape == (B, N, T, S)
     assert_allclose(np.asarray(weights_BNTS).sum(axis=-1), np.ones((B, N, T)), rtol=1e-6)
@@ -274,7 +322,7 @@ def test_return_weights():
     q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=7)
     mask_B1TS = causal_padding_mask_B1TS()
     out_BTNH, weights_BNTS = dot_product_attention(
-        q_BTNH, k_BSNH, v_BSNH, jnp.asarray(mask_B1TS), return_weights=True
+        q_BTNH, k_BSNH, v_BSNH, mask=jnp.asarray(mask_B1TS), return_weights=True
     )
     w = np.asarray(weights_BNTS)
     assert w.shape == (B, N, T, S)
@@ -409,9 +457,9 @@ def test_register_custom_implementation():
     name = "test_reference_plus_one"
 
     @register_attention(name)
-    def plus_one(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
-                 dropout_rng=None):
-        return attention_module.reference_attention(query, key, value, mask,
+    def plus_one(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
+                 dropout_rate=0.0, dropout_rng=None):
+        return attention_module.reference_attention(query, key, value, bias, mask, scale=scale,
                                                     is_causal=is_causal) + 1.0
 
     try:
@@ -439,16 +487,16 @@ def test_shape_errors():
     with pytest.raises(ValueError):
         dot_product_attention(q_BTNH[..., :-1], k_BSNH, v_BSNH)
     with pytest.raises(ValueError):
-        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.ones((B, 1, T, S), jnp.float32))
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=jnp.ones((B, 1, T, S), jnp.float32))
     with pytest.raises(ValueError, match="broadcastable"):
-        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.ones((B, 1, T, S + 1), bool))
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=jnp.ones((B, 1, T, S + 1), bool))
 
 
 def test_mask_as_nested_list():
     """A mask given as a Python list works like the same bool array."""
     q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=14)
     mask_B11S = padding_mask_B11S()
-    out = dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask_B11S.tolist())
+    out = dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=mask_B11S.tolist())
     assert_allclose(np.asarray(out), np_attention(q_BTNH, k_BSNH, v_BSNH, mask_B11S),
                     rtol=1e-5, atol=1e-5)
 
@@ -468,8 +516,8 @@ def test_jit_matches_eager(impl):
     q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=13)
     mask_B1TS = jnp.asarray(causal_padding_mask_B1TS())
     fn = partial(dot_product_attention, implementation=impl)
-    eager = fn(q_BTNH, k_BSNH, v_BSNH, mask_B1TS)
-    jitted = jax.jit(fn)(q_BTNH, k_BSNH, v_BSNH, mask_B1TS)
+    eager = fn(q_BTNH, k_BSNH, v_BSNH, None, mask_B1TS)
+    jitted = jax.jit(fn)(q_BTNH, k_BSNH, v_BSNH, None, mask_B1TS)
     assert_allclose(np.asarray(jitted), np.asarray(eager), rtol=1e-6, atol=1e-6)
 
 
@@ -561,7 +609,8 @@ def test_cudnn_equals_reference_on_gpu(kind, t, s):
     def loss(impl, dtype):
         def f(q, k, v):
             q, k, v = (x.astype(dtype) for x in (q, k, v))
-            out = dot_product_attention(q, k, v, mask, is_causal=is_causal, implementation=impl)
+            out = dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                        implementation=impl)
             return jnp.sum(out.astype(jnp.float32) * dout), out
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))
 
@@ -584,5 +633,31 @@ def test_auto_falls_back_at_odd_lengths_on_gpu():
     assert resolve_implementation("auto", jnp.bfloat16, head_dim=64, query_len=47, key_len=47,
                                   masked=True) == "xla"
     grad = lambda impl: jax.grad(lambda q: dot_product_attention(  # noqa: E731
-        q, k, v, mask, implementation=impl).astype(jnp.float32).sum())(q)
+        q, k, v, mask=mask, implementation=impl).astype(jnp.float32).sum())(q)
     assert_allclose(np.asarray(grad("auto"), np.float32), np.asarray(grad("xla"), np.float32))
+
+
+@needs_gpu
+def test_cudnn_with_bias_and_scale_on_gpu():
+    """bfloat16 cuDNN with a bias, a scale and a padding mask against the float32 reference
+    on the same (rounded) inputs: output and gradients (bias's too) within 1e-2."""
+    rng = np.random.default_rng(31)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 64, 4, 64)), jnp.bfloat16) for _ in range(3))
+    bias = jnp.asarray(rng.standard_normal((2, 4, 64, 64)), jnp.bfloat16)
+    mask = jnp.asarray(np.arange(64)[None, None, None, :] < np.array([64, 40])[:, None, None, None])
+
+    def run(impl, dtype):
+        def f(q, k, v, bias):
+            q, k, v, bias = (x.astype(dtype) for x in (q, k, v, bias))
+            out = dot_product_attention(q, k, v, bias, mask, scale=0.1, implementation=impl)
+            return jnp.sum(out.astype(jnp.float32) ** 2), out
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3), has_aux=True))(q, k, v, bias)
+
+    (_, got), got_grads = run("cudnn", jnp.bfloat16)
+    (_, ref), ref_grads = run("reference", jnp.float32)
+    rel = lambda a, b: float(jnp.linalg.norm(a.astype(jnp.float32) - b)  # noqa: E731
+                             / jnp.linalg.norm(b))
+    errors = {"out": rel(got, ref),
+              **{f"d{name}": rel(g, r) for name, g, r in zip(("q", "k", "v", "bias"),
+                                                             got_grads, ref_grads)}}
+    assert all(e <= 1e-2 for e in errors.values()), errors  # NaN fails too

@@ -138,11 +138,18 @@ def test_registry_keywords():
         del attention._IMPLEMENTATIONS[name]
 
 
-def test_registered_implementations_take_jax_nn_names():
-    """Every implementation takes (query, key, value, mask) first, as the registry says."""
-    for name, fn in attention._IMPLEMENTATIONS.items():
-        assert list(inspect.signature(fn).parameters)[:4] == ["query", "key", "value", "mask"], \
-            name
+def test_signatures_follow_jax_nn():
+    """dot_product_attention and every registered implementation take jax.nn's (query, key,
+    value, bias, mask) in its order, then its scale and is_causal by keyword."""
+    theirs = inspect.signature(jax.nn.dot_product_attention).parameters
+    assert list(theirs)[:5] == ["query", "key", "value", "bias", "mask"]
+    for name, fn in {"dot_product_attention": tj.dot_product_attention,
+                     **attention._IMPLEMENTATIONS}.items():
+        ours = inspect.signature(fn).parameters
+        assert list(ours)[:5] == list(theirs)[:5], name
+        for keyword in ("scale", "is_causal"):
+            assert ours[keyword].kind == theirs[keyword].kind == inspect.Parameter.KEYWORD_ONLY, \
+                (name, keyword)
 
 
 # --- modules, against Flax's --------------------------------------------------------------

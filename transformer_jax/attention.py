@@ -1,11 +1,13 @@
 """Scaled dot-product attention (§3.2.1) and its registry of implementations.
 
-Pure JAX, no Flax. Every implementation has one signature, with jax.nn's names,
+Pure JAX, no Flax. `dot_product_attention` takes jax.nn.dot_product_attention's
+arguments, in its order (query, key, value, bias, mask, then scale and is_causal by
+keyword), and every implementation has one signature,
 
-    fn(query, key, value, mask, *, is_causal, dropout_rate, dropout_rng) -> output
+    fn(query, key, value, bias, mask, *, scale, is_causal, dropout_rate, dropout_rng)
 
-on query `(B, T, N, H)`, key and value `(B, S, N, H)`, a bool mask broadcastable to
-`(B, 1, T, S)` (or None) and an output `(B, T, N, H)`,
+on query `(B, T, N, H)`, key and value `(B, S, N, H)`, a float bias and a bool mask
+broadcastable to `(B, N, T, S)` (or None), scale a float, and an output `(B, T, N, H)`,
 
 and is chosen by name in one place, `ModelConfig.attention_implementation`:
 
@@ -47,37 +49,48 @@ def attention_implementations() -> tuple[str, ...]:
     return (*_IMPLEMENTATIONS, "auto")
 
 
-def attention_weights(query, key, mask=None):
+def attention_weights(query, key, bias=None, mask=None, *, scale=None):
     """softmax(Q Kᵀ / √d_k), per head: the weights of §3.2.1, float32 `(B, N, T, S)`.
 
-    `query` is `(B, T, N, H)`, `key` `(B, S, N, H)`, `mask` bool, broadcastable to
-    `(B, 1, T, S)`. Logits and softmax are float32 even for bfloat16 inputs. Masked
-    logits get float32's most negative finite value (the paper's −∞ without the
-    NaN): a fully masked row becomes uniform instead of NaN.
+    `query` is `(B, T, N, H)`, `key` `(B, S, N, H)`; `bias` (float) and `mask` (bool)
+    broadcast to `(B, N, T, S)`, as in `dot_product_attention`. `scale` replaces
+    1/√d_k (None: the paper's). Logits and softmax are float32 even for bfloat16
+    inputs; the bias is added after scaling, as jax.nn does. Masked logits get
+    float32's most negative finite value (the paper's −∞ without the NaN): a fully
+    masked row becomes uniform instead of NaN.
     """
-    query_BTNH, key_BSNH, mask_B1TS = jnp.asarray(query), jnp.asarray(key), mask
+    query_BTNH, key_BSNH = jnp.asarray(query), jnp.asarray(key)
+    _check_inputs(query_BTNH, key_BSNH, key_BSNH, bias, mask)
+    bias_BNTS, mask_B1TS = bias, mask
     logits_BNTS = jnp.einsum(
         "BTNH,BSNH->BNTS", query_BTNH, key_BSNH, preferred_element_type=jnp.float32
     )
-    logits_BNTS = logits_BNTS * jnp.float32(query_BTNH.shape[-1] ** -0.5)
+    logits_BNTS = logits_BNTS * jnp.float32(_scale(scale, query_BTNH.shape[-1]))
+    if bias_BNTS is not None:
+        logits_BNTS = logits_BNTS + jnp.asarray(bias_BNTS).astype(jnp.float32)
     if mask_B1TS is not None:
         logits_BNTS = jnp.where(mask_B1TS, logits_BNTS, jnp.finfo(jnp.float32).min)
     return jax.nn.softmax(logits_BNTS, axis=-1)
 
 
+def _scale(scale, head_dim: int) -> float:
+    """The logits' factor: `scale`, or the paper's 1/√d_k when it is None."""
+    return head_dim**-0.5 if scale is None else scale
+
+
 @register_attention("reference")
-def reference_attention(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
-                        dropout_rng=None):
+def reference_attention(query, key, value, bias=None, mask=None, *, scale=None,
+                        is_causal=False, dropout_rate=0.0, dropout_rng=None):
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V (eq. 1), written as two einsums."""
-    return _reference_with_weights(query, key, value, mask, is_causal, dropout_rate,
-                                   dropout_rng)[0]
+    return _reference_with_weights(query, key, value, bias, mask, scale, is_causal,
+                                   dropout_rate, dropout_rng)[0]
 
 
-def _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, is_causal,
-                            dropout_rate, dropout_rng):
+def _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS, scale,
+                            is_causal, dropout_rate, dropout_rng):
     if is_causal:
         mask_B1TS = combine_masks(mask_B1TS, causal_mask(query_BTNH.shape[1]))
-    weights_BNTS = attention_weights(query_BTNH, key_BSNH, mask_B1TS)
+    weights_BNTS = attention_weights(query_BTNH, key_BSNH, bias_BNTS, mask_B1TS, scale=scale)
     probs_BNTS = weights_BNTS
     if dropout_rate > 0.0:
         # Not in the paper: attention dropout comes from tensor2tensor.
@@ -87,19 +100,19 @@ def _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, is_caus
 
 
 @register_attention("xla")
-def xla_attention(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
-                  dropout_rng=None):
+def xla_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
+                  dropout_rate=0.0, dropout_rng=None):
     """jax.nn.dot_product_attention with XLA's own lowering."""
     _refuse_dropout("xla", dropout_rate)
     # jax.nn promotes bfloat16 logits with float32 itself, which strict promotion refuses.
     with jax.numpy_dtype_promotion("standard"):
-        return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=is_causal,
-                                            implementation="xla")
+        return jax.nn.dot_product_attention(query, key, value, bias, mask, scale=scale,
+                                            is_causal=is_causal, implementation="xla")
 
 
 @register_attention("cudnn")
-def cudnn_attention(query, key, value, mask=None, *, is_causal=False, dropout_rate=0.0,
-                    dropout_rng=None):
+def cudnn_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
+                    dropout_rate=0.0, dropout_rng=None):
     """cuDNN's fused (flash) attention through jax.nn.dot_product_attention.
 
     Causality goes to cuDNN as its causal mask type, which skips the blocks above
@@ -122,8 +135,9 @@ def cudnn_attention(query, key, value, mask=None, *, is_causal=False, dropout_ra
             mask_B1TS = combine_masks(mask_B1TS, causal_mask(t))
         query_BTNH, mask_BNTS = open_empty_rows(
             query_BTNH, jnp.broadcast_to(mask_B1TS, (b, mask_B1TS.shape[1], t, s)))
-    return jax.nn.dot_product_attention(query_BTNH, key_BSNH, value_BSNH, mask=mask_BNTS,
-                                        is_causal=is_causal, implementation="cudnn")
+    return jax.nn.dot_product_attention(query_BTNH, key_BSNH, value_BSNH, bias, mask_BNTS,
+                                        scale=scale, is_causal=is_causal,
+                                        implementation="cudnn")
 
 
 def open_empty_rows(query, mask):
@@ -223,8 +237,10 @@ def dot_product_attention(
     query,
     key,
     value,
+    bias=None,
     mask=None,
     *,
+    scale: float | None = None,
     is_causal: bool = False,
     implementation: str = "reference",
     dropout_rate: float = 0.0,
@@ -235,15 +251,19 @@ def dot_product_attention(
 
         Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V
 
-    The parameters take jax.nn.dot_product_attention's names, so
-    `dot_product_attention(q, k, v, mask=m)` works as it does there; the mask is
-    the fourth positional argument here (jax.nn's and Flax's fourth is `bias`).
+    The arguments are jax.nn.dot_product_attention's, in its order, so a call
+    of one is a call of the other; `implementation`'s names and the defaults
+    differ ("reference", the einsums of the equation, by default), and the
+    dropout and weights arguments are this function's own.
 
     Args:
       query: `(B, T, N, H)`.
       key, value: `(B, S, N, H)`.
-      mask: bool, broadcastable to `(B, 1, T, S)` (or `(B, N, T, S)`), True where
-        attention is allowed (see `transformer_jax.masks`).
+      bias: float, broadcastable to `(B, N, T, S)`, added to the scaled logits
+        (not in the paper; None: none).
+      mask: bool, broadcastable to `(B, N, T, S)` (the model's are `(B, 1, T, S)`),
+        True where attention is allowed (see `transformer_jax.masks`).
+      scale: the logits' factor (None: the paper's 1/√d_k).
       is_causal: also hide from query t every key after t (§3.2.3), as
         `combine_masks(mask, causal_mask(T))` would; needs T == S. cuDNN then
         skips the hidden blocks instead of reading them from a bias.
@@ -257,8 +277,9 @@ def dot_product_attention(
       `(B, T, N, H)` in value's dtype, or `(output, weights)`.
     """
     query_BTNH, key_BSNH, value_BSNH = map(jnp.asarray, (query, key, value))
+    bias_BNTS = None if bias is None else jnp.asarray(bias)
     mask_B1TS = None if mask is None else jnp.asarray(mask)
-    _check_inputs(query_BTNH, key_BSNH, value_BSNH, mask_B1TS)
+    _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS)
     (_, t, _, h), s = query_BTNH.shape, key_BSNH.shape[1]
     if is_causal and t != s:
         raise ValueError(f"is_causal needs as many queries as keys, got T={t}, S={s}")
@@ -272,14 +293,14 @@ def dot_product_attention(
     if return_weights:
         if implementation not in ("reference", "auto"):
             raise ValueError(f"only 'reference' returns weights, not {implementation!r}")
-        return _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, is_causal,
-                                       dropout_rate, dropout_rng)
+        return _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS,
+                                       scale, is_causal, dropout_rate, dropout_rng)
     fn = _IMPLEMENTATIONS[name]
-    return fn(query_BTNH, key_BSNH, value_BSNH, mask_B1TS, is_causal=is_causal,
-              dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+    return fn(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS, scale=scale,
+              is_causal=is_causal, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
 
 
-def _check_inputs(query_BTNH, key_BSNH, value_BSNH, mask_B1TS) -> None:
+def _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS) -> None:
     """Clear errors for the shape mistakes that otherwise surface deep in XLA."""
     q, k, v = query_BTNH.shape, key_BSNH.shape, value_BSNH.shape
     if len(q) != 4 or len(k) != 4 or len(v) != 4:
@@ -292,14 +313,22 @@ def _check_inputs(query_BTNH, key_BSNH, value_BSNH, mask_B1TS) -> None:
     b, t, n, h = q
     if (k[0], k[2], k[3]) != (b, n, h):
         raise ValueError(f"query {q} and key {k} differ in B, N or H")
-    if mask_B1TS is None:
-        return
-    full_shape, m = (b, n, t, k[1]), mask_B1TS
-    if m.dtype != jnp.bool_ or m.ndim != 4 or not _broadcasts(m.shape, full_shape):
-        raise ValueError(
-            f"mask must be bool, broadcastable to (B, N, T, S) = {full_shape}; "
-            f"got {m.dtype} {m.shape}"
-        )
+    full_shape = (b, n, t, k[1])
+    if mask_B1TS is not None:
+        m = jnp.asarray(mask_B1TS)
+        if m.dtype != jnp.bool_ or m.ndim != 4 or not _broadcasts(m.shape, full_shape):
+            raise ValueError(
+                f"mask must be bool, broadcastable to (B, N, T, S) = {full_shape}; "
+                f"got {m.dtype} {m.shape}"
+            )
+    if bias_BNTS is not None:
+        bias = jnp.asarray(bias_BNTS)
+        if (not jnp.issubdtype(bias.dtype, jnp.floating) or bias.ndim != 4
+                or not _broadcasts(bias.shape, full_shape)):
+            raise ValueError(
+                f"bias must be float, broadcastable to (B, N, T, S) = {full_shape}; "
+                f"got {bias.dtype} {bias.shape} (a bool mask goes to mask=)"
+            )
 
 
 def _broadcasts(shape, target) -> bool:

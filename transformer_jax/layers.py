@@ -117,14 +117,14 @@ class MultiHeadAttention(nn.Module):
         rng = self.make_rng("dropout") if rate > 0.0 else None
         if self.is_mutable_collection("intermediates"):
             out_BTNH, weights_BNTS = dot_product_attention(
-                q_BTNH, *kv, mask_B1TS, is_causal=is_causal, implementation="reference",
+                q_BTNH, *kv, mask=mask_B1TS, is_causal=is_causal, implementation="reference",
                 dropout_rate=rate, dropout_rng=rng, return_weights=True,
             )
             self.sow("intermediates", "attention_weights", weights_BNTS)
         else:
             out_BTNH = dot_product_attention(
-                q_BTNH, *kv, mask_B1TS, is_causal=is_causal, implementation=self.implementation,
-                dropout_rate=rate, dropout_rng=rng,
+                q_BTNH, *kv, mask=mask_B1TS, is_causal=is_causal,
+                implementation=self.implementation, dropout_rate=rate, dropout_rng=rng,
             )
         return self.out(out_BTNH)
 

@@ -182,7 +182,7 @@ def ours(implementation: str):
 
     def attend(q_BTNH, k_BSNH, v_BSNH, *segments, is_causal):
         mask_B1TS = packed_mask_B1TS(*segments) if segments else None
-        return dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask_B1TS, is_causal=is_causal,
+        return dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=mask_B1TS, is_causal=is_causal,
                                      implementation=implementation)
 
     return attend
