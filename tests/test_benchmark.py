@@ -11,7 +11,7 @@ import pytest
 
 from transformer_jax import Transformer, count_parameters, get_model_config
 from transformer_jax.benchmark import SUITES, decode, flops, machine, report
-from transformer_jax.benchmark.__main__ import main
+from transformer_jax.benchmark.__main__ import main, parse_args
 from transformer_jax.benchmark.model import model_configs, synthetic_batch
 from transformer_jax.benchmark.pipeline import _counts
 
@@ -190,6 +190,21 @@ def test_model_suite_options_are_checked_before_anything_runs(argv, message, cap
     with pytest.raises(SystemExit):
         main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_output_files_are_checked_before_anything_runs(tmp_path, capsys):
+    """--json and --plot in a folder that cannot be made, or naming a folder, stop the
+    command before the suite runs; a missing folder is made."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for argv, message in [(["attention", f"--json={blocker}/x.json"], "cannot make its folder"),
+                          (["attention", f"--plot={blocker}/x.png"], "cannot make its folder"),
+                          (["attention", f"--json={tmp_path}"], "is a folder")]:
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err
+    args = parse_args(["attention", f"--json={tmp_path}/new/deeper/x.json"])
+    assert (tmp_path / "new" / "deeper").is_dir() and args.json.endswith("x.json")
 
 
 def test_cli_writes_a_png_and_rejects_bad_arguments(tmp_path):

@@ -49,7 +49,24 @@ def parse_args(argv):
         parser.error(str(error))
     if args.plot and not args.plot.lower().endswith(".png"):
         parser.error(f"--plot needs a .png file name, got {args.plot!r}")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:  # now, not after the suite has run for minutes
+            why = _unwritable(path)
+            if why:
+                parser.error(f"{flag}={path}: {why}")
     return args
+
+
+def _unwritable(path: str) -> str:
+    """Why a file cannot be written at `path` ("" if it can); makes its folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "is a folder; give a file name"
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        return f"cannot make its folder {folder} ({error.strerror})"
+    return "" if os.access(folder, os.W_OK) else f"cannot write into {folder}"
 
 
 def main(argv=None) -> int:
