@@ -329,3 +329,13 @@ def test_public_signatures_carry_no_dimension_key(name, fn):
     `inputs_q`), never `query_BTNH`: the shapes belong in the docstring."""
     suffixed = [p for p in inspect.signature(fn).parameters if DIMENSION_SUFFIX.search(p)]
     assert not suffixed, f"{name} takes {suffixed}; name them as jax.nn / Flax do"
+
+
+def test_translator_is_exported_on_first_use():
+    """`tj.Translator` is translation.py's, listed by dir(), and an unknown name is still an
+    AttributeError."""
+    from transformer_jax.translation import Translator
+
+    assert tj.Translator is Translator and "Translator" in dir(tj)
+    with pytest.raises(AttributeError, match="no attribute 'Translatr'"):
+        tj.Translatr  # noqa: B018

@@ -643,3 +643,18 @@ def test_bfloat16_training_tracks_float32_then_evaluates_and_restores_on_cpu(tmp
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == on_gpu
+
+
+def test_a_run_already_at_its_last_step_says_there_is_nothing_to_train(trained_run, tmp_path,
+                                                                       capsys):
+    """Starting a finished run (or one asked for fewer steps than it has) trains nothing and
+    says so in one line naming the checkpoint and num_train_steps."""
+    shutil.copytree(trained_run.workdir, tmp_path / "run")
+    last = trained_run.config.num_train_steps
+    before = files(tmp_path / "run")
+    result = train(trained_run.config, str(tmp_path / "run"))
+    assert (result.step, result.records, result.stopped_early) == (last, [], False)
+    out = capsys.readouterr().out
+    assert f"nothing to train: {tmp_path / 'run'}/checkpoints/{last} is at step {last}, " \
+           f"and num_train_steps is {last}" in out
+    assert files(tmp_path / "run")["metrics.jsonl"] == before["metrics.jsonl"]

@@ -43,3 +43,20 @@ from transformer_jax.model import (
 
 # Search (never imports the model): greedy and beam search over tokens_to_logits(ids, cache).
 from transformer_jax.decoding import PerExample, beam_search, greedy_search, length_penalty
+
+# A trained run's model, parameters and tokenizer (translate, attention maps):
+# `tj.Translator.from_workdir("runs/default")`. Imported on first use, since it brings
+# orbax and SentencePiece, which the functions and modules above do not need.
+_LAZY = {"Translator": "transformer_jax.translation"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'transformer_jax' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY])

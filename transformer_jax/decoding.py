@@ -1,4 +1,4 @@
-"""Greedy and beam search (§6) over a `tokens_to_logits` callback.
+"""Greedy and beam search (§6.1) over a `tokens_to_logits` callback.
 
 Pure JAX: the search never imports the model. The caller closes the model
 over one callback,
@@ -50,7 +50,9 @@ def _per_beam(fn: Callable[[jax.Array], jax.Array], state):
 
 
 def length_penalty(length, alpha: float) -> jax.Array:
-    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^α (§6: α = 0.6).
+    """GNMT's length penalty lp(Y) = ((5 + |Y|) / 6)^α (Wu et al., 2016). The paper gives
+    only α = 0.6 (§6.1, "length penalty α = 0.6"); the formula is GNMT's, which
+    tensor2tensor's beam search uses.
 
     A hypothesis scores log P(Y) / lp(Y); |Y| counts generated tokens, EOS
     included, so a one-token hypothesis has lp = 1.
@@ -121,7 +123,7 @@ def beam_search(
     eos_id: int = EOS_ID,
     return_all: bool = False,
 ):
-    """Beam search with the GNMT length penalty (§6): best `(sequences, scores)`.
+    """Beam search with the GNMT length penalty (§6.1): best `(sequences, scores)`.
 
     Returns sequences `(B, max_length)` int32 and scores `(B,)` float32 of the
     best finished hypothesis of every example, or, with `return_all`, all K

@@ -25,8 +25,9 @@ DEFAULT_BITS = 16
 
 
 def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
-    """`x` with each element zeroed with probability `rate` (rounded to `bits` bits) and the
-    rest scaled to keep the expectation; `key` is a JAX PRNG key. `rate` 0 returns `x`."""
+    """Dropout (§5.4): `x` with each element zeroed with probability `rate` (rounded to `bits`
+    bits) and the rest scaled by 1 / (1 - rate) to keep the expectation (the module's
+    docstring has the formula); `key` is a JAX PRNG key. `rate` 0 returns `x`."""
     if bits not in DROPOUT_BITS:
         raise ValueError(f"dropout bits must be one of {DROPOUT_BITS}, got {bits!r}")
     if problem := rate_problem(rate, bits):

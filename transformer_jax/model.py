@@ -43,7 +43,9 @@ def shift_right(x, segment_ids=None):
 
 
 class Embedder(nn.Module):
-    """The one embedding matrix shared by source, target and output (§3.4)."""
+    """The one embedding matrix shared by source, target and output (§3.4): `encode` looks
+    tokens up and multiplies by √d_model; `decode` is the pre-softmax linear layer, the
+    same matrix transposed."""
 
     config: ModelConfig
 

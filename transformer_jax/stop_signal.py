@@ -53,7 +53,8 @@ class StopSignal:
             return
         when = "a second time" if self.requested else "before the first step"
         self.stopped = StoppedAtOnce(f"{name} {when}: stopped at once; nothing saved since the "
-                                     f"last checkpoint, where a restart resumes", signum)
+                                     f"last checkpoint: a restart resumes from it (or starts "
+                                     f"afresh if none was written yet)", signum)
         raise self.stopped
 
     def _unraisable(self, unraisable):

@@ -282,6 +282,10 @@ class _Loop:
         elif self.config.num_eval_batches == 0:
             log.message("nothing to evaluate (num_eval_batches=0): "
                         "the run logs no eval_loss, eval_accuracy or eval_perplexity")
+        if step >= self.config.num_train_steps:
+            log.message(f"nothing to train: {self.checkpointer.directory}/{step} is at step "
+                        f"{step}, and num_train_steps is {self.config.num_train_steps} (raise "
+                        f"--config.num_train_steps to train on)")
         work = self._periodic_work(log, records)
         trace = StepTrace(self.workdir, first_step=first, steps=self.config.profile_steps
                           if jax.process_index() == 0 else 0)
