@@ -148,15 +148,39 @@ def test_refuses_a_workdir_of_another_model(trained_run, tmp_path):
 
 
 def test_a_model_field_newer_than_the_checkpoint_counts_as_its_default():
-    """A checkpoint written before dropout_bits existed resumes with its default (16) and
-    names it when another value is asked for; a saved value is compared as it is."""
+    """A checkpoint written before a field existed resumes with its default and names it
+    when another value is asked for; a saved value is compared as it is. Fields of how the
+    steps compute (dropout_bits) are returned, named, instead of refused."""
     model = get_model_config("tiny")
-    older = {k: v for k, v in dataclasses.asdict(model).items() if k != "dropout_bits"}
-    refuse_other_model(older, model, "W")
-    with pytest.raises(ConfigError, match=r"dropout_bits: not saved \(so 16, its default\), now 8"):
-        refuse_other_model(older, dataclasses.replace(model, dropout_bits=8), "W")
-    with pytest.raises(ConfigError, match="dropout_bits: saved 32, now 16"):
-        refuse_other_model({**older, "dropout_bits": 32}, model, "W")
+    older = {k: v for k, v in dataclasses.asdict(model).items()
+             if k not in ("pre_layer_norm", "dropout_bits")}
+    assert refuse_other_model(older, model, "W") == []
+    with pytest.raises(ConfigError,
+                       match=r"pre_layer_norm: not saved \(so False, its default\), now True"):
+        refuse_other_model(older, dataclasses.replace(model, pre_layer_norm=True), "W")
+    with pytest.raises(ConfigError, match="pre_layer_norm: saved True, now False"):
+        refuse_other_model({**older, "pre_layer_norm": True}, model, "W")
+    assert refuse_other_model(older, dataclasses.replace(model, dropout_bits=8), "W") == [
+        "model.dropout_bits: not saved (so 16, its default), now 8"]
+
+
+def test_how_the_steps_compute_may_change_on_resume(trained_run, tmp_path, capsys,
+                                                    standard_dtype_promotion):
+    """dtype, dropout and the attention implementation leave the parameters as they are: the
+    run resumes with one line naming them; with them a changed d_ff is still refused."""
+    shutil.copytree(trained_run.workdir, tmp_path / "run")
+    saved = trained_run.config.model
+    changes = {"model.dtype": "bfloat16", "model.dropout_rate": saved.dropout_rate / 2,
+               "model.attention_implementation": "reference"}
+    config = shared_run(num_train_steps=trained_run.config.num_train_steps, **changes)
+    assert train(config, str(tmp_path / "run")).step == trained_run.config.num_train_steps
+    line = capsys.readouterr().err
+    assert (f"model.attention_implementation: saved {saved.attention_implementation!r}, now "
+            f"'reference'; model.dropout_rate: saved {saved.dropout_rate!r}, now "
+            f"{saved.dropout_rate / 2!r}; model.dtype: saved 'float32', now 'bfloat16' (they "
+            f"change how the steps compute, not the parameters)") in line
+    with pytest.raises(ConfigError, match=r"another model \(d_ff: saved"):
+        train(shared_run(num_train_steps=2, **changes, **{"model.d_ff": 48}), str(tmp_path / "run"))
 
 
 def files(workdir) -> dict[str, bytes]:

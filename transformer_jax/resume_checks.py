@@ -4,7 +4,10 @@ compiles: its model, its tokenizer, and the optimizer state's tree.
     refuse_other_run(metadata, model_config, config.optim, tokenizer, workdir=W,
                      where="W/checkpoints/40")  # or a ConfigError
 
-Settings that keep the state (learning_rate_scale, num_train_steps, intervals...) resume.
+Settings that keep the state (learning_rate_scale, num_train_steps, intervals...) resume,
+and so do the model settings that change how a step computes but not the parameters
+(`COMPUTE_FIELDS`: dtype, dropout, the attention implementation), with a line naming them:
+a float32 run can go on in bfloat16 on a GPU, or with another dropout.
 """
 
 import dataclasses
@@ -16,33 +19,41 @@ from transformer_jax.config_checks import ConfigError
 from transformer_jax.data.vocabulary import other_tokenizer
 from transformer_jax.optim import optimizer_from_config
 
+# ModelConfig fields that leave the parameters' tree, shapes and meaning as they are.
+COMPUTE_FIELDS = ("dtype", "dropout_rate", "attention_dropout_rate", "dropout_bits",
+                  "attention_implementation")
+
 
 def refuse_other_run(metadata: dict, model_config, optim, tokenizer, *, workdir: str,
-                     where: str) -> None:
+                     where: str) -> list[str]:
     """A ConfigError when `workdir`'s checkpoint at `where` (its `metadata`) was written by
     another model, with another tokenizer, or with optim settings that build another
-    optimizer state; nothing is moved or changed."""
-    refuse_other_model(metadata["model"], model_config, workdir)
+    optimizer state; nothing is moved or changed. Returns the `COMPUTE_FIELDS` that
+    changed ("model.dtype: saved 'float32', now 'bfloat16'"), which resume."""
+    changed = refuse_other_model(metadata["model"], model_config, workdir)
     if why := other_tokenizer(metadata, tokenizer):
         raise ConfigError(f"{where} {why}, or train in a new --workdir")
     refuse_other_optimizer(metadata.get("config", {}).get("optim") or {}, optim,
                            model_config.d_model, where)
+    return changed
 
 
-def refuse_other_model(saved: dict, model_config, workdir: str) -> None:
-    """A ConfigError naming each field of `model_config` that the checkpoint's model
-    (`saved`) has another value of. A field it does not name (one added since it was
-    written, such as dropout_bits) counts as the field's default."""
+def refuse_other_model(saved: dict, model_config, workdir: str) -> list[str]:
+    """A ConfigError naming each field of `model_config` but `COMPUTE_FIELDS` that the
+    checkpoint's model (`saved`) has another value of; those of `COMPUTE_FIELDS` are
+    returned, each as "model.FIELD: saved A, now B". A field it does not name (one added
+    since it was written, such as dropout_bits) counts as the field's default."""
     wanted = dataclasses.asdict(model_config)
     defaults = {f.name: f.default for f in dataclasses.fields(model_config)}
     was = {k: saved.get(k, defaults[k]) for k in wanted}
-    changed = sorted(k for k in wanted if was[k] != wanted[k])
-    if changed:
-        diffs = ", ".join(f"{k}: saved {saved[k]!r}, now {wanted[k]!r}" if k in saved else
-                          f"{k}: not saved (so {was[k]!r}, its default), now {wanted[k]!r}"
-                          for k in changed)
-        raise ConfigError(f"{workdir} holds a run of another model ({diffs}); use a new "
-                          f"--workdir or the config it was trained with")
+    diffs = {k: (f"{k}: saved {saved[k]!r}, now {wanted[k]!r}" if k in saved else
+                 f"{k}: not saved (so {was[k]!r}, its default), now {wanted[k]!r}")
+             for k in sorted(wanted) if was[k] != wanted[k]}
+    other = [diff for k, diff in diffs.items() if k not in COMPUTE_FIELDS]
+    if other:
+        raise ConfigError(f"{workdir} holds a run of another model ({', '.join(other)}); use "
+                          f"a new --workdir or the config it was trained with")
+    return [f"model.{diff}" for k, diff in diffs.items() if k in COMPUTE_FIELDS]
 
 
 def changed_settings(group: str, saved: dict, now: dict, keys) -> list[str]:

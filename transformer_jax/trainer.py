@@ -17,7 +17,8 @@ are only moved aside when their files are damaged):
   - another model, or an optim setting that changes the optimizer state's tree
     (grad_clip_norm 0 <-> > 0): a ConfigError names the settings, saved and new,
     before anything compiles; nothing is moved, metrics.jsonl is untouched.
-    Other settings (learning_rate_scale, num_train_steps, intervals...) resume.
+    Other settings (learning_rate_scale, num_train_steps, intervals...) resume, and so
+    do the model's dtype, dropout and attention implementation, named in one line.
   - another kind of data iterator (data.batching, data.num_workers), or a
     checkpoint of an older version without the data position: the state
     resumes, and the training data starts a new shuffle, seeded from (seed,
@@ -136,8 +137,12 @@ def _train(config, workdir: str, stop: StopSignal, started: float) -> TrainResul
         # The newest checkpoint whose metadata reads; damaged ones are moved aside.
         found = checkpointer.newest(checkpointer.metadata)
         if found is not None:
-            refuse_other_run(found[1], model_config, config.optim, tokenizer, workdir=workdir,
-                             where=f"{checkpointer.directory}/{found[0]}")
+            where = f"{checkpointer.directory}/{found[0]}"
+            changed = refuse_other_run(found[1], model_config, config.optim, tokenizer,
+                                       workdir=workdir, where=where)
+            if changed and jax.process_index() == 0:
+                print(f"resuming {where} with {'; '.join(changed)} (they change how the "
+                      f"steps compute, not the parameters)", file=sys.stderr)
         loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer, splits)
         return loop.run(stop, started)
     finally:
