@@ -105,3 +105,10 @@ def test_bad_settings_are_refused_in_one_line(kwargs, message):
 def test_model_config_refuses_bits_that_cannot_draw_its_rates(fields, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(**fields)
+
+
+def test_a_missing_key_is_one_clear_error_unless_nothing_is_dropped():
+    x = jnp.ones((2, 3))
+    with pytest.raises(ValueError, match="needs a PRNG key"):
+        dropout(x, 0.1, None)
+    assert dropout(x, 0.0, None) is x

@@ -128,3 +128,22 @@ def test_combine_rejects_rank3_mask():
     """A rank-3 bool mask raises ValueError."""
     with pytest.raises(ValueError):
         combine_masks(jnp.ones((1, 3, 3), dtype=jnp.bool_))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: padding_mask(jnp.array([7, 3, 0])),
+     r"key_input must be \(B, length\) ids, got shape \(3,\)"),
+    (lambda: segment_mask(jnp.array([1, 1, 2])), r"query_input must be \(B, length\) ids"),
+    (lambda: segment_mask(jnp.ones((1, 3), jnp.int32), jnp.array([1, 2])), "key_input must be"),
+    (lambda: causal_mask(0), "an int >= 1, got 0"),
+    (lambda: causal_mask(2.5), "an int >= 1, got 2.5"),
+    (lambda: combine_masks(causal_mask(4), causal_mask(3)),
+     r"must broadcast together, got shapes \(1, 1, 4, 4\), \(1, 1, 3, 3\)"),
+])
+def test_bad_inputs_are_one_clear_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_causal_mask_takes_numpy_ints():
+    np.testing.assert_array_equal(causal_mask(np.int64(3)), causal_mask(3))

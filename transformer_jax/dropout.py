@@ -34,6 +34,8 @@ def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
         raise ValueError(f"dropout rate {problem}")
     if rate == 0.0:
         return x
+    if key is None:
+        raise ValueError(f"dropout at rate {rate} needs a PRNG key, e.g. jax.random.key(0)")
     threshold = round(rate * 2**bits)
     u = _uniform_bits(key, x.shape, np.dtype(f"uint{bits}"))
     keep = u >= np.asarray(threshold, u.dtype)

@@ -23,8 +23,17 @@ def padding_mask(key_input, *, pad_id: int = PAD_ID):
     its output is ignored by the loss. A row is fully masked only when all its
     keys are padding (attention then averages the values uniformly, no NaN).
     """
-    key_tokens_BS = jnp.asarray(key_input)
+    key_tokens_BS = _ids_BX(key_input, "key_input")
     return (key_tokens_BS != pad_id)[:, None, None, :]
+
+
+def _ids_BX(ids, name: str):
+    """`ids` as a `(B, X)` array, or a ValueError naming `name` and the shape it had."""
+    ids_BX = jnp.asarray(ids)
+    if ids_BX.ndim != 2:
+        raise ValueError(f"{name} must be (B, length) ids, got shape {ids_BX.shape}; a "
+                         f"single sequence is ids[None]")
+    return ids_BX
 
 
 def causal_mask(length: int):
@@ -37,6 +46,8 @@ def causal_mask(length: int):
          [1, 1, 1, 0],
          [1, 1, 1, 1]]
     """
+    if isinstance(length, bool) or not hasattr(length, "__index__") or length < 1:
+        raise ValueError(f"causal_mask needs a length that is an int >= 1, got {length!r}")
     return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
 
 
@@ -60,8 +71,9 @@ def segment_mask(query_input, key_input=None):
       key_input: segment ids of the keys, `(B, S)`; defaults to the queries'
         (self-attention). For encoder-decoder attention, pass the source's.
     """
-    query_segments_BT = jnp.asarray(query_input)
-    key_segments_BS = query_segments_BT if key_input is None else jnp.asarray(key_input)
+    query_segments_BT = _ids_BX(query_input, "query_input")
+    key_segments_BS = query_segments_BT if key_input is None else _ids_BX(key_input,
+                                                                           "key_input")
     return query_segments_BT[:, None, :, None] == key_segments_BS[:, None, None, :]
 
 
@@ -84,6 +96,11 @@ def combine_masks(*masks):
             raise ValueError(
                 f"masks must be bool arrays of rank 4 (B, 1, T, S); got {m.dtype} {m.shape}"
             )
+    try:
+        jnp.broadcast_shapes(*(m.shape for m in present))
+    except ValueError:
+        raise ValueError("masks must broadcast together, got shapes "
+                         + ", ".join(str(m.shape) for m in present)) from None
     combined = present[0]
     for m in present[1:]:
         combined = jnp.logical_and(combined, m)

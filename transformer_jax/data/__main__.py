@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer_jax.config_checks import ConfigError, writable_folder
@@ -37,6 +37,7 @@ _MAX_PAIRS = flags.DEFINE_integer("max_pairs", 100_000, "scan at most this many 
 
 
 def main(argv) -> None:
+    logging.set_verbosity(logging.WARNING)  # TFDS reports every file at INFO
     command = argv[1:] or ["show"]
     if command not in (["show"], ["prepare"]):
         raise app.UsageError(f"unknown command {' '.join(command)!r}: use prepare, or none")
