@@ -26,8 +26,8 @@ from absl import app, flags, logging
 from transformer_jax.bleu import score
 from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.data import DataError, load_split
-from transformer_jax import run_config
-from transformer_jax.run_config import define_search_flags, parse_flags
+from transformer_jax import command_line
+from transformer_jax.command_line import define_search_flags, parse_flags
 from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
                                       write_whole)
 from transformer_jax.translation import TranslationError, Translator
@@ -39,7 +39,7 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", "latest",
 _AVERAGE = flags.DEFINE_integer("average_last", None, "deprecated: --checkpoint=average:N",
                                 lower_bound=1)
 _BEAM, _ALPHA, _EXTRA = define_search_flags()
-flags.adopt_module_key_flags(run_config)  # so that --helpshort lists them
+flags.adopt_module_key_flags(command_line)  # so that --helpshort lists them
 
 
 def checkpoint_spec() -> str:

@@ -19,7 +19,7 @@ from transformer_jax.config_checks import ConfigError
 from transformer_jax.data import DataError
 from transformer_jax.metrics_window import NonFiniteLossError
 from transformer_jax.plot import MetricsError
-from transformer_jax.run_config import loaded_config, parse_flags
+from transformer_jax.command_line import loaded_config, parse_flags
 from transformer_jax.run_log import MetricsWriteError
 from transformer_jax.stop_signal import StoppedAtOnce
 

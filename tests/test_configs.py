@@ -1,13 +1,20 @@
-"""Every config in configs/ loads, and its groups build a valid model and data setup."""
+"""Every config in configs/ loads, and its groups build a valid model and data setup; a config
+file that does not load, and values that cannot work, are one error naming the file or the key."""
 
 import dataclasses
 import importlib.util
 import pathlib
+import re
 
 import pytest
-from transformer_jax.config_checks import check_config
+from absl import flags
+from ml_collections import config_flags
+from run_configs import tiny_run
+from transformer_jax.config_checks import ConfigError, check_config
 from transformer_jax.model_config import ModelConfig, get_model_config
-from transformer_jax.run_config import build_model_config, data_fields, model_fields
+from transformer_jax.command_line import (ConfigFileError, load_config_file,
+                                          use_load_config_file)
+from transformer_jax.run_config import build_model_config, data_fields, model_fields, optim_fields
 
 CONFIGS = sorted((pathlib.Path(__file__).resolve().parents[1] / "configs").glob("*.py"))
 
@@ -37,3 +44,99 @@ def test_data_fields_overrides_and_rejects_typos():
     assert data_fields(data_dir="/data").data_dir == "/data"  # a placeholder takes a str
     with pytest.raises(KeyError, match="vocab_sise"):
         data_fields(vocab_sise=8000)
+
+
+CONFIG_FILE_ERRORS = [  # (the file's code, what the error says after "PATH")
+    ("def get_config():\n    return d_modle\n",
+     ", line 2: NameError: name 'd_modle' is not defined"),
+    ("import os\nimport nosuchmod\n",
+     ", line 2: ModuleNotFoundError: No module named 'nosuchmod'"),
+    ("def get_config():\n    return (3).keys()\n",
+     ", line 2: AttributeError: 'int' object has no attribute 'keys'"),
+    ("X = 1\n",
+     ": no get_config(); a config file defines get_config() returning an "
+     "ml_collections.ConfigDict"),
+    ("def get_config():\n    return 3\n",
+     ": get_config() returned int, not an ml_collections.ConfigDict"),
+    ("from ml_collections import ConfigDict\n\n\ndef get_config():\n"
+     "    return ConfigDict({'num_train_steps': 3})\n",
+     ": config.accumulation_steps, config.checkpoint_every_steps, config.checkpoints_to_keep "
+     "and 12 more are missing; config files should start from run_config.base_config, which "
+     "has every key, as configs/default.py does"),
+    ("from transformer_jax.run_config import base_config, data_fields, model_fields, "
+     "optim_fields\n\n\ndef get_config():\n    optim = optim_fields()\n    del optim['eps']\n"
+     "    return base_config(model=model_fields('tiny'), data=data_fields(), optim=optim)\n",
+     ": config.optim.eps is missing; config files should start from run_config.base_config, "
+     "which has every key, as configs/default.py does"),
+]
+
+
+@pytest.mark.parametrize("code, problem", CONFIG_FILE_ERRORS,
+                         ids=["NameError", "import", "quotes", "no get_config", "an int",
+                              "keys missing", "a group's key missing"])
+def test_a_config_file_that_does_not_load_is_one_line_naming_it(tmp_path, code, problem):
+    path = tmp_path / "x.py"
+    path.write_text(code)
+    with pytest.raises(ConfigFileError) as caught:
+        load_config_file(str(path))
+    assert str(caught.value) == f"{path}{problem}"
+
+
+def test_config_file_errors_without_a_line_of_code(tmp_path):
+    """A syntax error names its own line; a file that cannot be read, the OS's reason."""
+    (tmp_path / "broken.py").write_text("x = 1\ndef get_config(:\n")
+    with pytest.raises(ConfigFileError, match=r"broken.py: SyntaxError: .*\(broken.py, line 2\)$"):
+        load_config_file(str(tmp_path / "broken.py"))
+    with pytest.raises(ConfigFileError) as caught:
+        load_config_file(str(tmp_path / "missing.py"))
+    assert str(caught.value) == f"{tmp_path / 'missing.py'}: No such file or directory"
+    with pytest.raises(ConfigFileError, match=r"^--config is empty \(an unset shell variable"):
+        load_config_file("")
+
+
+def _parse_config_flag(*args: str):
+    """A --config flag as train.py defines it, with `use_load_config_file` (as parse_flags
+    calls it), parsed from `args`; returns the config."""
+    argv = ["train.py", *args]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=flag_values, sys_argv=argv)
+    use_load_config_file(flag_values)
+    flag_values(argv)
+    return flag_values.config
+
+
+def test_a_config_flag_loads_its_file_with_load_config_file(tmp_path):
+    """The config locked, with its override applied; an error in the file one
+    ConfigFileError, not absl's usage message of several lines."""
+    config = _parse_config_flag(f"--config={CONFIGS[0]}", "--config.seed=7")
+    assert config.seed == 7 and config.is_locked
+    assert set(config.optim) == set(optim_fields())
+    bad = tmp_path / "bad.py"
+    bad.write_text(CONFIG_FILE_ERRORS[0][0])
+    with pytest.raises(ConfigFileError, match=f"^{re.escape(str(bad))}, line 2: NameError"):
+        _parse_config_flag(f"--config={bad}", "--config.seed=7")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("optim.label_smoothing", 1.5, "config.optim.label_smoothing must be in [0, 1), got 1.5"),
+    ("optim.b1", -0.1, "config.optim.b1 must be a number in [0, 1), got -0.1"),
+    ("optim.b2", 1.0, "config.optim.b2 must be a number in [0, 1), got 1.0"),
+    ("optim.eps", 0.0, "config.optim.eps must be a number > 0, got 0.0"),
+    ("optim.learning_rate_scale", -1.0, "config.optim.learning_rate_scale must be > 0, got -1.0"),
+    ("optim.grad_clip_norm", -1.0,
+     "config.optim.grad_clip_norm must be >= 0 (0: no clipping), got -1.0"),
+    ("optim.warmup_steps", 0, "config.optim.warmup_steps must be >= 1, got 0"),
+    ("model.dtype", "x", "config.model.dtype must be one of 'float32', 'bfloat16', 'float16', "
+                         "got 'x'"),
+    ("data.vocab_size", 1, "config.data.vocab_size must be at least 2, got 1"),
+])
+def test_optim_and_model_errors_name_the_full_key(key, value, message):
+    config = tiny_run(**{key: value})
+    with pytest.raises(ConfigError) as caught:
+        check_config(config)
+    assert str(caught.value) == message
+
+
+def test_the_edges_of_the_optim_ranges_are_allowed():
+    check_config(tiny_run(**{"optim.b1": 0.0, "optim.b2": 0.0, "optim.label_smoothing": 0.0,
+                             "optim.grad_clip_norm": 0.0, "optim.eps": 1e-30}))

@@ -682,3 +682,13 @@ def test_a_run_already_at_its_last_step_says_there_is_nothing_to_train(trained_r
     assert f"nothing to train: {tmp_path / 'run'}/checkpoints/{last} is at step {last}, " \
            f"and num_train_steps is {last}" in out
     assert files(tmp_path / "run")["metrics.jsonl"] == before["metrics.jsonl"]
+
+
+def test_an_empty_workdir_is_refused_not_the_current_directory(tmp_path, monkeypatch):
+    """`--workdir=$RUN` with RUN unset: os.path.abspath("") is the current directory, where
+    the run would have gone."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        train(tiny_run(), "")
+    assert str(caught.value) == "--workdir is empty (an unset shell variable?); name a folder"
+    assert os.listdir(tmp_path) == []

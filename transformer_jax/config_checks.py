@@ -4,12 +4,15 @@
     writable_folder("runs/x")    # the absolute path, created; ConfigError unless writable
 """
 
+import dataclasses
 import os
 import tempfile
 
 from transformer_jax.attention import cudnn_unsupported
 from transformer_jax.data.numbers import CONFIG_SIZES as NUMBERS_SIZES
 from transformer_jax.data.pipeline import BATCHING, TOO_LONG
+from transformer_jax.losses import smoothed_target
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import STRATEGIES
 from transformer_jax.run_config import build_model_config
@@ -36,8 +39,7 @@ def check_config(config) -> None:
     _require_int(config, "decode.max_extra_length", 0, "an integer >= 0")
     for side in ("source", "target"):  # a row holds at least one token and EOS
         _require_int(config, f"data.max_{side}_length", 2, "an integer >= 2")
-    if not isinstance(config.decode.alpha, (int, float)) or config.decode.alpha < 0:
-        raise ConfigError(f"config.decode.alpha must be a number >= 0, got {config.decode.alpha!r}")
+    _require_number(config, "decode.alpha", lambda alpha: alpha >= 0, "a number >= 0")
     _check_batch_size(config)
     _require_choice(config, "parallelism", STRATEGIES)
     _require_choice(config, "data.too_long", TOO_LONG)
@@ -45,10 +47,44 @@ def check_config(config) -> None:
         _require_choice(config, "data.numbers_size", tuple(NUMBERS_SIZES))
     try:
         model_config = build_model_config(config.model, vocab_size=config.data.vocab_size)
-        optimizer_from_config(config.optim, config.model.d_model)
-    except ValueError as error:
-        raise ConfigError(f"config.model / config.optim: {error}") from None
+    except (TypeError, ValueError) as error:
+        raise _naming_the_key(error, "model", _MODEL_KEYS) from None
+    _check_optim(config)
     _check_model_fits_the_run(model_config, config.data)
+
+
+# ModelConfig's errors start with the field they reject; the run config's key for it.
+_MODEL_KEYS = {f"ModelConfig.{field.name}": f"model.{field.name}"
+               for field in dataclasses.fields(ModelConfig)} | {
+               "ModelConfig.vocab_size": "data.vocab_size"}
+# optim.py's and losses.py's errors start with the argument they reject; its key.
+_OPTIM_KEYS = {"warmup_steps": "optim.warmup_steps",
+               "scale (learning_rate_scale)": "optim.learning_rate_scale",
+               "grad_clip_norm": "optim.grad_clip_norm",
+               "label_smoothing": "optim.label_smoothing"}
+
+
+def _check_optim(config) -> None:
+    """The optim group, before any data is read. Adam's β1, β2 and ε are checked here; the
+    schedule's and clipping's rules are make_optimizer's, label smoothing's the loss's."""
+    for key in ("optim.b1", "optim.b2"):
+        _require_number(config, key, lambda beta: 0 <= beta < 1, "a number in [0, 1)")
+    _require_number(config, "optim.eps", lambda eps: eps > 0, "a number > 0")
+    try:
+        optimizer_from_config(config.optim, config.model.d_model)
+        smoothed_target(config.optim.label_smoothing, config.data.vocab_size)
+    except (TypeError, ValueError) as error:
+        raise _naming_the_key(error, "optim", _OPTIM_KEYS) from None
+
+
+def _naming_the_key(error: Exception, group: str, keys: dict[str, str]) -> ConfigError:
+    """A library function's error about the config's values as a ConfigError that starts
+    with the key (`keys`: the name the message starts with -> the key)."""
+    message = str(error)
+    for name, key in keys.items():
+        if message.startswith(f"{name} "):
+            return ConfigError(f"config.{key}{message[len(name):]}")
+    return ConfigError(f"config.{group}: {message}")
 
 
 def _check_batch_size(config) -> None:
@@ -104,6 +140,12 @@ def _require_int(config, key: str, low: int, rule: str) -> None:
         raise ConfigError(f"config.{key} must be {rule}, got {value!r}")
 
 
+def _require_number(config, key: str, ok, rule: str) -> None:
+    value = _lookup(config, key)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not ok(value):
+        raise ConfigError(f"config.{key} must be {rule}, got {value!r}")
+
+
 def _require_choice(config, key: str, choices) -> None:
     value = _lookup(config, key)
     if value not in choices:
@@ -114,6 +156,8 @@ def _require_choice(config, key: str, choices) -> None:
 def writable_folder(path: str, what: str = "--workdir") -> str:
     """`path` made absolute and created; a ConfigError naming `what` unless it is a writable
     folder (checked before any work whose results would go there)."""
+    if not path:  # os.path.abspath("") is the current directory
+        raise ConfigError(f"{what} is empty (an unset shell variable?); name a folder")
     path = os.path.abspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{what} {path} is a file, not a folder")

@@ -3,11 +3,13 @@
 A config file is Python returning a locked `ml_collections.ConfigDict`; it starts
 from these groups and overrides what its setup needs, so every run accepts the
 same keys on the command line (`--config.data.vocab_size=8000`).
+command_line.py loads one for `--config`.
 """
 
 import dataclasses
 
 import ml_collections
+from absl.flags import FloatParser, IntegerParser
 
 from transformer_jax.model_config import ModelConfig, get_model_config
 
@@ -95,6 +97,16 @@ def base_config(*, model: ml_collections.ConfigDict, data: ml_collections.Config
     return config
 
 
+# The values each search setting may take, and the words a bad one is refused in: the flags
+# of translate.py and evaluate.py (command_line.py) and Translator (`check_setting`) take
+# their bounds from here, so the Python API refuses what the command line refuses, alike.
+SEARCH_SETTINGS = {"beam_size": IntegerParser(lower_bound=1),
+                   "alpha": FloatParser(lower_bound=0.0),
+                   "max_extra_length": IntegerParser(lower_bound=0),
+                   "batch_size": IntegerParser(lower_bound=1),
+                   "max_input_length": IntegerParser(lower_bound=1)}
+
+
 def decode_fields(**overrides) -> ml_collections.ConfigDict:
     """The decode group: beam search of §6.1, and BLEU on validation during training."""
     decode = ml_collections.ConfigDict()
@@ -105,67 +117,3 @@ def decode_fields(**overrides) -> ml_collections.ConfigDict:
     decode.bleu_examples = 256  # the first this many validation pairs
     decode.lock().update(overrides)
     return decode.unlock()
-
-
-def define_search_flags():
-    """translate.py's and evaluate.py's --beam_size, --alpha and --max_extra_length; left
-    unset (None), they are the run's `config.decode` (`Translator.search_settings`)."""
-    from absl import flags
-
-    return (flags.DEFINE_integer("beam_size", None, "beam size; 1 is greedy search (default: "
-                                 "the run's config.decode, §6.1's 4)", lower_bound=1),
-            flags.DEFINE_float("alpha", None, "length penalty exponent (default: the run's, "
-                               "0.6)", lower_bound=0.0),
-            flags.DEFINE_integer("max_extra_length", None, "output tokens beyond the input "
-                                 "length (default: the run's, 50)", lower_bound=0))
-
-
-def parse_flags(argv: list[str], default_config: str | None = None) -> list[str]:
-    """absl's flag parsing, with a one-line error for a bad `--config.key=value`.
-
-    Pass as `app.run(main, flags_parser=parse_flags)`: ml_collections raises a
-    KeyError (with a "did you mean") or a type error from deep in the parser.
-    `default_config` is the `--config` of a command line that names none; a config
-    flag defined with that default would apply the overrides while the flag is
-    defined, at import, where no error can be caught.
-    """
-    from absl import app
-
-    named = any(a == "--config" or a.startswith("--config=") for a in argv[1:])
-    if default_config and not named:
-        argv = [argv[0], f"--config={default_config}", *argv[1:]]
-    try:
-        return app.parse_flags_with_usage(argv)  # absl's own errors: one line and exit 1
-    except _OVERRIDE_ERRORS as error:
-        raise SystemExit(_bad_override(error)) from None
-    except OSError as error:  # a --config.key=value applied to a config file that did not load
-        raise SystemExit(_cannot_load(error)) from None
-
-
-_OVERRIDE_ERRORS = (AttributeError, KeyError, TypeError, ValueError, SyntaxError)
-
-
-def _bad_override(error: Exception) -> str:
-    # A SyntaxError is a config file's own: its str() names the file and the line.
-    message = str(error)
-    if len(message) > 1 and message[0] == message[-1] and message[0] in "'\"":
-        message = message[1:-1]  # a KeyError's str() is its repr, in quotes
-    message = message.replace("\\n", " ").replace("\\'", "'")
-    return f"error in the command line: {message}"
-
-
-def loaded_config(config):
-    """The ConfigDict that `--config` loaded, or a one-line SystemExit when its file did not
-    load or an override does not apply (ml_collections defers both, for a --config left at
-    its default, to the config's first use, as a traceback)."""
-    try:
-        config.keys()
-    except OSError as error:
-        raise SystemExit(_cannot_load(error)) from None
-    except _OVERRIDE_ERRORS as error:
-        raise SystemExit(_bad_override(error)) from None
-    return config
-
-
-def _cannot_load(error: OSError) -> str:
-    return f"error: cannot load --config: {str(error).strip().splitlines()[-1].strip()}"

@@ -22,7 +22,7 @@ from transformer_jax.data import report
 from transformer_jax.data.prepared import prepare, prepared_dir
 from transformer_jax.data.sources import DataError, load_split
 from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path
-from transformer_jax.run_config import parse_flags
+from transformer_jax.command_line import parse_flags
 from transformer_jax.workdir_lock import workdir_lock
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a config file, e.g. configs/default.py",

@@ -1,0 +1,203 @@
+"""The command line of train.py, translate.py, evaluate.py and the data command.
+
+    app.run(main, flags_parser=parse_flags)   # --config files and --config.key=value overrides
+
+A config file (`--config=configs/x.py`) is loaded by `load_config_file`: whatever is
+wrong with it (an exception in its code, no get_config, keys missing) is one line naming
+the file, and so is an override that does not apply. The search flags of translate.py
+and evaluate.py are defined once, here.
+"""
+
+import ast
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import traceback
+
+import ml_collections
+from absl import app, flags
+
+from transformer_jax.run_config import SEARCH_SETTINGS, base_config, data_fields, model_fields
+
+
+def define_search_flags():
+    """translate.py's and evaluate.py's --beam_size, --alpha and --max_extra_length; left
+    unset (None), they are the run's `config.decode` (`Translator.search_settings`)."""
+    low = {name: parser.lower_bound for name, parser in SEARCH_SETTINGS.items()}
+    return (flags.DEFINE_integer("beam_size", None, "beam size; 1 is greedy search (default: "
+                                 "the run's config.decode, §6.1's 4)",
+                                 lower_bound=low["beam_size"]),
+            flags.DEFINE_float("alpha", None, "length penalty exponent (default: the run's, "
+                               "0.6)", lower_bound=low["alpha"]),
+            flags.DEFINE_integer("max_extra_length", None, "output tokens beyond the input "
+                                 "length (default: the run's, 50)",
+                                 lower_bound=low["max_extra_length"]))
+
+
+def parse_flags(argv: list[str], default_config: str | None = None) -> list[str]:
+    """absl's flag parsing, with a one-line error for a config file that does not load or a
+    bad `--config.key=value`.
+
+    Pass as `app.run(main, flags_parser=parse_flags)`: config files are loaded by
+    `load_config_file`; ml_collections raises a KeyError (with a "did you mean") or
+    a type error from deep in the parser for an override.
+    `default_config` is the `--config` of a command line that names none; a config
+    flag defined with that default would apply the overrides while the flag is
+    defined, at import, where no error can be caught.
+    """
+    named = any(a == "--config" or a.startswith("--config=") for a in argv[1:])
+    if default_config and not named:
+        argv = [argv[0], f"--config={default_config}", *argv[1:]]
+    use_load_config_file(flags.FLAGS)
+    try:
+        return app.parse_flags_with_usage(argv)  # absl's own errors: one line and exit 1
+    except ConfigFileError as error:
+        raise SystemExit(f"error: {error}") from None
+    except _OVERRIDE_ERRORS as error:
+        raise SystemExit(_bad_override(error)) from None
+    except OSError as error:  # an override of a config file that ml_collections deferred
+        raise SystemExit(_cannot_load(error)) from None
+
+
+class ConfigFileError(Exception):
+    """A config file that does not load or lacks keys. Not a ValueError: absl's flag parsing
+    would turn that into a usage message of several lines."""
+
+
+def load_config_file(argument: str, module_name: str = "config_config"):
+    """The locked ConfigDict that `get_config()` of the file `argument` names returns (`PATH`,
+    or `PATH:ARGS` to call `get_config(ARGS)`, as ml_collections' config_flags reads it).
+
+    A ConfigFileError names the file and what is wrong: an exception in its code (type,
+    message and the file's line), no get_config, a result that is no ConfigDict, or keys of
+    `base_config` that it lacks.
+    """
+    path, *args = argument.split(":", 1)
+    if not path:
+        raise ConfigFileError("--config is empty (an unset shell variable?); name a config "
+                              "file such as configs/default.py")
+    module = _run_file(path, module_name)
+    if not callable(getattr(module, "get_config", None)):
+        raise ConfigFileError(f"{path}: no get_config(); a config file defines get_config() "
+                              f"returning an ml_collections.ConfigDict")
+    try:
+        config = module.get_config(*args)
+    except Exception as error:  # the config file's own code
+        raise ConfigFileError(_error_in_file(path, error)) from None
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigFileError(f"{path}: get_config() returned {type(config).__name__}, not an "
+                              f"ml_collections.ConfigDict")
+    _require_every_key(path, config)
+    config.lock()  # a misspelt --config.key is an error, not a new field
+    return config
+
+
+def _run_file(path: str, module_name: str):
+    loader = importlib.machinery.SourceFileLoader(module_name, path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(module_name, loader))
+    sys.modules[module_name] = module  # as an import does: dataclasses and pickle look there
+    try:
+        loader.exec_module(module)
+    except Exception as error:
+        raise ConfigFileError(_error_in_file(path, error)) from None
+    return module
+
+
+def _error_in_file(path: str, error: Exception) -> str:
+    """`PATH, line N: Type: message` at the file's innermost line in the traceback; a
+    SyntaxError's message names its own file and line, and a file that cannot be read
+    has no line."""
+    if isinstance(error, OSError) and error.filename == path:
+        return f"{path}: {error.strerror}"
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+             if os.path.abspath(frame.filename) == os.path.abspath(path)]
+    where = f", line {lines[-1]}" if lines else ""
+    return f"{path}{where}: {type(error).__name__}: {_one_line(error)}"
+
+
+def _require_every_key(path: str, config) -> None:
+    missing = _missing_keys(config, base_config(model=model_fields("base"), data=data_fields()))
+    if missing:
+        named = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if missing[3:] else "")
+        raise ConfigFileError(f"{path}: {named} {'is' if len(missing) == 1 else 'are'} missing; "
+                              f"config files should start from run_config.base_config, "
+                              f"which has every key, as configs/default.py does")
+
+
+def _missing_keys(config, reference, prefix: str = "config") -> list[str]:
+    """The keys of `reference` (nested groups too) that `config` lacks, e.g. "config.optim.b1"."""
+    missing = []
+    for key, value in reference.items():
+        if key not in config:
+            missing.append(f"{prefix}.{key}")
+        elif isinstance(value, ml_collections.ConfigDict) and isinstance(
+                config[key], ml_collections.ConfigDict):
+            missing += _missing_keys(config[key], value, f"{prefix}.{key}")
+    return missing
+
+
+class _ConfigFileParser(flags.ArgumentParser):
+    """The parser of a config-file flag: `load_config_file` in place of ml_collections' own
+    loading, which defers some errors to the config's first use and lets others out as
+    tracebacks."""
+
+    def __init__(self, flag_name: str):
+        self._module_name = f"{flag_name}_config"  # ml_collections' name for the module
+
+    def parse(self, argument: str):
+        return load_config_file(argument, self._module_name)
+
+    def flag_type(self) -> str:
+        return "config object"
+
+
+def use_load_config_file(flag_values) -> None:
+    """Has every config-file flag (`config_flags.DEFINE_config_file`) in `flag_values` load
+    its file with `load_config_file`; call it before the flags are parsed."""
+    from ml_collections.config_flags import config_flags  # the module, where the class is
+
+    for name in flag_values:
+        flag = flag_values[name]
+        if isinstance(flag.parser, config_flags.ConfigFileFlagParser):
+            flag.parser = _ConfigFileParser(flag.name)
+
+
+_OVERRIDE_ERRORS = (AttributeError, KeyError, TypeError, ValueError)
+
+
+def _bad_override(error: Exception) -> str:
+    return f"error in the command line: {_one_line(error)}"
+
+
+def _one_line(error: Exception) -> str:
+    """The error's message on one line. A KeyError's str() is the repr of its message, and
+    ml_collections' messages are such reprs again: a message that is a whole string literal
+    is unquoted; a bare key stays quoted, and "'int' object has no attribute 'keys'" whole."""
+    message = str(error)
+    while len(message) > 1 and message[0] == message[-1] and message[0] in "'\"":
+        try:
+            inner = str(ast.literal_eval(message))
+        except (ValueError, SyntaxError):
+            break
+        if " " not in inner:
+            break
+        message = inner
+    return " ".join(message.split())
+
+
+def loaded_config(config):
+    """The ConfigDict that `--config` loaded, or a one-line SystemExit when its file did not
+    load or an override does not apply (ml_collections defers both, for a config flag that
+    `use_load_config_file` did not reach, to the config's first use, as a traceback)."""
+    try:
+        config.keys()
+    except OSError as error:
+        raise SystemExit(_cannot_load(error)) from None
+    except _OVERRIDE_ERRORS as error:
+        raise SystemExit(_bad_override(error)) from None
+    return config
+
+
+def _cannot_load(error: OSError) -> str:
+    return f"error: cannot load --config: {str(error).strip().splitlines()[-1].strip()}"
