@@ -179,6 +179,7 @@ SERVE_SCRIPT = textwrap.dedent("""
 def test_serve_file_alone_translates_as_the_translator(reweighted, sources, tmp_path):
     directory, translator = reweighted
     texts, source_ids = sources
+    texts = [texts[0], "", *texts[1:]]  # an empty line: "", unsearched, as in Translator
     script = tmp_path / "serve.py"
     script.write_text(SERVE_SCRIPT)
     done = subprocess.run(
@@ -191,6 +192,7 @@ def test_serve_file_alone_translates_as_the_translator(reweighted, sources, tmp_
     beam = translator.search_settings()["beam_size"]
     assert result["None"] == predicted(translator, source_ids, beam)
     assert result["texts"] == translator.translate(texts, batch_size=4)
+    assert result["texts"][1] == "" and all(result["texts"][:1] + result["texts"][2:])
 
 
 def one_line_error(call) -> str:

@@ -72,3 +72,22 @@ def test_cached_beam_search_equals_the_full_decoder_rerun_per_beam():
     np.testing.assert_array_equal(cached_seqs, full_seqs)
     np.testing.assert_allclose(cached_scores, full_scores, rtol=1e-5)
     assert len({tuple(row) for row in np.asarray(cached_seqs).reshape(12, -1)}) == 12
+
+
+def test_a_learned_position_table_bounds_the_output_length():
+    """With learned positions of 12 rows, a search of a 5-token source (padded to 8) with 50
+    extra tokens writes 12 at most (rows past the table have no encoding: they gave NaN
+    logits); sinusoidal positions keep source + 50."""
+    from transformer_jax.predict import output_length, predict
+
+    learned = get_model_config("tiny", vocab_size=30, positional_encoding="learned",
+                               max_length=12, dropout_rate=0.0)
+    assert output_length(learned, 5, 50) == 12 and output_length(CONFIG, 5, 50) == 55
+    model = Transformer(learned)
+    inputs_BS = jnp.array([[5, 6, 7, 8, 1]])
+    variables = model.init(jax.random.key(4), inputs_BS, inputs_BS)
+    # Random weights rarely write EOS: the search runs to its last position.
+    (output,) = predict(model, variables["params"], [[5, 6, 7, 8, 1]], beam_size=1, alpha=0.6,
+                        max_extra_length=50)
+    assert output.shape == (12,)
+

@@ -2,6 +2,7 @@
 restored without the optimizer; BLEU while training."""
 
 import errno
+import importlib.util
 import json
 import os
 import resource
@@ -26,10 +27,12 @@ from transformer_jax.model_config import ModelConfig
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.trainer import train
 from transformer_jax.attention import attention_weights
+from transformer_jax.token_ids import PAD_ID
 from transformer_jax.train_state import abstract_train_state
 from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
                                       write_whole)
-from transformer_jax.translation import TranslationError, Translator, cross_attention_weights
+from transformer_jax.translation import (TranslationError, Translator, check_setting,
+                                         cross_attention_weights)
 
 SENTENCES = ["dreihundertzweiundvierzig", "einundzwanzigtausendfünf", "null"]
 
@@ -88,10 +91,13 @@ def test_translate_errors_are_one_line(workdir, tmp_path):
                            "average:N needs a number of checkpoints N"),
                           ([f"--workdir={workdir}", f"--output={tmp_path}"],
                            f"--output {tmp_path} is a folder"),
-                          ([f"--workdir={workdir}", "--beam_size=0"], "--beam_size=0"),
-                          ([f"--workdir={workdir}", "--batch_size=0"], "--batch_size=0"),
+                          # Translator's words (a search flag, and one of translate.py's own)
+                          ([f"--workdir={workdir}", "--beam_size=0"],
+                           "flag --" + refusal("beam_size", 0)),
+                          ([f"--workdir={workdir}", "--batch_size=0"],
+                           "flag --" + refusal("batch_size", 0)),
                           ([f"--workdir={workdir}", "--max_extra_length=-100"],
-                           "--max_extra_length=-100")):
+                           "flag --" + refusal("max_extra_length", -100))):
         result = run("translate.py", *args, stdin="")
         assert result.returncode == 1 and message in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
@@ -113,6 +119,114 @@ def test_translate_errors_are_one_line(workdir, tmp_path):
                                     timeout=300)
     assert unreadable.returncode == 1
     assert unreadable.stderr.strip() == "error: cannot read stdin: Bad file descriptor"
+
+
+def refusal(name: str, value) -> str:
+    """The ValueError's message for setting `name` = `value` in Translator, e.g.
+    "beam_size=0: 0 is not a positive integer"."""
+    with pytest.raises(ValueError) as error:
+        check_setting(name, value)
+    return str(error.value)
+
+
+def test_translator_refuses_bad_input_as_translate_py_does(workdir, monkeypatch):
+    """A setting translate.py's flag refuses is a ValueError in its words (the CLI's own
+    words are compared in test_translate_errors_are_one_line); one str instead of a list
+    of sentences, or lists given to attention_maps, a TypeError; all before any search."""
+    from transformer_jax import predict
+
+    monkeypatch.setattr(predict, "_predict_step", lambda *a, **k: pytest.fail("searched"))
+    translator = Translator.from_workdir(str(workdir))
+    for setting, message in ((dict(beam_size=0), "beam_size=0: 0 is not a positive integer"),
+                             (dict(batch_size=0), "batch_size=0: 0 is not a positive integer"),
+                             (dict(alpha=-1.0),
+                              "alpha=-1.0: -1.0 is not a non-negative number"),
+                             (dict(max_extra_length=-1),
+                              "max_extra_length=-1: -1 is not a non-negative integer"),
+                             (dict(max_input_length=0),
+                              "max_input_length=0: 0 is not a positive integer")):
+        with pytest.raises(ValueError) as error:
+            translator.translate(["zwei"], **setting)
+        assert str(error.value) == message
+    with pytest.raises(ValueError, match="^beam_size=0: 0 is not a positive integer$"):
+        translator.search_settings(beam_size=0)
+    with pytest.raises(TypeError) as one_str:
+        translator.translate("zwei")
+    assert str(one_str.value) == ("translate takes a list of sentences, not one str: "
+                                  "pass [sentence]")
+    with pytest.raises(TypeError, match="^sentence 2 is a NoneType, not a str$"):
+        translator.translate(["zwei", None])
+    with pytest.raises(TypeError) as lists:
+        translator.attention_maps(["zwei"], ["two"])
+    assert str(lists.value) == ("attention_maps takes a source and a target sentence, each "
+                                "a str, not list and list")
+    # Settings of the right kind pass as they are, and the run's fill in for None.
+    decode = tiny_run().decode
+    assert translator.search_settings(beam_size=2, alpha=0, max_extra_length=None) == {
+        "beam_size": 2, "alpha": 0.0, "max_extra_length": decode.max_extra_length}
+
+
+def test_an_empty_line_translates_to_an_empty_line_unsearched(translating_run, monkeypatch):
+    """A sentence whose tokenization is empty is "", never searched (searched, the model
+    writes a number for it); its neighbours keep their order and their translations."""
+    from transformer_jax import predict
+
+    translator = Translator.from_workdir(str(translating_run.workdir))
+    greedy = translator.search_settings(beam_size=1)
+    ids = translator.tokenizer.encode_batch(SENTENCES[:2], add_eos=True)
+    eos_alone = translator.tokenizer.encode("", add_eos=True)
+    invented = predict._search_sorted(translator.model, translator.params, [eos_alone, ids[0]],
+                                      batch_size=32, progress=False, **greedy)
+    assert translator.tokenizer.decode(invented[0]) != ""  # what a search would write
+    alone = translator.translate(SENTENCES[:2], beam_size=1)
+    assert all(alone)
+    searched, search = [], predict._predict_step
+    monkeypatch.setattr(predict, "_predict_step", lambda params, inputs_BS, **kw: (
+        searched.extend(inputs_BS.tolist()), search(params, inputs_BS, **kw))[1])
+    assert translator.translate([SENTENCES[0], "", SENTENCES[1]], beam_size=1) == [
+        alone[0], "", alone[1]]
+    # One batch of 2 rows: the two sentences (sorted by length, padded), not the empty one.
+    assert [[i for i in row if i != PAD_ID] for row in searched] == sorted(ids, key=len)
+    assert translator.translate(["", ""], beam_size=1) == ["", ""]
+    assert len(searched) == 2
+
+
+def test_every_engine_translates_an_empty_line_to_an_empty_line(translating_run, tmp_path,
+                                                               monkeypatch):
+    """translate.py's other engines give the lines the run gives, "" for the empty one: its
+    CTranslate2 export, and the stablehlo engine's text path (here over a stand-in for the
+    exported searches that runs the run's own and records its sources;
+    test_export_stablehlo.py compares the real ones with the run's)."""
+    from transformer_jax.export import engines, serve_stablehlo
+    from transformer_jax.predict import predict
+
+    workdir = str(translating_run.workdir)
+    lines = [SENTENCES[0], "", SENTENCES[2]]
+    translator = Translator.from_workdir(workdir)
+    expected = translator.translate(lines, beam_size=1)  # the jax engine's
+    assert expected[1] == "" and expected[0] and expected[2]
+    searched = []
+
+    class ExportedSearches:  # StableHLOTranslator's translate_ids, on the run's parameters
+        def __init__(self, directory):
+            pass
+
+        def translate_ids(self, rows, *, beam_size, batch_size, progress):
+            searched.extend(rows)
+            return predict(translator.model, translator.params, rows, batch_size=batch_size,
+                           **translator.search_settings(beam_size=beam_size))
+
+    monkeypatch.setattr(serve_stablehlo, "StableHLOTranslator", ExportedSearches)
+    shutil.copy(tokenizer_path(workdir), tmp_path / "tokenizer.model")
+    stablehlo = engines._stablehlo(str(tmp_path), translator.search_settings())
+    assert stablehlo(lines, beam_size=1, batch_size=32) == expected
+    assert searched == translator.tokenizer.encode_batch(lines[::2], add_eos=True)
+    if importlib.util.find_spec("ctranslate2"):  # an optional dependency ('.[serve]')
+        from transformer_jax.export import export
+
+        export(workdir, str(tmp_path / "ct2"), fmt="ctranslate2")
+        ct2 = engines.open_engine("ctranslate2", exported=str(tmp_path / "ct2"))
+        assert ct2.translate(lines, beam_size=1) == expected
 
 
 def test_translate_keeps_output_lines_aligned_with_input_lines(workdir):

@@ -4,7 +4,8 @@
                       beam_size=4, alpha=0.6, max_extra_length=50)
     tokenizer.decode_batch(outputs)  # the translations, in the sources' order
 
-Used by `Translator.translate` and by the trainer's BLEU evaluation alike.
+Used by `Translator.translate` and by the trainer's BLEU evaluation alike. A source of
+EOS alone (an empty line) is not searched: its output is EOS alone, "" (`skip_empty`).
 """
 
 import jax
@@ -12,7 +13,7 @@ import numpy as np
 import tqdm
 
 from transformer_jax.steps import predict_step
-from transformer_jax.token_ids import PAD_ID
+from transformer_jax.token_ids import EOS_ID, PAD_ID
 
 BUCKET = 8  # source lengths are rounded up to a multiple of this: fewer compilations
 
@@ -39,10 +40,47 @@ def predict(model, params, source_ids: list[list[int]], *, beam_size: int, alpha
 
     Sources are sorted by length and searched `batch_size` at a time, so similar
     lengths share a compiled search; each batch's outputs run up to its padded
-    source length + `max_extra_length` tokens (§6.1: input length + 50). `beam_size`
-    1 is greedy search. Each output is a 1-D array that `Tokenizer.decode` reads up
-    to its first EOS.
+    source length + `max_extra_length` tokens (§6.1: input length + 50), and no more
+    than a learned position table has rows (`output_length`). `beam_size` 1 is greedy
+    search. Each output is a 1-D array that `Tokenizer.decode` reads up
+    to its first EOS. Sources of EOS alone are not searched (`skip_empty`).
     """
+    def search(rows):
+        return _search_sorted(model, params, rows, beam_size=beam_size, alpha=alpha,
+                              max_extra_length=max_extra_length, batch_size=batch_size,
+                              progress=progress)
+
+    return skip_empty(search, source_ids)
+
+
+def output_length(config, source_length: int, max_extra_length: int) -> int:
+    """The most tokens a search writes: the (padded) source length + `max_extra_length`
+    (§6.1), and no more than the rows of a learned position table (`config.max_length`),
+    since no position past them has an encoding."""
+    longest = source_length + max_extra_length
+    return min(longest, config.max_length) if config.positional_encoding == "learned" else longest
+
+
+def skip_empty(search, source_ids: list[list[int]]) -> list:
+    """`search(rows) -> outputs` (one per row, in order) on the sources that have ids
+    before their EOS; each other source (an empty line: its tokenization is empty) gets
+    `[EOS_ID]`, which decodes to "", with no search. The outputs in the sources' order.
+
+    Searched, EOS alone would get whatever the model learnt to write for no input (the
+    numbers model writes a number); CTranslate2 returns no tokens for it, as here.
+    """
+    chosen = [i for i, ids in enumerate(source_ids) if any(t != EOS_ID for t in ids)]
+    outputs = [np.array([EOS_ID], np.int32) for _ in source_ids]
+    if chosen:
+        for i, output in zip(chosen, search([source_ids[i] for i in chosen])):
+            outputs[i] = output
+    return outputs
+
+
+def _search_sorted(model, params, source_ids: list[list[int]], *, beam_size: int,
+                   alpha: float, max_extra_length: int, batch_size: int,
+                   progress: bool) -> list[np.ndarray]:
+    """`predict`'s search of every source, in length-sorted batches."""
     order = sorted(range(len(source_ids)), key=lambda i: len(source_ids[i]))
     outputs: list[np.ndarray] = [np.zeros((0,), np.int32)] * len(source_ids)
     starts = range(0, len(order), batch_size)
@@ -52,8 +90,8 @@ def predict(model, params, source_ids: list[list[int]], *, beam_size: int, alpha
             chosen = order[start:start + batch_size]
             inputs_BS = _padded_batch([source_ids[i] for i in chosen], batch_size)
             outputs_BT = _predict_step(params, inputs_BS, model=model, beam_size=beam_size,
-                                       alpha=alpha,
-                                       max_length=inputs_BS.shape[1] + max_extra_length)
+                                       alpha=alpha, max_length=output_length(
+                                           model.config, inputs_BS.shape[1], max_extra_length))
             for i, output_T in zip(chosen, np.asarray(outputs_BT)):
                 outputs[i] = output_T
     return outputs

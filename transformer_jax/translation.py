@@ -7,7 +7,7 @@
 Beam search as in §6.1 unless the run's `config.decode` says otherwise: beam 4,
 length penalty α = 0.6, outputs up to the input length + 50 tokens. The parts:
 `trained_params.py` chooses and restores the parameters, `predict.py` searches in
-batches, `bleu.py` scores.
+batches, `bleu.py` scores. An empty line translates to an empty line, unsearched.
 """
 
 import dataclasses
@@ -22,7 +22,7 @@ from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.vocabulary import other_tokenizer, tokenizer_path
 from transformer_jax.model import Transformer
 from transformer_jax.predict import predict
-from transformer_jax.run_config import decode_fields
+from transformer_jax.run_config import SEARCH_SETTINGS, decode_fields
 from transformer_jax.trained_params import CheckpointChoiceError, load_trained_params
 
 
@@ -71,7 +71,10 @@ class Translator:
                   progress: bool = False) -> list[str]:
         """Translations of `sentences`, in their order; beam_size 1 is greedy search.
 
-        Search settings left None are the run's (`search_settings`).
+        Search settings left None are the run's (`search_settings`). A setting that
+        translate.py's flag would refuse is a ValueError in its words (`check_setting`);
+        `sentences` as one str, a TypeError. A sentence whose tokenization is empty (an
+        empty line) translates to "" without a search (`predict.skip_empty`).
 
         Sentences are searched in batches of similar length, each of at most `batch_size`
         rows and no more rows than it has sentences (rounded up to a power of two, so few
@@ -81,7 +84,9 @@ class Translator:
         """
         search = self.search_settings(beam_size=beam_size, alpha=alpha,
                                       max_extra_length=max_extra_length)
-        ids = self.tokenizer.encode_batch(sentences, add_eos=True)
+        batch_size = check_setting("batch_size", batch_size)
+        max_input_length = check_setting("max_input_length", max_input_length)
+        ids = self.tokenizer.encode_batch(sentence_list(sentences), add_eos=True)
         check_lengths(ids, max_input_length)
         outputs = predict(self.model, self.params, ids, batch_size=batch_size,
                           progress=progress, **search)
@@ -98,7 +103,12 @@ class Translator:
                              weights of every layer and head; row t is the query that
                              predicts target piece t (it has read the pieces before t),
                              and every row sums to 1.
+
+        `source` and `target` are one sentence each (str): a TypeError otherwise.
         """
+        if not (isinstance(source, str) and isinstance(target, str)):
+            raise TypeError(f"attention_maps takes a source and a target sentence, each a "
+                            f"str, not {type(source).__name__} and {type(target).__name__}")
         source_ids = self.tokenizer.encode(source, add_eos=True)
         target_ids = self.tokenizer.encode(target, add_eos=True)
         weights_LBNTS = cross_attention_weights(self.model, self.params,
@@ -114,10 +124,36 @@ class Translator:
 
 def search_settings(run_config, **given) -> dict:
     """beam_size, alpha and max_extra_length: those `given` (not None), else
-    `run_config.decode`'s (§6.1's beam 4, α 0.6, input length + 50, unless it was changed)."""
+    `run_config.decode`'s (§6.1's beam 4, α 0.6, input length + 50, unless it was changed).
+    A given value that translate.py's flag would refuse is a ValueError (`check_setting`)."""
     decode = run_config.get("decode") or decode_fields()
-    return {key: decode[key] if given.get(key) is None else given[key]
+    return {key: decode[key] if given.get(key) is None else check_setting(key, given[key])
             for key in ("beam_size", "alpha", "max_extra_length")}
+
+
+def check_setting(name: str, value):
+    """`value` of setting `name` (a key of SEARCH_SETTINGS) as translate.py's --name takes it, or
+    None (the default) as is; else a ValueError in the flag's words, e.g.
+    "beam_size=0: 0 is not a positive integer", or a TypeError for a value of no number type."""
+    if value is None:
+        return None
+    try:
+        return SEARCH_SETTINGS[name].parse(value.item() if isinstance(value, np.generic) else value)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{name}={value!r}: {error}") from None
+
+
+def sentence_list(sentences) -> list[str]:
+    """`sentences` as a list, or a TypeError where it is one str (whose characters would
+    be translated one by one) or holds something other than str."""
+    if isinstance(sentences, (str, bytes)):
+        raise TypeError(f"translate takes a list of sentences, not one "
+                        f"{type(sentences).__name__}: pass [sentence]")
+    sentences = list(sentences)
+    for line, sentence in enumerate(sentences, 1):
+        if not isinstance(sentence, str):
+            raise TypeError(f"sentence {line} is a {type(sentence).__name__}, not a str")
+    return sentences
 
 
 def check_lengths(source_ids: list[list[int]], max_input_length: int | None) -> None:

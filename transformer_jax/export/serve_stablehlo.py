@@ -103,11 +103,15 @@ class StableHLOTranslator:
             raise StableHLOError(
                 f"sentence {line + 1} has {length} tokens, more than max_input_length={cap} "
                 f"({len(too_long)} sentence(s) too long); split it or raise the limit")
-        outputs = self.translate_ids(ids, beam_size=beam_size, batch_size=batch_size,
-                                     progress=progress)
-        # As transformer_jax's Tokenizer.decode: up to the first EOS, PAD ids dropped.
-        return [tokenizer.decode([int(i) for i in _until_eos(output) if i != PAD_ID])
-                for output in outputs]
+        # An empty line (no pieces) is "" unsearched, as transformer_jax's predict.skip_empty.
+        searched = [i for i, x in enumerate(ids) if len(x) > 1]
+        outputs = self.translate_ids([ids[i] for i in searched], beam_size=beam_size,
+                                     batch_size=batch_size, progress=progress) if searched else []
+        texts = [""] * len(ids)
+        for i, output in zip(searched, outputs):
+            # As transformer_jax's Tokenizer.decode: up to the first EOS, PAD ids dropped.
+            texts[i] = tokenizer.decode([int(t) for t in _until_eos(output) if t != PAD_ID])
+        return texts
 
     def _search(self, beam_size: int | None) -> dict:
         searches = self._entry["searches"]
