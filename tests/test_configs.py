@@ -68,12 +68,17 @@ CONFIG_FILE_ERRORS = [  # (the file's code, what the error says after "PATH")
      "    return base_config(model=model_fields('tiny'), data=data_fields(), optim=optim)\n",
      ": config.optim.eps is missing; config files should start from run_config.base_config, "
      "which has every key, as configs/default.py does"),
+    ("from transformer_jax.run_config import base_config, data_fields, model_fields\n\n\n"
+     "def get_config():\n    config = base_config(model=model_fields('tiny'), data=data_fields())\n"
+     "    config.data.vocab_sise = 8000\n    return config\n",
+     ": config.data.vocab_sise is not a setting (did you mean config.data.vocab_size?); the run "
+     "would ignore it"),
 ]
 
 
 @pytest.mark.parametrize("code, problem", CONFIG_FILE_ERRORS,
                          ids=["NameError", "import", "quotes", "no get_config", "an int",
-                              "keys missing", "a group's key missing"])
+                              "keys missing", "a group's key missing", "a key misspelt"])
 def test_a_config_file_that_does_not_load_is_one_line_naming_it(tmp_path, code, problem):
     path = tmp_path / "x.py"
     path.write_text(code)

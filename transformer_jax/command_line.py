@@ -9,6 +9,7 @@ and evaluate.py are defined once, here.
 """
 
 import ast
+import difflib
 import importlib.machinery
 import importlib.util
 import os
@@ -117,12 +118,23 @@ def _error_in_file(path: str, error: Exception) -> str:
 
 
 def _require_every_key(path: str, config) -> None:
-    missing = _missing_keys(config, base_config(model=model_fields("base"), data=data_fields()))
+    """Every key of `base_config` and no other: a key the run does not read (a misspelt
+    one, `config.num_train_step = 5`) would be ignored without a word."""
+    base = base_config(model=model_fields("base"), data=data_fields())
+    missing = _missing_keys(config, base)
     if missing:
         named = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if missing[3:] else "")
         raise ConfigFileError(f"{path}: {named} {'is' if len(missing) == 1 else 'are'} missing; "
                               f"config files should start from run_config.base_config, "
                               f"which has every key, as configs/default.py does")
+    unknown = _missing_keys(base, config)
+    if unknown:
+        group, _, name = unknown[0].rpartition(".")
+        known = base if group == "config" else base[group.removeprefix("config.")]
+        close = difflib.get_close_matches(name, list(known.keys()), n=1)
+        hint = f" (did you mean {group}.{close[0]}?)" if close else ""
+        raise ConfigFileError(f"{path}: {unknown[0]} is not a setting{hint}; the run would "
+                              f"ignore it")
 
 
 def _missing_keys(config, reference, prefix: str = "config") -> list[str]:
