@@ -34,6 +34,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from process_table import children, still_running  # noqa: E402
 from transformer_jax.atomic_file import is_temporary  # noqa: E402
 from transformer_jax.benchmark.corpus import LANGUAGES, sentences  # noqa: E402
 from transformer_jax.data import prepared, prepared_writer  # noqa: E402
@@ -140,36 +141,6 @@ def leftovers(workdir: str) -> list[str]:
     """Temporary files and partial folders: none may be left by a finished preparation."""
     return [os.path.join(folder, name) for folder, dirs, names in os.walk(workdir)
             for name in dirs + names if is_temporary(name) or name.endswith(".partial")]
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (from /proc)."""
-    found = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
-
-
-def still_running(pids: list[int], seconds: float) -> list[int]:
-    """Those of `pids` still running (not zombies) after up to `seconds`."""
-    deadline, running = time.monotonic() + seconds, list(pids)
-    while running and time.monotonic() < deadline:
-        time.sleep(0.2)
-        running = [p for p in running if _running(p)]
-    return running
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def kill_rounds(args, corpus: str, killed: str, reference: dict) -> dict:

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 from num2words import num2words
+from process_table import still_running
 
 from transformer_jax.data import prepared as prepared_module
 from transformer_jax.data import prepared_writer
@@ -357,10 +358,7 @@ def test_worker_processes_exit_when_their_caller_is_killed(run, tmp_path):
         caller.kill()
         caller.wait()
     assert len(workers) == 2
-    deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(pid) for pid in workers)
+    assert not still_running(workers, seconds=30)
 
 
 def test_a_worker_that_dies_is_a_data_error_and_leaves_no_worker(run):
@@ -380,15 +378,6 @@ def test_a_worker_that_dies_is_a_data_error_and_leaves_no_worker(run):
         list(encoded)
     killer.join()
     assert not multiprocessing.active_children()
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie that no one reaped has exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_worker_processes_do_not_run_a_script_without_a_main_guard(corpus, run, tmp_path):

@@ -207,9 +207,11 @@ def test_every_engine_translates_an_empty_line_to_an_empty_line(translating_run,
     assert expected[1] == "" and expected[0] and expected[2]
     searched = []
 
-    class ExportedSearches:  # StableHLOTranslator's translate_ids, on the run's parameters
+    class ExportedSearches(serve_stablehlo.StableHLOTranslator):
+        """Its text path; translate_ids on the run's parameters."""
+
         def __init__(self, directory):
-            pass
+            self.directory, self._tokenizer = directory, None
 
         def translate_ids(self, rows, *, beam_size, batch_size, progress):
             searched.extend(rows)

@@ -61,7 +61,11 @@ def attention_weights(query, key, bias=None, mask=None, *, scale=None):
     """
     query_BTNH, key_BSNH = jnp.asarray(query), jnp.asarray(key)
     _check_inputs(query_BTNH, key_BSNH, key_BSNH, bias, mask)
-    bias_BNTS, mask_B1TS = bias, mask
+    return _weights(query_BTNH, key_BSNH, bias, mask, scale)
+
+
+def _weights(query_BTNH, key_BSNH, bias_BNTS, mask_B1TS, scale):
+    """`attention_weights` of inputs already checked."""
     logits_BNTS = jnp.einsum(
         "BTNH,BSNH->BNTS", query_BTNH, key_BSNH, preferred_element_type=jnp.float32
     )
@@ -90,7 +94,7 @@ def _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1
                             is_causal, dropout_rate, dropout_rng):
     if is_causal:
         mask_B1TS = combine_masks(mask_B1TS, causal_mask(query_BTNH.shape[1]))
-    weights_BNTS = attention_weights(query_BTNH, key_BSNH, bias_BNTS, mask_B1TS, scale=scale)
+    weights_BNTS = _weights(query_BTNH, key_BSNH, bias_BNTS, mask_B1TS, scale)
     probs_BNTS = weights_BNTS
     if dropout_rate > 0.0:
         # Not in the paper: attention dropout comes from tensor2tensor.

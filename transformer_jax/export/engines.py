@@ -9,14 +9,11 @@ TranslationError for what it cannot do, so the CLI has one way to report it. An 
 (its tokenization is empty) translates to "" with every engine.
 """
 
-import os
 from collections.abc import Callable
 from typing import NamedTuple
 
 from transformer_jax.export.manifest import ExportError
-from transformer_jax.predict import skip_empty
-from transformer_jax.translation import (TranslationError, Translator, check_lengths,
-                                         sentence_list)
+from transformer_jax.translation import TranslationError, Translator, sentence_list
 
 ENGINES = ("jax", "ctranslate2", "stablehlo")
 
@@ -65,40 +62,23 @@ def _open_export(name: str, directory: str) -> Engine:
 
 
 def _stablehlo(directory: str, exported: dict) -> Callable[..., list[str]]:
-    """StableHLOTranslator's searches, refusing search settings other than those exported;
-    text in and out as `Translator.translate` (an empty line is "", unsearched)."""
+    """StableHLOTranslator.translate (an empty line is "" unsearched there too), refusing
+    search settings other than those exported."""
     from transformer_jax.export.serve_stablehlo import StableHLOError, StableHLOTranslator
 
     try:
         translator = StableHLOTranslator(directory)
     except StableHLOError as error:
         raise TranslationError(str(error)) from None
-    tokenizer = _export_tokenizer(directory)
 
-    def translate(sentences, *, beam_size=None, alpha=None, max_extra_length=None,
-                  batch_size=None, max_input_length=None, progress=False):
+    def translate(sentences, *, beam_size=None, alpha=None, max_extra_length=None, **rest):
         for key, value in (("alpha", alpha), ("max_extra_length", max_extra_length)):
             if value is not None and value != exported[key]:
                 raise TranslationError(f"{directory} was exported with {key}="
                                        f"{exported[key]}; export again to change it")
-        ids = tokenizer.encode_batch(sentence_list(sentences), add_eos=True)
-        check_lengths(ids, max_input_length)
         try:
-            outputs = skip_empty(lambda rows: translator.translate_ids(
-                rows, beam_size=beam_size, batch_size=batch_size, progress=progress), ids)
+            return translator.translate(sentence_list(sentences), beam_size=beam_size, **rest)
         except StableHLOError as error:
             raise TranslationError(str(error)) from None
-        return tokenizer.decode_batch(outputs)
 
     return translate
-
-
-def _export_tokenizer(directory: str):
-    """The tokenizer.model an export holds (`Tokenizer`)."""
-    from transformer_jax.data.tokenizer import Tokenizer
-    from transformer_jax.data.vocabulary import TOKENIZER_FILE
-
-    try:
-        return Tokenizer.load(os.path.join(directory, TOKENIZER_FILE))
-    except FileNotFoundError:
-        raise TranslationError(f"{directory} has no {TOKENIZER_FILE}") from None
