@@ -25,11 +25,10 @@ from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.data import DataError
 from transformer_jax.data.sources import decode_lines, read_lines
 from transformer_jax import command_line
-from transformer_jax.command_line import define_search_flags, parse_flags
+from transformer_jax.command_line import define_search_flags, define_setting_flag, parse_flags
 from transformer_jax.export.engines import open_engine
 from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
                                       write_whole)
-from transformer_jax.run_config import SEARCH_SETTINGS
 from transformer_jax.translation import TranslationError
 
 _ENGINE = flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2", "stablehlo"],
@@ -41,17 +40,14 @@ _EXPORTED = flags.DEFINE_string("exported", None, "a directory python -m "
 _INPUT = flags.DEFINE_string("input", None, "a UTF-8 file, one sentence per line (default stdin)")
 _OUTPUT = flags.DEFINE_string("output", None, "where translations go (default stdout)")
 _BEAM, _ALPHA, _EXTRA = define_search_flags()
-flags.adopt_module_key_flags(command_line)  # so that --helpshort lists them
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, a step, or average:N "
                                   "(--engine=jax; an export holds the parameters it was made "
                                   "with)")
-# Bounds shared with Translator (run_config.SEARCH_SETTINGS): refused alike, in the same words.
-_BATCH = flags.DEFINE_integer("batch_size", 32, "sentences per search",
-                              lower_bound=SEARCH_SETTINGS["batch_size"].lower_bound)
-_MAX_INPUT = flags.DEFINE_integer(
+_BATCH = define_setting_flag("batch_size", 32, "sentences per search")
+_MAX_INPUT = define_setting_flag(
     "max_input_length", None, "the most tokens a sentence may have, EOS included (default: "
-    "the model's max_length); longer ones stop the run before any search",
-    lower_bound=SEARCH_SETTINGS["max_input_length"].lower_bound)
+    "the model's max_length); longer ones stop the run before any search")
+flags.adopt_module_key_flags(command_line)  # so that --helpshort lists them
 
 
 def main(argv) -> None:

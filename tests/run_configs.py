@@ -1,5 +1,6 @@
 """Small run configs for the training tests: configs/default.py shrunk to seconds, and the
-one run the tests share; and the files of a checkpoint step that the damage tests break."""
+one run the tests share; the files of a checkpoint step that the damage tests break; and the
+search settings every translator refuses, in translate.py's words."""
 
 import importlib.util
 import pathlib
@@ -69,3 +70,15 @@ def array_files(step_dir: pathlib.Path) -> list[pathlib.Path]:
 def biggest_array_file(step_dir: pathlib.Path) -> pathlib.Path:
     """The largest array data file of checkpoint folder `step_dir`."""
     return max(array_files(step_dir), key=lambda p: p.stat().st_size)
+
+
+# Each search setting translate.py's flag refuses, and the ValueError's message for it in
+# every Translator (from absl's parsers, run_config.SEARCH_SETTINGS).
+BAD_SEARCH_SETTINGS = (
+    (dict(beam_size=0), "beam_size=0: 0 is not a positive integer"),
+    (dict(batch_size=0), "batch_size=0: 0 is not a positive integer"),
+    (dict(alpha=-1.0), "alpha=-1.0: -1.0 is not a non-negative number"),
+    (dict(alpha=float("nan")), "alpha=nan: nan is not a non-negative number"),
+    (dict(alpha=float("inf")), "alpha=inf: inf is not a non-negative number"),
+    (dict(max_extra_length=-1), "max_extra_length=-1: -1 is not a non-negative integer"),
+    (dict(max_input_length=0), "max_input_length=0: 0 is not a positive integer"))

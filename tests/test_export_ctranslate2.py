@@ -15,7 +15,7 @@ import pytest
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-from run_configs import ROOT  # noqa: E402
+from run_configs import BAD_SEARCH_SETTINGS, ROOT  # noqa: E402
 from transformer_jax.bleu import score  # noqa: E402
 from transformer_jax.data import load_split  # noqa: E402
 from transformer_jax.export import ExportError, export  # noqa: E402
@@ -155,6 +155,19 @@ def test_int8_stores_a_byte_per_weight_and_translates(exported, test_split):
     out = CTranslate2Translator.from_export(str(exported / "int8")).translate(
         ["dreihundertzwei", "null"], beam_size=2)
     assert len(out) == 2 and all(isinstance(t, str) for t in out)
+
+
+def test_translate_refuses_what_translator_refuses(exported, monkeypatch):
+    """CTranslate2Translator.translate refuses the settings, and the one str, that
+    Translator.translate refuses, in the same words, before any search."""
+    theirs = CTranslate2Translator.from_export(str(exported / "float32"))
+    monkeypatch.setattr(theirs, "translate_ids", lambda *a, **k: pytest.fail("searched"))
+    for setting, message in BAD_SEARCH_SETTINGS:
+        with pytest.raises(ValueError) as error:
+            theirs.translate(["null"], **setting)
+        assert str(error.value) == message
+    with pytest.raises(TypeError, match="^translate takes a list of sentences, not one str"):
+        theirs.translate("null")
 
 
 def _run(*args, stdin=None):

@@ -1,4 +1,4 @@
-"""`python -m transformer_jax`: the set-up check that `make train` runs for now."""
+"""`python -m transformer_jax`: build a preset, count it, run it once."""
 
 import re
 
@@ -29,3 +29,23 @@ def test_bad_override_is_a_clear_usage_error(capsys):
         main(["--preset=tiny", "--vocab_size=1"])
     assert exit_info.value.code == 2
     assert "ModelConfig.vocab_size must be at least 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value", [("--batch", "0"), ("--length", "-3"),
+                                         ("--length", "x")])
+def test_a_count_that_is_not_positive_is_a_usage_error(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([f"{flag}={value}"])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: '{value}' is not a positive integer" in capsys.readouterr().err
+
+
+def test_a_forward_pass_too_large_for_memory_is_one_line(capsys):
+    """64 rows of 100,000 tokens: the tiny model's (B, N, S, S) scores alone are 10 TB
+    in float32; XLA refuses the allocation, and the command says so and what to change."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--batch=64", "--length=100000"])
+    message = str(exit_info.value.code)
+    assert message.startswith("error: the forward pass of 64 x 100000 tokens does not fit "
+                              "in memory (RESOURCE_EXHAUSTED")
+    assert message.endswith("choose a smaller --batch or --length")

@@ -5,6 +5,7 @@ import errno
 import importlib.util
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from run_configs import ROOT, array_files, shared_run, tiny_run
+from run_configs import BAD_SEARCH_SETTINGS, ROOT, array_files, shared_run, tiny_run
 from transformer_jax.bleu import score
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.data import load_split
@@ -80,6 +81,18 @@ def test_translate_stdin_and_files_agree_with_the_library(workdir, tmp_path):
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == greedy
 
 
+def test_translate_helpshort_lists_every_flag():
+    """--helpshort lists translate.py's flags, those command_line.py defines for it too,
+    each with the values it takes (absl's exit status for --helpshort is 1)."""
+    result = run("translate.py", "--helpshort")
+    assert result.returncode == 1 and not result.stderr, result.stderr
+    listed = set(re.findall(r"^  --(\w+)", result.stdout, re.MULTILINE))
+    assert listed == {"workdir", "engine", "exported", "input", "output", "beam_size", "alpha",
+                      "max_extra_length", "checkpoint", "batch_size", "max_input_length"}
+    assert "--batch_size: sentences per search\n    (default: '32')\n    (a positive " \
+           "integer)" in result.stdout
+
+
 def test_translate_errors_are_one_line(workdir, tmp_path):
     for args, message in (([f"--workdir={tmp_path}"], "has no checkpoints"),
                           ([f"--workdir={workdir}", "--checkpoint=average:5"],
@@ -91,13 +104,13 @@ def test_translate_errors_are_one_line(workdir, tmp_path):
                            "average:N needs a number of checkpoints N"),
                           ([f"--workdir={workdir}", f"--output={tmp_path}"],
                            f"--output {tmp_path} is a folder"),
-                          # Translator's words (a search flag, and one of translate.py's own)
+                          # Translator's words (search flags, and one of translate.py's own)
                           ([f"--workdir={workdir}", "--beam_size=0"],
                            "flag --" + refusal("beam_size", 0)),
                           ([f"--workdir={workdir}", "--batch_size=0"],
                            "flag --" + refusal("batch_size", 0)),
-                          ([f"--workdir={workdir}", "--max_extra_length=-100"],
-                           "flag --" + refusal("max_extra_length", -100))):
+                          ([f"--workdir={workdir}", "--alpha=nan"],
+                           "flag --" + refusal("alpha", float("nan")))):
         result = run("translate.py", *args, stdin="")
         assert result.returncode == 1 and message in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
@@ -137,14 +150,7 @@ def test_translator_refuses_bad_input_as_translate_py_does(workdir, monkeypatch)
 
     monkeypatch.setattr(predict, "_predict_step", lambda *a, **k: pytest.fail("searched"))
     translator = Translator.from_workdir(str(workdir))
-    for setting, message in ((dict(beam_size=0), "beam_size=0: 0 is not a positive integer"),
-                             (dict(batch_size=0), "batch_size=0: 0 is not a positive integer"),
-                             (dict(alpha=-1.0),
-                              "alpha=-1.0: -1.0 is not a non-negative number"),
-                             (dict(max_extra_length=-1),
-                              "max_extra_length=-1: -1 is not a non-negative integer"),
-                             (dict(max_input_length=0),
-                              "max_input_length=0: 0 is not a positive integer")):
+    for setting, message in BAD_SEARCH_SETTINGS:
         with pytest.raises(ValueError) as error:
             translator.translate(["zwei"], **setting)
         assert str(error.value) == message

@@ -25,15 +25,19 @@ from transformer_jax.run_config import SEARCH_SETTINGS, base_config, data_fields
 def define_search_flags():
     """translate.py's and evaluate.py's --beam_size, --alpha and --max_extra_length; left
     unset (None), they are the run's `config.decode` (`Translator.search_settings`)."""
-    low = {name: parser.lower_bound for name, parser in SEARCH_SETTINGS.items()}
-    return (flags.DEFINE_integer("beam_size", None, "beam size; 1 is greedy search (default: "
-                                 "the run's config.decode, §6.1's 4)",
-                                 lower_bound=low["beam_size"]),
-            flags.DEFINE_float("alpha", None, "length penalty exponent (default: the run's, "
-                               "0.6)", lower_bound=low["alpha"]),
-            flags.DEFINE_integer("max_extra_length", None, "output tokens beyond the input "
-                                 "length (default: the run's, 50)",
-                                 lower_bound=low["max_extra_length"]))
+    return (define_setting_flag("beam_size", None, "beam size; 1 is greedy search (default: "
+                                "the run's config.decode, §6.1's 4)"),
+            define_setting_flag("alpha", None, "length penalty exponent (default: the run's, "
+                                "0.6)"),
+            define_setting_flag("max_extra_length", None, "output tokens beyond the input "
+                                "length (default: the run's, 50)"))
+
+
+def define_setting_flag(name: str, default, help: str) -> flags.FlagHolder:
+    """The flag --`name`, parsed by `SEARCH_SETTINGS[name]`: a value Translator refuses is
+    refused on the command line too, in the same words."""
+    return flags.DEFINE(SEARCH_SETTINGS[name], name, default, help,
+                        serializer=flags.ArgumentSerializer())
 
 
 def parse_flags(argv: list[str], default_config: str | None = None) -> list[str]:

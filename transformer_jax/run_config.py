@@ -7,6 +7,7 @@ command_line.py loads one for `--config`.
 """
 
 import dataclasses
+import math
 
 import ml_collections
 from absl.flags import FloatParser, IntegerParser
@@ -97,11 +98,19 @@ def base_config(*, model: ml_collections.ConfigDict, data: ml_collections.Config
     return config
 
 
-# The values each search setting may take, and the words a bad one is refused in: the flags
-# of translate.py and evaluate.py (command_line.py) and Translator (`check_setting`) take
-# their bounds from here, so the Python API refuses what the command line refuses, alike.
+class _FiniteFloatParser(FloatParser):
+    """absl's FloatParser, refusing nan and inf too ("nan is not a non-negative number"):
+    nan passes its bounds, as every comparison with nan is False."""
+
+    def is_outside_bounds(self, val: float) -> bool:
+        return not math.isfinite(val) or super().is_outside_bounds(val)
+
+
+# The values each search setting may take, and the words a bad one is refused in: they parse
+# the flags of translate.py and evaluate.py (`command_line.define_setting_flag`) and
+# Translator's arguments (`check_setting`), so Python refuses what the command line refuses.
 SEARCH_SETTINGS = {"beam_size": IntegerParser(lower_bound=1),
-                   "alpha": FloatParser(lower_bound=0.0),
+                   "alpha": _FiniteFloatParser(lower_bound=0.0),
                    "max_extra_length": IntegerParser(lower_bound=0),
                    "batch_size": IntegerParser(lower_bound=1),
                    "max_input_length": IntegerParser(lower_bound=1)}

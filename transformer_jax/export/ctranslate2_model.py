@@ -33,7 +33,7 @@ from transformer_jax.model_config import ModelConfig
 from transformer_jax.positional import sinusoidal_encoding
 from transformer_jax.predict import BUCKET
 from transformer_jax.token_ids import BOS_ID, DECODER_START_ID, EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.translation import check_lengths
+from transformer_jax.translation import check_lengths, check_setting, search_settings, sentence_list
 
 # ModelSpec.optimize's choices that a CPU or GPU runs; CTranslate2 converts at load time too.
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16",
@@ -232,10 +232,10 @@ class CTranslate2Translator:
                   progress: bool = False) -> list[str]:
         """Translations of `sentences`, as `Translator.translate` (same settings, same
         errors); settings left None are the exported run's."""
-        search = {key: self.search[key] if value is None else value for key, value in
-                  (("beam_size", beam_size), ("alpha", alpha),
-                   ("max_extra_length", max_extra_length))}
-        ids = self.tokenizer.encode_batch(sentences, add_eos=True)
-        check_lengths(ids, max_input_length)
+        search = search_settings({"decode": self.search}, beam_size=beam_size, alpha=alpha,
+                                 max_extra_length=max_extra_length)
+        batch_size = check_setting("batch_size", batch_size)
+        ids = self.tokenizer.encode_batch(sentence_list(sentences), add_eos=True)
+        check_lengths(ids, check_setting("max_input_length", max_input_length))
         outputs = self.translate_ids(ids, batch_size=batch_size, progress=progress, **search)
         return self.tokenizer.decode_batch(outputs)
