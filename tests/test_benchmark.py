@@ -148,10 +148,18 @@ def test_decode_peers_time_ctranslate2_beside_ours_on_the_same_outputs(tmp_path)
     assert rows["greedy", "ctranslate2 float32"]["same"] == 1.0
 
 
-def test_peers_are_for_the_decode_suite(capsys):
-    with pytest.raises(SystemExit):
-        main(["model", "--peers"])
-    assert "--peers is for the decode suite" in capsys.readouterr().err
+@pytest.mark.parametrize("args, message", [
+    (["model", "--peers"], "--peers is for the decode suite"),
+    (["decode", "--workdir=runs/default"], "--workdir is for decode --peers"),
+    (["decode", "--peers", "--workdir=TMP"], "--workdir=TMP has no checkpoints (a training "
+                                             "run's --workdir)"),
+])
+def test_peers_and_their_workdir_are_for_the_decode_suite(args, message, tmp_path, capsys):
+    """Refused before anything runs; a --workdir named but not trained is not skipped."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([a.replace("TMP", str(tmp_path)) for a in args])
+    assert exit_info.value.code == 2
+    assert message.replace("TMP", str(tmp_path)) in capsys.readouterr().err
 
 
 def test_compare_has_torch_and_flax_peers(tmp_path):

@@ -29,8 +29,8 @@ def parse_args(argv):
     parser.add_argument("--peers", action="store_true",
                         help="decode: our search beside CTranslate2's on the same weights and "
                              "sentences (needs the serve extra)")
-    parser.add_argument("--workdir", default="runs/default",
-                        help="decode --peers: the trained run whose test split it translates")
+    parser.add_argument("--workdir", help="decode --peers: the trained run whose test split "
+                                          "it translates (default: runs/default, if trained)")
     parser.add_argument("--models", metavar="NAMES",
                         help="model: time only these of its models (comma-separated)")
     parser.add_argument("--vary", metavar="FIELD=V1,V2", action="append", default=[],
@@ -41,6 +41,10 @@ def parse_args(argv):
         parser.error("--peers is for the decode suite")
     if (args.models or args.vary) and args.suite != "model":
         parser.error("--models and --vary are for the model suite")
+    if args.workdir is not None and not args.peers:
+        parser.error("--workdir is for decode --peers")
+    if args.workdir is not None and not os.path.isdir(os.path.join(args.workdir, "checkpoints")):
+        parser.error(f"--workdir={args.workdir} has no checkpoints (a training run's --workdir)")
     args.models = args.models.split(",") if args.models else None
     try:
         args.vary = parse_vary(args.vary)
@@ -83,7 +87,8 @@ def main(argv=None) -> int:
     if args.peers:
         from transformer_jax.benchmark import decode_peers
 
-        rows, notes = decode_peers.run(quick=args.quick, workdir=args.workdir)
+        rows, notes = decode_peers.run(quick=args.quick,
+                                       workdir=args.workdir or "runs/default")
     else:
         suite = importlib.import_module(f"transformer_jax.benchmark.{args.suite}")
         options = dict(models=args.models, vary=args.vary) if args.suite == "model" else {}
