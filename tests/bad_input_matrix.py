@@ -2,11 +2,12 @@
 
     python tests/bad_input_matrix.py
 
-Each case runs train.py, translate.py, evaluate.py or `python -m transformer_jax.data`
-with one bad value or one fault (a full disk, /dev/full, Ctrl-C) and passes when the
-command exits non-zero within 120 s, prints no traceback, and its last stderr line starts
-with "error" (absl's flag errors: "FATAL Flags parsing error: ..." and a line pointing at
---helpshort). Bad inputs to translate.py and evaluate.py use a tiny run trained
+Each case runs train.py, translate.py, evaluate.py or `python -m transformer_jax` (and
+its data, benchmark and plot commands) with one bad value or one fault (a full disk,
+/dev/full, Ctrl-C, too little memory) and passes when the command exits non-zero within
+120 s, prints no traceback, and its last stderr line starts with "error" (absl's flag
+errors: "FATAL Flags parsing error: ..." and a line pointing at --helpshort; argparse's:
+"python -m transformer_jax...: error: ..."). Bad inputs to translate.py and evaluate.py use a tiny run trained
 first. Not part of the test suite (a minute of process starts); its result is in docs/faults.md.
 """
 
@@ -103,6 +104,13 @@ def bad_inputs(workdir, scratch):
         ("data: bad split", [*d, "--split=nonsense"], ""),
         ("data: show -1", [*d, "--show=-1"], ""),
         ("data: unknown flag", [*d, "--sauce=numbers"], ""),
+        ("alpha nan", [*t, "--alpha=nan"], ""),
+        ("main: batch 0", [sys.executable, "-m", "transformer_jax", "--batch=0"], ""),
+        ("main: out of memory", [sys.executable, "-m", "transformer_jax", "--batch=64",
+                                 "--length=100000"], ""),
+        ("benchmark: workdir untrained", [sys.executable, "-m", "transformer_jax.benchmark",
+                                          "decode", "--peers", f"--workdir={scratch}"], ""),
+        ("plot: no metrics", [sys.executable, "-m", "transformer_jax.plot", scratch], ""),
     ]
 
 
@@ -120,7 +128,8 @@ def check(name, command, stdin) -> str:
     if "Traceback" in err:
         return "traceback: " + last[:150]
     flag_error = "FATAL Flags parsing error" in err and last.startswith("Pass --helpshort")
-    if not (last.startswith("error") or flag_error):  # absl's flag errors: 2 lines
+    usage_error = last.startswith("python -m transformer_jax") and ": error: " in last
+    if not (last.startswith("error") or flag_error or usage_error):  # absl's: 2 lines
         return "last line: " + last[:150]
     return ""
 
