@@ -410,3 +410,25 @@ def test_chunked_loss_is_the_loss_of_the_logits(variables, pre_layer_norm):
     assert count == expected_count == 5 and correct == expected_correct
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                  grads, expected_grads)
+
+
+@pytest.mark.parametrize("bad_id", [TINY.vocab_size, -1])
+def test_an_eager_call_refuses_ids_outside_the_vocabulary(variables, bad_id):
+    """Called eagerly, as in a notebook, an id outside [0, V) in the inputs or the targets
+    is a ValueError naming V and the ids' range (jnp.take would gather a row of NaN for
+    id V, and the last row for -1)."""
+    inputs_BS, targets_BT = map(np.asarray, _batch(0))
+    low, high = int(inputs_BS.min()), int(inputs_BS.max())
+    bad_BS = inputs_BS.copy()
+    bad_BS[1, 3] = bad_id
+    expected = (f"token ids must be in [0, {TINY.vocab_size}) (vocab_size), got ids from "
+                f"{min(low, bad_id)} to {max(high, bad_id)}")
+    with pytest.raises(ValueError) as error:
+        Transformer(TINY).apply(variables, bad_BS, targets_BT)
+    assert str(error.value) == expected
+    bad_BT = targets_BT.copy()
+    bad_BT[0, 0] = bad_id
+    with pytest.raises(ValueError, match=rf"^token ids must be in \[0, {TINY.vocab_size}\)"):
+        Transformer(TINY).apply(variables, inputs_BS, bad_BT)
+    assert Transformer(TINY).apply(variables, inputs_BS, targets_BT).shape == (
+        *TARGETS_SHAPE, TINY.vocab_size)

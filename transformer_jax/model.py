@@ -12,6 +12,7 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax.decoding import PerExample
 from transformer_jax.layers import CachedKeyValue, DecoderLayer, Dropout, EncoderLayer
@@ -67,6 +68,15 @@ class Embedder(nn.Module):
         this took the base step's scatters on an H100 from 18 to 0.2 ms (BENCHMARKS.md).
         """
         c = self.config
+        if not isinstance(inputs, jax.core.Tracer) and np.size(inputs):
+            # Known ids (a notebook's eager model.apply): one outside [0, V) would gather a
+            # row of NaN (jnp.take fills rows out of range). Checked on the host, so that
+            # nothing is added to a traced program; traced ids are unknown, and unchecked.
+            ids = np.asarray(inputs)
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= c.vocab_size:
+                raise ValueError(f"token ids must be in [0, {c.vocab_size}) (vocab_size), "
+                                 f"got ids from {low} to {high}")
         rows_BTD = jnp.take(self.table.embedding, inputs, axis=0)
         return rows_BTD.astype(c.compute_dtype) * jnp.sqrt(c.d_model).astype(c.compute_dtype)
 
