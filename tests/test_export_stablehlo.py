@@ -222,6 +222,13 @@ def test_a_beam_size_that_was_not_exported_is_refused(exported, translator):
     assert "1 (greedy)" in message and f"{beam} (beam)" in message
 
 
+def test_one_str_is_refused_as_translator_refuses_it(exported):
+    """A str would be translated character by character: a TypeError in Translator's words."""
+    with pytest.raises(TypeError) as error:
+        StableHLOTranslator(exported).translate("null")
+    assert str(error.value) == "translate takes a list of sentences, not one str: pass [sentence]"
+
+
 def test_a_ctranslate2_export_is_refused(tmp_path):
     (tmp_path / "export.json").write_text(json.dumps({"format": "ctranslate2"}))
     assert "holds a ctranslate2 export" in one_line_error(lambda: StableHLOTranslator(tmp_path))

@@ -91,8 +91,12 @@ class StableHLOTranslator:
         """Translations of `sentences`, in their order (`translate_ids` on their pieces).
 
         A sentence of more than `max_input_length` tokens (EOS included; None: no limit
-        but the longest bucket) is a StableHLOError before any search.
+        but the longest bucket) is a StableHLOError before any search; one str instead of
+        a list, a TypeError.
         """
+        if isinstance(sentences, (str, bytes)):  # translation.sentence_list's words
+            raise TypeError(f"translate takes a list of sentences, not one "
+                            f"{type(sentences).__name__}: pass [sentence]")
         tokenizer = self._load_tokenizer()
         ids = [pieces + [EOS_ID] for pieces in tokenizer.encode(list(sentences), out_type=int)]
         # translation.check_lengths' rule and words; this file imports nothing of the package.
