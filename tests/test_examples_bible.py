@@ -222,3 +222,11 @@ def test_write_corpus_gives_the_folder_layout_with_no_chapter_in_two_splits(tmp_
             splits_of[book, int(chapter)].add(split)
     assert len(splits_of) == len(sizes) and all(len(s) == 1 for s in splits_of.values())
     assert sum(counts.values()) == len(pairs)
+
+
+def test_an_output_that_cannot_be_made_stops_before_any_reading(tmp_path, monkeypatch):
+    monkeypatch.setattr(bible, "read_modules", lambda path: pytest.fail("read the modules"))
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        bible.main([f"--output={tmp_path / 'a_file'}"])
+    assert exit_info.value.code == f"error: cannot make --output={tmp_path / 'a_file'}: File exists"

@@ -342,6 +342,12 @@ def main(argv=None) -> None:
     parser.add_argument("--sword_path", default=os.environ.get("SWORD_PATH", SWORD_PATH),
                         help="SWORD library holding mods.d/ (default %(default)s)")
     args = parser.parse_args(argv)
+    try:  # now, not after the minute of reading and aligning
+        os.makedirs(args.output, exist_ok=True)
+    except OSError as error:
+        sys.exit(f"error: cannot make --output={args.output}: {error.strerror}")
+    if not os.access(args.output, os.W_OK):
+        sys.exit(f"error: cannot write into --output={args.output}")
     raw, sources = read_modules(args.sword_path)
     verses = clean_bible(raw)
     print(f"with text: {len(verses['es']):,} Spanish and {len(verses['en']):,} English "
