@@ -356,8 +356,10 @@ def test_non_finite_loss_stops_and_saves_nothing(tmp_path):
     ("data.max_target_length", 1, "config.data.max_target_length must be an integer >= 2"),
     ("data.num_workers", -1, "config.data.num_workers must be an integer >= 0"),
     ("decode.beam_size", 0, "config.decode.beam_size must be a positive integer"),
-    ("decode.alpha", -0.5, "config.decode.alpha must be a number >= 0"),
-    ("decode.max_extra_length", -100, "config.decode.max_extra_length must be an integer >= 0"),
+    ("decode.alpha", -0.5, "config.decode.alpha must be a non-negative number"),
+    ("decode.alpha", float("inf"), "config.decode.alpha must be a non-negative number, got inf"),
+    ("decode.max_extra_length", -100, "config.decode.max_extra_length must be a non-negative "
+                                      "integer"),
     ("decode.bleu_examples", 0, "config.decode.bleu_examples must be a positive integer"),
     ("model.max_length", 16, "max_length=16 \\(the learned position table\\) is shorter than "
                              "the rows \\(24 tokens\\)"),

@@ -15,7 +15,7 @@ from transformer_jax.losses import smoothed_target
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import STRATEGIES
-from transformer_jax.run_config import build_model_config
+from transformer_jax.run_config import SEARCH_SETTINGS, build_model_config
 
 
 class ConfigError(ValueError):
@@ -26,8 +26,7 @@ def check_config(config) -> None:
     """Fails fast, naming the key, on values that could only fail later (before data is read)."""
     positive = ("num_train_steps", "accumulation_steps",
                 "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
-                "checkpoints_to_keep", "decode.beam_size",
-                "decode.bleu_examples")
+                "checkpoints_to_keep", "decode.bleu_examples")
     for key in positive:
         _require_int(config, key, 1, "a positive integer")
     _require_int(config, "seed", 0, "an integer >= 0")
@@ -36,10 +35,10 @@ def check_config(config) -> None:
     _require_int(config, "loss_chunk_size", 0, "an integer >= 0 (0: the whole logits)")
     _require_int(config, "profile_steps", 0, "an integer >= 0 (0: off)")
     _require_int(config, "decode.bleu_every_steps", 0, "an integer >= 0 (0: off)")
-    _require_int(config, "decode.max_extra_length", 0, "an integer >= 0")
     for side in ("source", "target"):  # a row holds at least one token and EOS
         _require_int(config, f"data.max_{side}_length", 2, "an integer >= 2")
-    _require_number(config, "decode.alpha", lambda alpha: alpha >= 0, "a number >= 0")
+    for name in ("beam_size", "alpha", "max_extra_length"):
+        _require_search_setting(config, name)
     _check_batch_size(config)
     _require_choice(config, "parallelism", STRATEGIES)
     _require_choice(config, "data.too_long", TOO_LONG)
@@ -144,6 +143,17 @@ def _require_number(config, key: str, ok, rule: str) -> None:
     value = _lookup(config, key)
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not ok(value):
         raise ConfigError(f"config.{key} must be {rule}, got {value!r}")
+
+
+def _require_search_setting(config, name: str) -> None:
+    """config.decode.`name` within the bounds translate.py's --`name` has (SEARCH_SETTINGS)."""
+    parser, value = SEARCH_SETTINGS[name], config.decode[name]
+    try:
+        ok = not isinstance(value, bool) and parser.parse(value) == value
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"config.decode.{name} must be {parser.syntactic_help}, got {value!r}")
 
 
 def _require_choice(config, key: str, choices) -> None:
