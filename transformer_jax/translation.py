@@ -63,7 +63,7 @@ class Translator:
 
     def search_settings(self, **given) -> dict:
         """`search_settings` of this run's config: those `given`, else its decode group's."""
-        return search_settings(self.run_config, **given)
+        return search_settings(self.run_config.get("decode"), **given)
 
     def translate(self, sentences: list[str], *, beam_size: int | None = None,
                   alpha: float | None = None, max_extra_length: int | None = None,
@@ -122,11 +122,12 @@ class Translator:
                 "cross_attention": np.asarray(weights_LBNTS[:, 0])}
 
 
-def search_settings(run_config, **given) -> dict:
-    """beam_size, alpha and max_extra_length: those `given` (not None), else
-    `run_config.decode`'s (§6.1's beam 4, α 0.6, input length + 50, unless it was changed).
-    A given value that translate.py's flag would refuse is a ValueError (`check_setting`)."""
-    decode = run_config.get("decode") or decode_fields()
+def search_settings(decode, **given) -> dict:
+    """beam_size, alpha and max_extra_length: those `given` (not None), else those of a
+    run's `decode` group (§6.1's beam 4, α 0.6, input length + 50, unless it was changed;
+    None: a run without one, those). A given value that translate.py's flag would refuse
+    is a ValueError (`check_setting`)."""
+    decode = decode or decode_fields()
     return {key: decode[key] if given.get(key) is None else check_setting(key, given[key])
             for key in ("beam_size", "alpha", "max_extra_length")}
 

@@ -20,8 +20,6 @@ def export(workdir: str, output: str, *, fmt: str, checkpoint: str = "latest",
     """Exports `workdir`'s parameters named by `checkpoint` (latest, a step, average:N) to
     `output` in format `fmt`; returns the manifest. `options` are the format's:
     ctranslate2: quantization, max_positions; stablehlo: batch_sizes, lengths, platforms."""
-    import ml_collections
-
     from transformer_jax.data.tokenizer import Tokenizer
     from transformer_jax.data.vocabulary import other_tokenizer, tokenizer_path
     from transformer_jax.trained_params import load_trained_params
@@ -32,7 +30,7 @@ def export(workdir: str, output: str, *, fmt: str, checkpoint: str = "latest",
     trained = load_trained_params(workdir, checkpoint)
     if why := other_tokenizer(trained.metadata, Tokenizer.load(tokenizer_path(workdir))):
         raise ExportError(f"{workdir}/checkpoints/{trained.steps[-1]} {why}")
-    search = search_settings(ml_collections.ConfigDict(trained.metadata["config"]))
+    search = search_settings(trained.metadata["config"].get("decode"))
     with staged_directory(output, force=force) as directory:
         if fmt == "ctranslate2":
             from transformer_jax.export import ctranslate2_model

@@ -232,7 +232,7 @@ class CTranslate2Translator:
                   progress: bool = False) -> list[str]:
         """Translations of `sentences`, as `Translator.translate` (same settings, same
         errors); settings left None are the exported run's."""
-        search = search_settings({"decode": self.search}, beam_size=beam_size, alpha=alpha,
+        search = search_settings(self.search, beam_size=beam_size, alpha=alpha,
                                  max_extra_length=max_extra_length)
         batch_size = check_setting("batch_size", batch_size)
         ids = self.tokenizer.encode_batch(sentence_list(sentences), add_eos=True)
