@@ -60,8 +60,9 @@ def attention_weights(query, key, bias=None, mask=None, *, scale=None):
     masked row becomes uniform instead of NaN.
     """
     query_BTNH, key_BSNH = jnp.asarray(query), jnp.asarray(key)
-    _check_inputs(query_BTNH, key_BSNH, key_BSNH, bias, mask)
-    return _weights(query_BTNH, key_BSNH, bias, mask, scale)
+    bias_BNTS, mask_B1TS = (None if x is None else jnp.asarray(x) for x in (bias, mask))
+    _check_inputs(query_BTNH, key_BSNH, key_BSNH, bias_BNTS, mask_B1TS)
+    return _weights(query_BTNH, key_BSNH, bias_BNTS, mask_B1TS, scale)
 
 
 def _weights(query_BTNH, key_BSNH, bias_BNTS, mask_B1TS, scale):
@@ -71,7 +72,7 @@ def _weights(query_BTNH, key_BSNH, bias_BNTS, mask_B1TS, scale):
     )
     logits_BNTS = logits_BNTS * jnp.float32(_scale(scale, query_BTNH.shape[-1]))
     if bias_BNTS is not None:
-        logits_BNTS = logits_BNTS + jnp.asarray(bias_BNTS).astype(jnp.float32)
+        logits_BNTS = logits_BNTS + bias_BNTS.astype(jnp.float32)
     if mask_B1TS is not None:
         logits_BNTS = jnp.where(mask_B1TS, logits_BNTS, jnp.finfo(jnp.float32).min)
     return jax.nn.softmax(logits_BNTS, axis=-1)
@@ -281,8 +282,7 @@ def dot_product_attention(
       `(B, T, N, H)` in value's dtype, or `(output, weights)`.
     """
     query_BTNH, key_BSNH, value_BSNH = map(jnp.asarray, (query, key, value))
-    bias_BNTS = None if bias is None else jnp.asarray(bias)
-    mask_B1TS = None if mask is None else jnp.asarray(mask)
+    bias_BNTS, mask_B1TS = (None if x is None else jnp.asarray(x) for x in (bias, mask))
     _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS)
     (_, t, _, h), s = query_BTNH.shape, key_BSNH.shape[1]
     if is_causal and t != s:
@@ -319,14 +319,14 @@ def _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS) -> Non
         raise ValueError(f"query {q} and key {k} differ in B, N or H")
     full_shape = (b, n, t, k[1])
     if mask_B1TS is not None:
-        m = jnp.asarray(mask_B1TS)
+        m = mask_B1TS
         if m.dtype != jnp.bool_ or m.ndim != 4 or not _broadcasts(m.shape, full_shape):
             raise ValueError(
                 f"mask must be bool, broadcastable to (B, N, T, S) = {full_shape}; "
                 f"got {m.dtype} {m.shape}"
             )
     if bias_BNTS is not None:
-        bias = jnp.asarray(bias_BNTS)
+        bias = bias_BNTS
         if (not jnp.issubdtype(bias.dtype, jnp.floating) or bias.ndim != 4
                 or not _broadcasts(bias.shape, full_shape)):
             raise ValueError(
