@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from importlib import metadata
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,7 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
     assert result["suite"] == suite and result["quick"] is True
     about = result["machine"]
     assert about["jax"] == jax.__version__ and about["cpu_count"] >= 1 and about["device_kind"]
+    assert "commit" in about and about["transformer_jax"] == metadata.version("transformer_jax")
     assert result["results"], "no rows"
     for row in result["results"]:
         for field in POSITIVE[suite]:
@@ -279,6 +281,26 @@ def test_peak_table_lookup():
     assert machine.table_peak_tflops("NVIDIA H200", "float32") == 494.5
     assert machine.table_peak_tflops("TPU v5 lite", "float32") is None
     assert machine.table_peak_tflops("Some Other GPU", "bfloat16") is None
+
+
+def test_reports_name_the_commit_they_measured(tmp_path):
+    """A report names the code it timed: the checkout's commit, "+dirty" once a tracked file
+    differs from it (an untracked one does not count); None outside a git checkout."""
+    assert machine.source_commit(tmp_path) is None
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "step.py").write_text("a = 1\n")
+    git("add", "step.py")
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "one")
+    head = git("rev-parse", "HEAD")
+    (tmp_path / "notes.txt").write_text("untracked")
+    assert machine.source_commit(tmp_path) == head and len(head) == 40
+    (tmp_path / "step.py").write_text("a = 2\n")
+    assert machine.source_commit(tmp_path) == head + "+dirty"
 
 
 def test_uncached_callback_gives_the_cached_logits():

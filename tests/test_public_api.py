@@ -339,3 +339,12 @@ def test_translator_is_exported_on_first_use():
     assert tj.Translator is Translator and "Translator" in dir(tj)
     with pytest.raises(AttributeError, match="no attribute 'Translatr'"):
         tj.Translatr  # noqa: B018
+
+
+def test_version_is_the_installed_distributions():
+    """`tj.__version__` is the version pyproject.toml gives the installed package."""
+    import pathlib
+    import tomllib
+
+    pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+    assert tj.__version__ == tomllib.loads(pyproject.read_text())["project"]["version"]

@@ -6,6 +6,13 @@ Dimension key, used in tensor names (`q_BTNH`) and einsums across the package:
   C decoding-cache length · R search rows (B in greedy search, B·K in beam search)
 """
 
+import importlib.metadata as _metadata
+
+try:
+    __version__ = _metadata.version("transformer_jax")
+except _metadata.PackageNotFoundError:  # imported from a checkout that was never installed
+    __version__ = "unknown"
+
 # Pure functions (jax.numpy only): one per equation of the paper.
 from transformer_jax.positional import sinusoidal_encoding
 from transformer_jax.masks import causal_mask, combine_masks, padding_mask, segment_mask

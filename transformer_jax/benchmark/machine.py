@@ -3,7 +3,9 @@
 import functools
 import importlib.metadata
 import os
+import pathlib
 import platform
+import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -66,10 +68,26 @@ def describe() -> dict:
         "cpu_count": os.cpu_count(),
         "processor": _processor(),
         "python": platform.python_version(),
-        **{name: _version(name) for name in ("jax", "jaxlib", "flax", "optax", "torch",
-                                              "ctranslate2")},
+        **{name: _version(name) for name in ("transformer_jax", "jax", "jaxlib", "flax",
+                                              "optax", "torch", "ctranslate2")},
+        "commit": source_commit(pathlib.Path(__file__).parent),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
+
+
+def source_commit(folder) -> str | None:
+    """The git commit of the checkout holding `folder`, with "+dirty" when a tracked file
+    differs from it; None outside a git checkout (an installed wheel) or without git."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True,
+                              text=True, timeout=30, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
 
 
 def _processor() -> str:
