@@ -348,3 +348,14 @@ def test_version_is_the_installed_distributions():
 
     pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
     assert tj.__version__ == tomllib.loads(pyproject.read_text())["project"]["version"]
+
+
+def test_all_lists_every_public_name():
+    """`__all__` names each function and class the package exports, Translator included, and
+    nothing it lacks, so `from transformer_jax import *` gives the whole public API."""
+    exported = {name for name in dir(tj) if not name.startswith("_")
+                and not inspect.ismodule(getattr(tj, name))}
+    assert sorted(tj.__all__) == sorted(exported) and len(set(tj.__all__)) == len(tj.__all__)
+    namespace = {}
+    exec("from transformer_jax import *", namespace)
+    assert namespace["Translator"] is tj.Translator and namespace["dropout"] is tj.dropout

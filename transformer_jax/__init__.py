@@ -57,6 +57,18 @@ from transformer_jax.decoding import PerExample, beam_search, greedy_search, len
 _LAZY = {"Translator": "transformer_jax.translation"}
 
 
+__all__ = [  # what `from transformer_jax import *` gives: the imports above and Translator
+    "sinusoidal_encoding", "causal_mask", "combine_masks", "padding_mask",
+    "segment_mask", "dropout", "attention_implementations", "attention_weights",
+    "available_implementations", "choose_implementation", "dot_product_attention",
+    "register_attention", "resolve_implementation", "ModelConfig", "PRESETS",
+    "get_model_config", "DecoderLayer", "EncoderLayer", "FeedForward", "MultiHeadAttention",
+    "residual", "AddPositions", "Decoder", "Embedder", "Encoder", "Transformer",
+    "count_parameters", "shift_right", "PerExample", "beam_search", "greedy_search",
+    "length_penalty", "Translator",
+]
+
+
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib
