@@ -283,26 +283,6 @@ def test_peak_table_lookup():
     assert machine.table_peak_tflops("Some Other GPU", "bfloat16") is None
 
 
-def test_reports_name_the_commit_they_measured(tmp_path):
-    """A report names the code it timed: the checkout's commit, "+dirty" once a tracked file
-    differs from it (an untracked one does not count); None outside a git checkout."""
-    assert machine.source_commit(tmp_path) is None
-
-    def git(*args):
-        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
-                              capture_output=True, text=True).stdout.strip()
-
-    git("init", "-q")
-    (tmp_path / "step.py").write_text("a = 1\n")
-    git("add", "step.py")
-    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "one")
-    head = git("rev-parse", "HEAD")
-    (tmp_path / "notes.txt").write_text("untracked")
-    assert machine.source_commit(tmp_path) == head and len(head) == 40
-    (tmp_path / "step.py").write_text("a = 2\n")
-    assert machine.source_commit(tmp_path) == head + "+dirty"
-
-
 def test_uncached_callback_gives_the_cached_logits():
     """The uncached baseline computes what the cache computes, step by step."""
     config = model_configs()["tiny"]

@@ -6,12 +6,9 @@ Dimension key, used in tensor names (`q_BTNH`) and einsums across the package:
   C decoding-cache length · R search rows (B in greedy search, B·K in beam search)
 """
 
-import importlib.metadata as _metadata
+from transformer_jax.provenance import version as _version
 
-try:
-    __version__ = _metadata.version("transformer_jax")
-except _metadata.PackageNotFoundError:  # imported from a checkout that was never installed
-    __version__ = "unknown"
+__version__ = _version("transformer_jax") or "unknown"  # "unknown": a checkout never installed
 
 # Pure functions (jax.numpy only): one per equation of the paper.
 from transformer_jax.positional import sinusoidal_encoding

@@ -11,7 +11,8 @@ One checkpoint per step holds three items:
                 small JSON file per process, each written and read by its process.
     "metadata"  the run config, tokenizer path and model config (JsonSave),
                 readable alone so a resume can refuse a different model before
-                anything compiles.
+                anything compiles; and the software that wrote it
+                (`provenance.software`: versions, the package's git commit).
 
 Inference reads the parameters alone (`restore_params`: an orbax partial restore
 of the "state" item), so it needs neither the optimizer nor the run's optim config.

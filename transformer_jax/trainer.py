@@ -63,7 +63,7 @@ from transformer_jax.model import Transformer
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
-from transformer_jax import processes
+from transformer_jax import processes, provenance
 from transformer_jax.profiling import ProfileError, StepTrace
 from transformer_jax.resume_checks import changed_settings, refuse_other_run
 from transformer_jax.run_config import build_model_config
@@ -217,7 +217,8 @@ class _Loop:
         self.model = Transformer(model_config)
         self.metadata = {"config": config.to_dict(), "model": dataclasses.asdict(model_config),
                          "tokenizer": tokenizer_path(workdir),
-                         CHECKPOINT_TOKENIZER_KEY: tokenizer.sha256}
+                         CHECKPOINT_TOKENIZER_KEY: tokenizer.sha256,
+                         "software": provenance.software()}  # what wrote the checkpoint
         optimizer = optimizer_from_config(config.optim, model_config.d_model)
         self.p_train = parallel.compile_train_step(functools.partial(
             train_step, model=self.model, seed=config.seed,

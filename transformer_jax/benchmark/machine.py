@@ -1,15 +1,13 @@
 """What a benchmark ran on, and the most that hardware can do (its peak FLOP/s)."""
 
 import functools
-import importlib.metadata
 import os
-import pathlib
 import platform
-import subprocess
 
 import jax
 import jax.numpy as jnp
 
+from transformer_jax import provenance
 from transformer_jax.benchmark.timing import median_seconds
 
 # Dense peak TFLOP/s per chip from the vendors' datasheets (no sparsity). float32 on
@@ -68,26 +66,9 @@ def describe() -> dict:
         "cpu_count": os.cpu_count(),
         "processor": _processor(),
         "python": platform.python_version(),
-        **{name: _version(name) for name in ("transformer_jax", "jax", "jaxlib", "flax",
-                                              "optax", "torch", "ctranslate2")},
-        "commit": source_commit(pathlib.Path(__file__).parent),
+        **provenance.software("torch", "ctranslate2"),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
-
-
-def source_commit(folder) -> str | None:
-    """The git commit of the checkout holding `folder`, with "+dirty" when a tracked file
-    differs from it; None outside a git checkout (an installed wheel) or without git."""
-    def git(*args):
-        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True,
-                              text=True, timeout=30, check=True).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return commit + ("+dirty" if dirty else "")
 
 
 def _processor() -> str:
@@ -99,10 +80,3 @@ def _processor() -> str:
     except OSError:
         pass
     return platform.processor()
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
