@@ -24,6 +24,7 @@ from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config_checks import writable_folder
 from transformer_jax.data.pipeline import ShuffledChunks
 from transformer_jax.run_log import MetricsWriteError
+from transformer_jax.trained_params import load_trained_params
 from transformer_jax.model_config import get_model_config
 from transformer_jax.resume_checks import refuse_other_model, refuse_other_optimizer
 from transformer_jax.metrics_window import MetricsWindow, NonFiniteLossError
@@ -264,6 +265,15 @@ def test_a_resume_with_another_kind_of_data_iterator_keeps_the_state_on_a_new_sh
     printed = capsys.readouterr()
     # Bucketed batches name their buckets once, not again for the new shuffle.
     assert printed.out.count("bucketed batches:") == (value == "bucketed")
+    # The first line says where the run starts, what it trains and on what.
+    tiny = shared_run().model
+    count = sum(x.size for x in jax.tree.leaves(load_trained_params(str(workdir)).params))
+    (start,) = [line for line in printed.out.splitlines() if "training steps" in line]
+    assert start.startswith(f"resumed at step 4; training steps 5-6: {count:,}"
+                            f" parameters ({tiny.num_layers} layers of width {tiny.d_model}, "
+                            f"float32) on 8 cpu devices, pmap; ")
+    assert ("8 packed rows of 12 + 24 tokens per update;" if value != "bucketed"
+            else "bucketed batches (above);") in start
     warned = [line for line in printed.err.splitlines() if "warning:" in line]
     assert warned == [
         f"warning: {workdir}/checkpoints/4: written with {key}={saved}, now {value!r}; the "

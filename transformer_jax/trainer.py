@@ -59,7 +59,7 @@ from transformer_jax.data import (
 )
 from transformer_jax.data.vocabulary import CHECKPOINT_TOKENIZER_KEY, tokenizer_path
 from transformer_jax.metrics_window import MetricsWindow
-from transformer_jax.model import Transformer
+from transformer_jax.model import Transformer, count_parameters
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
@@ -147,6 +147,10 @@ def _train(config, workdir: str, stop: StopSignal, started: float) -> TrainResul
         return loop.run(stop, started)
     finally:
         checkpointer.close()
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' * (count != 1)}"
 
 
 def _profile_line(summary: dict) -> str:
@@ -272,6 +276,26 @@ class _Loop:
                   f"cannot go on from its saved position and starts a new shuffle (seeded "
                   f"from seed {self.config.seed} and step {step})", file=sys.stderr)
 
+    def _start_line(self, first: int) -> str:
+        """What the run trains, on what, from which step: the log's first line."""
+        c, m = self.config, self.model.config
+        devices = jax.devices()
+        batches = (f"{self.rows * jax.process_count()} packed rows of "
+                   f"{c.data.max_source_length} + {c.data.max_target_length} tokens per update"
+                   if c.data.batching == "packed" else "bucketed batches (above)")
+        micro = (f" in {c.accumulation_steps} micro-batches" if c.accumulation_steps > 1
+                 else "")
+        hosts = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
+        software = provenance.software()
+        commit = software["commit"] or ""
+        commit = f" ({commit[:12]}{commit[40:]})" if commit else ""  # "+dirty" kept
+        return (f"{f'resumed at step {first}; ' if first else ''}training steps {first + 1}"
+                f"-{c.num_train_steps}: {count_parameters(m)['total']:,} parameters "
+                f"({_plural(m.num_layers, 'layer')} of width {m.d_model}, {m.dtype}) on "
+                f"{_plural(len(devices), devices[0].device_kind + ' device')}{hosts}, "
+                f"{c.parallelism}; {batches}{micro}; transformer_jax "
+                f"{software['transformer_jax']}{commit}, jax {software['jax']}")
+
     def run(self, stop: StopSignal, started: float) -> TrainResult:
         """Trains from the newest checkpoint to `num_train_steps` (`started`: the run's
         monotonic start time, for the first step's line)."""
@@ -282,6 +306,8 @@ class _Loop:
         log = RunLog(self.workdir, total_steps=self.config.num_train_steps, first_step=first,
                      enabled=jax.process_index() == 0)
         records, stopped = [], False
+        if step < self.config.num_train_steps:
+            log.message(self._start_line(first))
         if not self.eval_pairs:
             log.message("nothing to evaluate (the validation split is empty): "
                         "the run logs no evaluation records")
