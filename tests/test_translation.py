@@ -470,13 +470,19 @@ def test_translation_restores_the_parameters_alone(trained_run, workdir_copy, tm
     jax.tree.map(np.testing.assert_array_equal, translator.params, saved)
 
 
-def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(workdir_copy):
+def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(workdir_copy,
+                                                                             capsys):
     """Step 4's array data deleted (the parameters' too: translation reads no other array):
     translate.py names the damaged step once and translates with step 2; training moves
-    step 4 aside, resumes from step 2 and finishes."""
+    step 4 aside, resumes from step 2 and finishes, comparing its settings with step 2's.
+    (Step 4's metadata, which still reads, is made to say bfloat16.)"""
     copy = workdir_copy
     for data_file in array_files(copy / "checkpoints" / "4"):
         data_file.unlink()
+    metadata_file = copy / "checkpoints" / "4" / "metadata" / "metadata"
+    metadata = json.loads(metadata_file.read_text())
+    metadata["model"]["dtype"] = "bfloat16"
+    metadata_file.write_text(json.dumps(metadata))
     result = run("translate.py", f"--workdir={copy}", stdin="null\n")
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and result.stdout.count("\n") == 1
@@ -489,6 +495,8 @@ def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(work
     with pytest.warns(UserWarning, match="checkpoint 4 cannot be read"):
         resumed = train(shared_run(num_train_steps=6), str(copy))
     assert [r["step"] for r in resumed.records] == [4, 6]
+    printed = "".join(capsys.readouterr())
+    assert "resumed at step 2; training steps 3-6" in printed and "model.dtype" not in printed
     assert sorted(int(p.name) for p in (copy / "checkpoints").iterdir()
                   if p.name.isdigit()) == [2, 4, 6]
     (aside,) = (copy / "checkpoints-damaged").iterdir()

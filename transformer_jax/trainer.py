@@ -65,7 +65,7 @@ from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
 from transformer_jax import processes, provenance
 from transformer_jax.profiling import ProfileError, StepTrace
-from transformer_jax.resume_checks import changed_settings, refuse_other_run
+from transformer_jax.resume_checks import changed_settings, refuse_other_model, refuse_other_run
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
 from transformer_jax.steps import eval_step, train_step
@@ -134,15 +134,12 @@ def _train(config, workdir: str, stop: StopSignal, started: float) -> TrainResul
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
                                 keep=config.checkpoints_to_keep)
     try:
-        # The newest checkpoint whose metadata reads; damaged ones are moved aside.
+        # The newest checkpoint whose metadata reads (damaged ones are moved aside) must be
+        # of this run; the settings that changed are named once the state is restored.
         found = checkpointer.newest(checkpointer.metadata)
         if found is not None:
-            where = f"{checkpointer.directory}/{found[0]}"
-            changed = refuse_other_run(found[1], model_config, config.optim, tokenizer,
-                                       workdir=workdir, where=where)
-            if changed and jax.process_index() == 0:
-                print(f"resuming {where} with {'; '.join(changed)} (they change how the "
-                      f"steps compute, not the parameters)", file=sys.stderr)
+            refuse_other_run(found[1], model_config, config.optim, tokenizer,
+                             workdir=workdir, where=f"{checkpointer.directory}/{found[0]}")
         loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer, splits)
         return loop.run(stop, started)
     finally:
@@ -262,6 +259,16 @@ class _Loop:
         if found is not None:
             self.state, _ = found[1]
 
+    def _name_compute_changes(self, step: int) -> None:
+        """One line naming the settings of how the steps compute (dtype, dropout, attention)
+        that differ from those of the restored checkpoint `step`, if any. (Not the newest
+        step's: a damaged one was passed over.)"""
+        changed = refuse_other_model(self.checkpointer.metadata(step)["model"],
+                                     self.model.config, self.workdir)
+        if changed and jax.process_index() == 0:
+            print(f"resuming {self.checkpointer.directory}/{step} with {'; '.join(changed)} "
+                  f"(they change how the steps compute, not the parameters)", file=sys.stderr)
+
     def _new_shuffle(self, step: int, error: DataPositionError, saved: dict) -> None:
         """Training data on a new shuffle, seeded by `_new_shuffle_seed(seed, step)`, with
         one warning naming the data settings that changed (or why the position was lost)."""
@@ -303,6 +310,8 @@ class _Loop:
         placed = self.parallel.put_state(self.state)
         self.state = None  # the placed copy is the live one (its buffers are donated)
         step = first = int(self.parallel.get_state(placed).step)
+        if first:
+            self._name_compute_changes(first)
         log = RunLog(self.workdir, total_steps=self.config.num_train_steps, first_step=first,
                      enabled=jax.process_index() == 0)
         records, stopped = [], False
