@@ -23,7 +23,9 @@ from transformer_jax import run_log
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config_checks import writable_folder
 from transformer_jax.data.pipeline import ShuffledChunks
+from transformer_jax.parallel import Parallel
 from transformer_jax.run_log import MetricsWriteError
+from transformer_jax.stop_signal import StoppedAtOnce
 from transformer_jax.trained_params import load_trained_params
 from transformer_jax.model_config import get_model_config
 from transformer_jax.resume_checks import refuse_other_model, refuse_other_optimizer
@@ -279,6 +281,29 @@ def test_a_resume_with_another_kind_of_data_iterator_keeps_the_state_on_a_new_sh
         f"warning: {workdir}/checkpoints/4: written with {key}={saved}, now {value!r}; the "
         f"training data cannot go on from its saved position and starts a new shuffle "
         f"(seeded from seed 0 and step 4)"]
+
+
+def test_a_signal_while_the_first_step_compiles_stops_at_once(trained_run, tmp_path,
+                                                              monkeypatch):
+    """SIGTERM as a start's first step is called (and compiles) stops the run at once, as
+    before training: no step, nothing saved; a later one would save after its step."""
+    workdir = tmp_path / "run"
+    shutil.copytree(trained_run.workdir, workdir)
+    compile_train_step = Parallel.compile_train_step
+
+    def signalling(self, step_fn):
+        compiled = compile_train_step(self, step_fn)
+
+        def call(*args):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return compiled(*args)
+        return call
+
+    monkeypatch.setattr(Parallel, "compile_train_step", signalling)
+    with pytest.raises(StoppedAtOnce, match="SIGTERM before the first step: stopped at once"):
+        train(shared_run(num_train_steps=6), str(workdir))
+    with Checkpointer(str(workdir / "checkpoints"), keep=3) as checkpointer:
+        assert checkpointer.all_steps() == [2, 4]
 
 
 def test_a_new_shuffle_does_not_replay_the_first_batches():

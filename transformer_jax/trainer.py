@@ -333,7 +333,6 @@ class _Loop:
         try:
             self._window.start()
             stop.check()
-            stop.training = True
             while step < self.config.num_train_steps:
                 self._watch(log, trace.before, step)
                 if step == first or trace.tracing:  # compiling and tracing: not the speed
@@ -345,6 +344,9 @@ class _Loop:
                     jax.block_until_ready(metrics)
                     log.message(f"step {step} done {time.monotonic() - started:.1f} s after "
                                 f"the start (reading or preparing the data, compiling)")
+                    # Compiled and run: from here a signal asks for a save (before, it stops
+                    # at once, even inside the compilation).
+                    stop.training = True
                 stopped = self._stop_requested(stop, step)
                 profiled = self._watch(log, trace.after, step, metrics,
                                        last=stopped or step == self.config.num_train_steps)
