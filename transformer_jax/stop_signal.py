@@ -17,6 +17,7 @@ import threading
 
 import jax
 import numpy as np
+import tqdm
 from jax.experimental import multihost_utils
 
 
@@ -48,8 +49,10 @@ class StopSignal:
         name = signal.Signals(signum).name
         if self.training and not self.requested:
             self.requested = True
-            print(f"{name}: saving after the current step (send it again to stop at once)",
-                  file=sys.stderr, flush=True)
+            # Above the progress bar, not on its line (tqdm's lock is re-entrant: the handler
+            # may interrupt a redraw in this thread).
+            tqdm.tqdm.write(f"{name}: saving after the current step (send it again to stop "
+                            f"at once)", file=sys.stderr)
             return
         when = "a second time" if self.requested else "before the first step"
         self.stopped = StoppedAtOnce(f"{name} {when}: stopped at once; nothing saved since the "
