@@ -5,12 +5,14 @@ import dataclasses
 import importlib.util
 import pathlib
 import re
+import warnings
 
 import pytest
 from absl import flags
 from ml_collections import config_flags
 from run_configs import tiny_run
 from transformer_jax.config_checks import ConfigError, check_config
+from transformer_jax import command_line
 from transformer_jax.model_config import ModelConfig, get_model_config
 from transformer_jax.command_line import (ConfigFileError, load_config_file,
                                           use_load_config_file)
@@ -145,3 +147,24 @@ def test_optim_and_model_errors_name_the_full_key(key, value, message):
 def test_the_edges_of_the_optim_ranges_are_allowed():
     check_config(tiny_run(**{"optim.b1": 0.0, "optim.b2": 0.0, "optim.label_smoothing": 0.0,
                              "optim.grad_clip_norm": 0.0, "optim.eps": 1e-30}))
+
+
+def test_command_lines_write_the_packages_warnings_in_one_line(capsys):
+    """After `one_line_warnings` (train.py, translate.py and the other command lines), a
+    warning raised in the package is "warning: MESSAGE" alone; another library's goes to the
+    handler before (Python's, with its file and line); a second call changes nothing."""
+    before = []
+    with warnings.catch_warnings():  # restores warnings.showwarning
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, filename, lineno, *_: before.append(
+            (str(message), category, filename, lineno))
+        command_line.one_line_warnings()
+        ours = warnings.showwarning
+        command_line.one_line_warnings()
+        assert warnings.showwarning is ours
+        warnings.warn_explicit("tokenizer.model is stale", UserWarning,
+                               filename=command_line.__file__, lineno=7)
+        warnings.warn_explicit("a library's notice", DeprecationWarning,
+                               filename="/elsewhere/library.py", lineno=3)
+    assert capsys.readouterr().err == "warning: tokenizer.model is stale\n"
+    assert before == [("a library's notice", DeprecationWarning, "/elsewhere/library.py", 3)]

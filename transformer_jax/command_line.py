@@ -5,7 +5,8 @@
 A config file (`--config=configs/x.py`) is loaded by `load_config_file`: whatever is
 wrong with it (an exception in its code, no get_config, keys missing) is one line naming
 the file, and so is an override that does not apply. The search flags of translate.py
-and evaluate.py are defined once, here.
+and evaluate.py are defined once, here. The package's warnings are one line each
+(`one_line_warnings`, which `parse_flags` turns on).
 """
 
 import ast
@@ -15,8 +16,10 @@ import importlib.util
 import os
 import sys
 import traceback
+import warnings
 
 import ml_collections
+import tqdm
 from absl import app, flags
 
 from transformer_jax.run_config import SEARCH_SETTINGS, base_config, data_fields, model_fields
@@ -51,6 +54,7 @@ def parse_flags(argv: list[str], default_config: str | None = None) -> list[str]
     flag defined with that default would apply the overrides while the flag is
     defined, at import, where no error can be caught.
     """
+    one_line_warnings()
     named = any(a == "--config" or a.startswith("--config=") for a in argv[1:])
     if default_config and not named:
         argv = [argv[0], f"--config={default_config}", *argv[1:]]
@@ -63,6 +67,26 @@ def parse_flags(argv: list[str], default_config: str | None = None) -> list[str]
         raise SystemExit(_bad_override(error)) from None
     except OSError as error:  # an override of a config file that ml_collections deferred
         raise SystemExit(_cannot_load(error)) from None
+
+
+def one_line_warnings() -> None:
+    """The package's own warnings as "warning: MESSAGE" on stderr, above any progress bar,
+    where Python writes "FILE:LINE: UserWarning: MESSAGE" and the line of code; the
+    warnings of other libraries as Python writes them. For command lines: a notebook or a
+    program that imports the package keeps Python's way."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    show = warnings.showwarning
+    if getattr(show, "one_line", False):
+        return
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if file is None and os.path.abspath(filename).startswith(package):
+            tqdm.tqdm.write(f"warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    showwarning.one_line = True
+    warnings.showwarning = showwarning
 
 
 class ConfigFileError(Exception):

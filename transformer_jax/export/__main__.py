@@ -11,6 +11,7 @@ import sys
 
 from absl import app, flags, logging
 
+from transformer_jax.command_line import one_line_warnings
 from transformer_jax.export import FORMATS, ExportError, export
 from transformer_jax.export.ctranslate2_model import QUANTIZATIONS
 from transformer_jax.trained_params import CheckpointChoiceError
@@ -47,6 +48,7 @@ def _options() -> dict:
 def main(argv) -> None:
     del argv
     logging.set_verbosity(logging.WARNING)
+    one_line_warnings()
     try:
         manifest = export(_WORKDIR.value, _OUTPUT.value, fmt=_FORMAT.value,
                           checkpoint=_CHECKPOINT.value, force=_FORCE.value, **_options())
