@@ -55,8 +55,10 @@ def test_decode_lines_splits_on_newline_only_and_drops_a_bom():
     assert decode_lines(text.encode(), "x") == ["a\x0bb", "c\x1cd\x85e", "", "f\u2029\ufeff"]
     assert decode_lines(b"no final newline", "x") == ["no final newline"]
     with pytest.raises(DataError, match=r"^in\.txt, line 3: not valid UTF-8 \(invalid start "
-                                        r"byte at byte 4\)$"):
-        decode_lines(b"a\nb\n\xffc\n", "in.txt")
+                                        r"byte at byte 3 of the line\)$"):
+        decode_lines(b"a\nb\nbc\xffd\n", "in.txt")
+    with pytest.raises(DataError, match=r"^in\.txt, line 1: .* at byte 1 of the line\)$"):
+        decode_lines(b"\xff\n", "in.txt")
 
 
 def test_folder_skips_pairs_with_an_empty_side(tmp_path):

@@ -123,7 +123,7 @@ def test_translate_errors_are_one_line(workdir, tmp_path):
                               input=b"drei\nzw\xffei\n", capture_output=True, timeout=300)
     assert bad_utf8.returncode == 1 and b"Traceback" not in bad_utf8.stderr
     assert bad_utf8.stderr.decode().strip() == ("error: stdin, line 2: not valid UTF-8 "
-                                                "(invalid start byte at byte 7)")
+                                                "(invalid start byte at byte 3 of the line)")
     # A stdin that cannot be read (here open for writing only: EBADF; a terminal gone: EIO)
     # is named.
     with open(tmp_path / "write-only", "wb") as write_only:

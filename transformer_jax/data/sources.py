@@ -259,8 +259,9 @@ def decode_lines(data: bytes, where: str) -> list[str]:
         text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - data.rfind(b"\n", 0, error.start)  # 1-based, in bytes
         raise DataError(f"{where}, line {line}: not valid UTF-8 ({error.reason} at byte "
-                        f"{error.start})") from None
+                        f"{column} of the line)") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the final newline ends the last line; it does not start a new one
