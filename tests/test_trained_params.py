@@ -4,7 +4,8 @@ tests/test_translation.py, through translate.py and evaluate.py)."""
 import numpy as np
 import pytest
 
-from transformer_jax.trained_params import CheckpointChoiceError, average_params, chosen_steps
+from transformer_jax.trained_params import (CheckpointChoiceError, average_params, chosen_steps,
+                                            load_trained_params)
 
 STEPS = [2, 4, 6]
 
@@ -33,3 +34,12 @@ def test_average_params_is_the_element_wise_mean():
              {"w": np.array([3.0, 5.0]), "b": np.array(3.0)}]
     averaged = average_params(trees)
     assert averaged["w"].tolist() == [2.0, 4.0] and averaged["b"] == 1.5
+
+
+def test_an_empty_workdir_is_refused_not_taken_for_the_current_folder(tmp_path, monkeypatch):
+    """`--workdir=$RUN` with RUN unset: evaluate.py and the export say so, even where the
+    current folder holds checkpoints."""
+    (tmp_path / "checkpoints").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointChoiceError, match=r"^--workdir is empty \(an unset shell "):
+        load_trained_params("")

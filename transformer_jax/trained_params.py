@@ -69,6 +69,9 @@ def _read(checkpointer: Checkpointer, step: int) -> TrainedParams:
 
 def load_trained_params(workdir: str, which: str = "latest") -> TrainedParams:
     """The parameters of `workdir`'s checkpoints that `which` names (see above)."""
+    if not workdir:  # os.path.abspath("") is the current directory
+        raise CheckpointChoiceError("--workdir is empty (an unset shell variable?); name a "
+                                    "training run's folder")
     directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     if not os.path.isdir(directory):
         raise CheckpointChoiceError(f"{workdir} has no checkpoints; train first "
