@@ -37,7 +37,8 @@ from transformer_jax.data.prepared_split import (
 from transformer_jax.data.prepared_writer import write_split
 from transformer_jax.data.sources import DataError, describe_split, load_split
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.data.vocabulary import TOKENIZER_FILE, get_tokenizer, tokenizer_path
+from transformer_jax.data.vocabulary import (TOKENIZER_FILE, describe_changes, get_tokenizer,
+                                             tokenizer_path)
 
 PREPARED_DIR = "prepared"
 # The splits read as ids: training batches and the validation loss. The test split is
@@ -75,10 +76,7 @@ def open_split(data_config, workdir: str, split: str, tokenizer: Tokenizer) -> P
 
 
 def _refuse_stale(recorded: dict, wanted: dict, folder: str) -> None:
-    changed = sorted(k for k in recorded.keys() | wanted.keys() if recorded.get(k) != wanted.get(k))
-    if changed:
-        diffs = "; ".join(f"{k}: prepared from {recorded.get(k)!r}, now {wanted.get(k)!r}"
-                          for k in changed)
+    if diffs := describe_changes(recorded, wanted, was="prepared from "):
         raise DataError(f"{folder} is stale ({diffs}). Its ids no longer match the config; "
                         f"delete {folder} to prepare it again (a run's checkpoints were "
                         f"trained on the old ids), or use another workdir.")

@@ -223,24 +223,25 @@ def _doubt(path: str, model: Tokenizer | None, model_damage: str | None, record:
         return (f"{path} is not the model {record_path} records (SHA-256 "
                 f"{model.sha256[:12]}..., recorded {str(record['sha256'])[:12]}...)",
                 {model.sha256, record["sha256"]})
-    changes = _changes(record["corpus"], wanted.corpus)
+    changes = describe_changes(record["corpus"], wanted.corpus)
     if changes:
         return f"the training data changed since {path} was trained ({changes})", {model.sha256}
     return None, set()
 
 
-def _changes(recorded: dict, now: dict) -> str:
-    """How the description `now` of the training data differs from `recorded` ("" if not);
-    of a folder's files, only those that differ, as path: size and modification time."""
+def describe_changes(recorded: dict, now: dict, *, was: str = "") -> str:
+    """How the description `now` of the training data differs from `recorded` ("" if not),
+    each change as "KEY: {was}OLD, now NEW"; of a folder's files, only those that differ, as
+    "PATH: {was}SIZE bytes of TIME, now ..."."""
     changes = []
     for key in sorted(k for k in recorded.keys() | now.keys() if recorded.get(k) != now.get(k)):
         old, new = recorded.get(key), now.get(key)
         if key == "files" and isinstance(old, list) and isinstance(new, list) and len(
                 old) == len(new):
-            changes += [f"{n[0]}: {_file_state(o)}, now {_file_state(n)}"
+            changes += [f"{n[0]}: {was}{_file_state(o)}, now {_file_state(n)}"
                         for o, n in zip(old, new) if o != n]
         else:
-            changes.append(f"{key}: {old!r}, now {new!r}")
+            changes.append(f"{key}: {was}{old!r}, now {new!r}")
     return "; ".join(changes)
 
 
