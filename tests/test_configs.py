@@ -166,5 +166,9 @@ def test_command_lines_write_the_packages_warnings_in_one_line(capsys):
                                filename=command_line.__file__, lineno=7)
         warnings.warn_explicit("a library's notice", DeprecationWarning,
                                filename="/elsewhere/library.py", lineno=3)
+        # A library's warning raised through the package's code keeps its category too.
+        warnings.warn_explicit("jax will change", FutureWarning,
+                               filename=command_line.__file__, lineno=9)
     assert capsys.readouterr().err == "warning: tokenizer.model is stale\n"
-    assert before == [("a library's notice", DeprecationWarning, "/elsewhere/library.py", 3)]
+    assert before == [("a library's notice", DeprecationWarning, "/elsewhere/library.py", 3),
+                      ("jax will change", FutureWarning, command_line.__file__, 9)]

@@ -285,8 +285,10 @@ def test_a_resume_with_another_kind_of_data_iterator_keeps_the_state_on_a_new_sh
 
 def test_a_signal_while_the_first_step_compiles_stops_at_once(trained_run, tmp_path,
                                                               monkeypatch):
-    """SIGTERM as a start's first step is called (and compiles) stops the run at once, as
-    before training: no step, nothing saved; a later one would save after its step."""
+    """SIGTERM as a start's first step is called stops the run at once, as before training:
+    no step, nothing saved; a later one would save after its step. (Sent while XLA compiles,
+    it stops the run there: 12 layers on the 2-core CPU, signalled 1 s into a compilation
+    of 28 s, ended 0.0 s later.)"""
     workdir = tmp_path / "run"
     shutil.copytree(trained_run.workdir, workdir)
     compile_train_step = Parallel.compile_train_step

@@ -41,5 +41,5 @@ def test_an_empty_workdir_is_refused_not_taken_for_the_current_folder(tmp_path, 
     current folder holds checkpoints."""
     (tmp_path / "checkpoints").mkdir()
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(CheckpointChoiceError, match=r"^--workdir is empty \(an unset shell "):
+    with pytest.raises(CheckpointChoiceError, match=r"^the workdir is empty \(an unset shell "):
         load_trained_params("")

@@ -6,9 +6,9 @@ Dimension key, used in tensor names (`q_BTNH`) and einsums across the package:
   C decoding-cache length · R search rows (B in greedy search, B·K in beam search)
 """
 
-from transformer_jax.provenance import version as _version
+from transformer_jax.provenance import package_version as _package_version
 
-__version__ = _version("transformer_jax") or "unknown"  # "unknown": a checkout never installed
+__version__ = _package_version()
 
 # Pure functions (jax.numpy only): one per equation of the paper.
 from transformer_jax.positional import sinusoidal_encoding

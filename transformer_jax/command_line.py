@@ -70,17 +70,18 @@ def parse_flags(argv: list[str], default_config: str | None = None) -> list[str]
 
 
 def one_line_warnings() -> None:
-    """The package's own warnings as "warning: MESSAGE" on stderr, above any progress bar,
-    where Python writes "FILE:LINE: UserWarning: MESSAGE" and the line of code; the
-    warnings of other libraries as Python writes them. For command lines: a notebook or a
-    program that imports the package keeps Python's way."""
+    """The package's own warnings (UserWarnings raised in its files) as "warning: MESSAGE"
+    on stderr, above any progress bar, where Python writes "FILE:LINE: UserWarning: MESSAGE"
+    and the line of code; any other warning as Python writes it. For command lines: a
+    notebook or a program that imports the package keeps Python's way."""
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     show = warnings.showwarning
     if getattr(show, "one_line", False):
         return
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        if file is None and os.path.abspath(filename).startswith(package):
+        if (category is UserWarning and file is None
+                and os.path.abspath(filename).startswith(package)):
             tqdm.tqdm.write(f"warning: {message}", file=sys.stderr)
         else:
             show(message, category, filename, lineno, file, line)

@@ -25,17 +25,16 @@ COMPUTE_FIELDS = ("dtype", "dropout_rate", "attention_dropout_rate", "dropout_bi
 
 
 def refuse_other_run(metadata: dict, model_config, optim, tokenizer, *, workdir: str,
-                     where: str) -> list[str]:
+                     where: str) -> None:
     """A ConfigError when `workdir`'s checkpoint at `where` (its `metadata`) was written by
     another model, with another tokenizer, or with optim settings that build another
-    optimizer state; nothing is moved or changed. Returns the `COMPUTE_FIELDS` that
-    changed ("model.dtype: saved 'float32', now 'bfloat16'"), which resume."""
-    changed = refuse_other_model(metadata["model"], model_config, workdir)
+    optimizer state; nothing is moved or changed. The `COMPUTE_FIELDS` may differ
+    (`refuse_other_model` returns them)."""
+    refuse_other_model(metadata["model"], model_config, workdir)
     if why := other_tokenizer(metadata, tokenizer):
         raise ConfigError(f"{where} {why}, or train in a new --workdir")
     refuse_other_optimizer(metadata.get("config", {}).get("optim") or {}, optim,
                            model_config.d_model, where)
-    return changed
 
 
 def refuse_other_model(saved: dict, model_config, workdir: str) -> list[str]:

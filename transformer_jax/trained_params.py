@@ -70,7 +70,7 @@ def _read(checkpointer: Checkpointer, step: int) -> TrainedParams:
 def load_trained_params(workdir: str, which: str = "latest") -> TrainedParams:
     """The parameters of `workdir`'s checkpoints that `which` names (see above)."""
     if not workdir:  # os.path.abspath("") is the current directory
-        raise CheckpointChoiceError("--workdir is empty (an unset shell variable?); name a "
+        raise CheckpointChoiceError("the workdir is empty (an unset shell variable?); name a "
                                     "training run's folder")
     directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     if not os.path.isdir(directory):

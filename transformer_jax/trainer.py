@@ -241,10 +241,11 @@ class _Loop:
         return iter(_train_batches(self.config, self._train_split, self.rows,
                                    self.parallel.num_local_devices, seed, announce=announce))
 
-    def _restore(self) -> None:
+    def _restore(self) -> dict | None:
         """The newest checkpoint that reads, into `self.state` and `self.data` (a damaged
-        one is moved aside). A state of another tree is a ConfigError. A data position
-        the iterator cannot take restores the state alone: see `_new_shuffle`."""
+        one is moved aside); returns its metadata (None: no checkpoint). A state of another
+        tree is a ConfigError. A data position the iterator cannot take restores the state
+        alone: see `_new_shuffle`."""
         restore = self.checkpointer.restore
         try:
             try:
@@ -256,15 +257,16 @@ class _Loop:
         except StateMismatchError as error:
             raise ConfigError(f"{error}; resume with the config it was written with, or "
                               f"train in a new --workdir") from None
-        if found is not None:
-            self.state, _ = found[1]
+        if found is None:
+            return None
+        self.state, metadata = found[1]
+        return metadata
 
-    def _name_compute_changes(self, step: int) -> None:
+    def _name_compute_changes(self, step: int, metadata: dict) -> None:
         """One line naming the settings of how the steps compute (dtype, dropout, attention)
-        that differ from those of the restored checkpoint `step`, if any. (Not the newest
-        step's: a damaged one was passed over.)"""
-        changed = refuse_other_model(self.checkpointer.metadata(step)["model"],
-                                     self.model.config, self.workdir)
+        that differ from those of the restored checkpoint `step` (its `metadata`), if any.
+        (Not the newest step's: a damaged one may have been passed over.)"""
+        changed = refuse_other_model(metadata["model"], self.model.config, self.workdir)
         if changed and jax.process_index() == 0:
             print(f"resuming {self.checkpointer.directory}/{step} with {'; '.join(changed)} "
                   f"(they change how the steps compute, not the parameters)", file=sys.stderr)
@@ -284,7 +286,7 @@ class _Loop:
                   f"from seed {self.config.seed} and step {step})", file=sys.stderr)
 
     def _start_line(self, first: int) -> str:
-        """What the run trains, on what, from which step: the log's first line."""
+        """What the run trains, on what, from which step: the line before its first step."""
         c, m = self.config, self.model.config
         devices = jax.devices()
         batches = (f"{self.rows * jax.process_count()} packed rows of "
@@ -293,9 +295,9 @@ class _Loop:
         micro = (f" in {c.accumulation_steps} micro-batches" if c.accumulation_steps > 1
                  else "")
         hosts = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
-        software = provenance.software()
-        commit = software["commit"] or ""
-        commit = f" ({commit[:12]}{commit[40:]})" if commit else ""  # "+dirty" kept
+        software = self.metadata["software"]
+        commit, plus, dirty = (software["commit"] or "").partition("+")
+        commit = f" ({commit[:12]}{plus}{dirty})" if commit else ""
         return (f"{f'resumed at step {first}; ' if first else ''}training steps {first + 1}"
                 f"-{c.num_train_steps}: {count_parameters(m)['total']:,} parameters "
                 f"({_plural(m.num_layers, 'layer')} of width {m.d_model}, {m.dtype}) on "
@@ -306,12 +308,12 @@ class _Loop:
     def run(self, stop: StopSignal, started: float) -> TrainResult:
         """Trains from the newest checkpoint to `num_train_steps` (`started`: the run's
         monotonic start time, for the first step's line)."""
-        self._restore()
+        restored = self._restore()
         placed = self.parallel.put_state(self.state)
         self.state = None  # the placed copy is the live one (its buffers are donated)
         step = first = int(self.parallel.get_state(placed).step)
-        if first:
-            self._name_compute_changes(first)
+        if restored is not None:
+            self._name_compute_changes(first, restored)
         log = RunLog(self.workdir, total_steps=self.config.num_train_steps, first_step=first,
                      enabled=jax.process_index() == 0)
         records, stopped = [], False
