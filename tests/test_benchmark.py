@@ -155,6 +155,7 @@ def test_decode_peers_time_ctranslate2_beside_ours_on_the_same_outputs(tmp_path)
     (["decode", "--workdir=runs/default"], "--workdir is for decode --peers"),
     (["decode", "--peers", "--workdir=TMP"], "--workdir=TMP has no checkpoints (a training "
                                              "run's --workdir)"),
+    (["decode", "--peers", "--quick", "--workdir=TMP"], "--workdir is not read with --quick"),
 ])
 def test_peers_and_their_workdir_are_for_the_decode_suite(args, message, tmp_path, capsys):
     """Refused before anything runs; a --workdir named but not trained is not skipped."""

@@ -5,6 +5,7 @@ another checkpoint served by replacing params.npz; its one-line errors; its para
 import dataclasses
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -265,3 +266,20 @@ def test_translate_py_with_stablehlo_equals_jax(translating_run, tmp_path):
                              input="null\n", capture_output=True, text=True, timeout=300)
     assert refused.returncode == 1 and refused.stderr.count("\n") == 2  # the source, the error
     assert "was exported with alpha=0.6; export again to change it" in refused.stderr
+
+
+def test_a_staged_export_replaces_the_old_one_only_when_done(tmp_path):
+    """With `force`, the finished folder takes the old one's name and the old one goes; a
+    block that fails leaves the old one as it was. No temporary folder stays either way."""
+    output = tmp_path / "export"
+    output.mkdir()
+    (output / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError), staged_directory(str(output), force=True) as staging:
+        pathlib.Path(staging, "new.txt").write_text("new")
+        raise RuntimeError("the export failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+    assert [p.name for p in output.iterdir()] == ["old.txt"]
+    with staged_directory(str(output), force=True) as staging:
+        pathlib.Path(staging, "new.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+    assert [p.name for p in output.iterdir()] == ["new.txt"]

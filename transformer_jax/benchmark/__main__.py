@@ -43,6 +43,8 @@ def parse_args(argv):
         parser.error("--models and --vary are for the model suite")
     if args.workdir is not None and not args.peers:
         parser.error("--workdir is for decode --peers")
+    if args.workdir is not None and args.quick:
+        parser.error("--workdir is not read with --quick, which times random weights only")
     if args.workdir is not None and not os.path.isdir(os.path.join(args.workdir, "checkpoints")):
         parser.error(f"--workdir={args.workdir} has no checkpoints (a training run's --workdir)")
     args.models = args.models.split(",") if args.models else None

@@ -29,7 +29,8 @@ class ExportError(ValueError):
 @contextlib.contextmanager
 def staged_directory(output: str, *, force: bool = False):
     """Yields a temporary folder beside `output`; renamed to `output` when the block ends
-    without an error (replacing it when `force`), deleted otherwise."""
+    without an error (replacing it when `force`: the old one is renamed aside first, then
+    deleted, so a kill in between leaves it whole), deleted otherwise."""
     output = os.path.abspath(output)
     if os.path.exists(output) and not force:
         raise ExportError(f"--output {output} exists; choose another or pass --force")
@@ -41,9 +42,11 @@ def staged_directory(output: str, *, force: bool = False):
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would hide it from other users
+        replaced = f"{staging}.replaced"
         if os.path.exists(output):
-            shutil.rmtree(output)
+            os.rename(output, replaced)
         os.rename(staging, output)
+        shutil.rmtree(replaced, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
