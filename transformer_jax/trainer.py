@@ -59,7 +59,7 @@ from transformer_jax.data import (
 )
 from transformer_jax.data.vocabulary import CHECKPOINT_TOKENIZER_KEY, tokenizer_path
 from transformer_jax.metrics_window import MetricsWindow
-from transformer_jax.model import Transformer, count_parameters
+from transformer_jax.model import Transformer
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
@@ -285,8 +285,9 @@ class _Loop:
                   f"cannot go on from its saved position and starts a new shuffle (seeded "
                   f"from seed {self.config.seed} and step {step})", file=sys.stderr)
 
-    def _start_line(self, first: int) -> str:
-        """What the run trains, on what, from which step: the line before its first step."""
+    def _start_line(self, first: int, parameters: int) -> str:
+        """What the run trains (`parameters` of them), on what, from which step: the line
+        before its first step."""
         c, m = self.config, self.model.config
         devices = jax.devices()
         batches = (f"{self.rows * jax.process_count()} packed rows of "
@@ -299,7 +300,7 @@ class _Loop:
         commit, plus, dirty = (software["commit"] or "").partition("+")
         commit = f" ({commit[:12]}{plus}{dirty})" if commit else ""
         return (f"{f'resumed at step {first}; ' if first else ''}training steps {first + 1}"
-                f"-{c.num_train_steps}: {count_parameters(m)['total']:,} parameters "
+                f"-{c.num_train_steps}: {parameters:,} parameters "
                 f"({_plural(m.num_layers, 'layer')} of width {m.d_model}, {m.dtype}) on "
                 f"{_plural(len(devices), devices[0].device_kind + ' device')}{hosts}, "
                 f"{c.parallelism}; {batches}{micro}; transformer_jax "
@@ -309,6 +310,7 @@ class _Loop:
         """Trains from the newest checkpoint to `num_train_steps` (`started`: the run's
         monotonic start time, for the first step's line)."""
         restored = self._restore()
+        parameters = sum(x.size for x in jax.tree.leaves(self.state.params))
         placed = self.parallel.put_state(self.state)
         self.state = None  # the placed copy is the live one (its buffers are donated)
         step = first = int(self.parallel.get_state(placed).step)
@@ -318,7 +320,7 @@ class _Loop:
                      enabled=jax.process_index() == 0)
         records, stopped = [], False
         if step < self.config.num_train_steps:
-            log.message(self._start_line(first))
+            log.message(self._start_line(first, parameters))
         if not self.eval_pairs:
             log.message("nothing to evaluate (the validation split is empty): "
                         "the run logs no evaluation records")
