@@ -18,7 +18,7 @@ from transformer_jax.data.pipeline import budget_rows
 from transformer_jax.data.prepared import prepare
 from transformer_jax.data.sources import DataError
 from transformer_jax.token_ids import PAD_ID
-from transformer_jax.trainer import _batch_rows, train
+from transformer_jax.trainer import train
 
 BUDGET = 25_000  # §5.1: about 25,000 source and 25,000 target tokens per batch
 
@@ -213,20 +213,6 @@ def test_a_run_trains_on_bucketed_batches_of_a_token_budget(tmp_path, capsys):
     assert all(np.isfinite(r["loss"]) and r["loss"] > 0 for r in records)
     saved = list((tmp_path / "checkpoints" / "4" / "data_iterator").glob("process_*"))
     assert len(saved) == 1 and '"next_index": 4' in saved[0].read_text()
-
-
-@pytest.mark.parametrize("devices, accumulation, processes, rows", [
-    (8, 1, 1, 96),   # the paper's 8 GPUs: 12 rows of 256 tokens each
-    (1, 1, 1, 97),   # one GPU takes the whole update
-    (1, 4, 1, 96),   # in 4 micro-batches of 24 rows
-    (4, 1, 2, 48),   # 2 processes of 4 devices: 12,500 tokens each
-])
-def test_the_papers_budget_in_rows_of_256(devices, accumulation, processes, rows, monkeypatch):
-    monkeypatch.setattr("jax.process_count", lambda: processes)
-    config = tiny_run(per_device_batch_size=0, accumulation_steps=accumulation)
-    config.data.update(tokens_per_batch=BUDGET, max_source_length=256, max_target_length=256)
-    assert _batch_rows(config, devices) == rows
-    assert rows * 256 * processes <= BUDGET
 
 
 @pytest.mark.parametrize("overrides, message", [

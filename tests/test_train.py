@@ -14,7 +14,6 @@ import sys
 import time
 
 import jax
-import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
@@ -22,7 +21,6 @@ from run_configs import ROOT, load_config, shared_run, tiny_run
 from transformer_jax import run_log
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config_checks import writable_folder
-from transformer_jax.data.pipeline import ShuffledChunks
 from transformer_jax.parallel import Parallel
 from transformer_jax.run_log import MetricsWriteError
 from transformer_jax.stop_signal import StoppedAtOnce
@@ -32,7 +30,6 @@ from transformer_jax.resume_checks import refuse_other_model, refuse_other_optim
 from transformer_jax.metrics_window import MetricsWindow, NonFiniteLossError
 from transformer_jax.trainer import (
     ConfigError,
-    _new_shuffle_seed,
     check_config,
     train,
     use_compilation_cache,
@@ -306,17 +303,6 @@ def test_a_signal_while_the_first_step_compiles_stops_at_once(trained_run, tmp_p
         train(shared_run(num_train_steps=6), str(workdir))
     with Checkpointer(str(workdir / "checkpoints"), keep=3) as checkpointer:
         assert checkpointer.all_steps() == [2, 4]
-
-
-def test_a_new_shuffle_does_not_replay_the_first_batches():
-    """The seed of a resume without its data position is drawn from (seed, step): the
-    first pairs it packs are neither those of the run's start nor of another step's."""
-    def first_pairs(seed):
-        return tuple(ShuffledChunks(np.arange(1000), seed, chunk=20)[0])
-
-    assert _new_shuffle_seed(0, 4) == _new_shuffle_seed(0, 4)
-    seeds = [0, _new_shuffle_seed(0, 4), _new_shuffle_seed(0, 6), _new_shuffle_seed(1, 4)]
-    assert len({first_pairs(seed) for seed in seeds}) == 4
 
 
 class FullDisk:

@@ -44,19 +44,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 
 from transformer_jax.bleu import score
 from transformer_jax.checkpoint import Checkpointer, DataPositionError, StateMismatchError
 from transformer_jax.config_checks import ConfigError, check_config, writable_folder
-from transformer_jax.data import (
-    budget_rows,
-    bucketed_dataset,
-    eval_batches,
-    load_split,
-    prepare,
-    train_dataset,
-)
+from transformer_jax.data import eval_batches, load_split, prepare
 from transformer_jax.data.vocabulary import CHECKPOINT_TOKENIZER_KEY, tokenizer_path
 from transformer_jax.metrics_window import MetricsWindow
 from transformer_jax.model import Transformer
@@ -70,6 +62,7 @@ from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
 from transformer_jax.steps import eval_step, train_step
 from transformer_jax.stop_signal import StopSignal
+from transformer_jax.train_batches import batch_rows, new_shuffle_seed, train_batches
 from transformer_jax.train_state import create_train_state
 from transformer_jax.workdir_lock import workdir_lock
 
@@ -159,55 +152,6 @@ def _profile_line(summary: dict) -> str:
             f"of it; most time in {top} (summary.json there)")
 
 
-def _token_share(config, num_local_devices: int) -> tuple[int, int]:
-    """This process's share of `data.tokens_per_batch`, and the multiple its rows must be
-    (whole micro-batches on every local device)."""
-    return (config.data.tokens_per_batch // jax.process_count(),
-            num_local_devices * config.accumulation_steps)
-
-
-def _batch_rows(config, num_local_devices: int) -> int:
-    """This process's rows per update: `per_device_batch_size` per device, or as many
-    full-length rows as its share of `data.tokens_per_batch` holds (§5.1)."""
-    d = config.data
-    if not d.tokens_per_batch:
-        return config.per_device_batch_size * num_local_devices
-    tokens, multiple = _token_share(config, num_local_devices)
-    longest = max(d.max_source_length, d.max_target_length)
-    rows = budget_rows(tokens, longest, multiple)
-    if not rows:
-        raise ConfigError(f"config.data.tokens_per_batch={d.tokens_per_batch} holds no "
-                          f"{multiple} rows of {longest} tokens in each of "
-                          f"{jax.process_count()} processes ({num_local_devices} devices x "
-                          f"{config.accumulation_steps} micro-batches each); raise it")
-    return rows
-
-
-def _new_shuffle_seed(seed: int, step: int) -> int:
-    """The data seed of a run resumed at `step` without its data position: drawn from
-    (seed, step), so that the resumed run does not replay the batches of its first steps."""
-    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
-
-
-def _train_batches(config, source, rows: int, num_local_devices: int, seed: int, *,
-                   announce: bool = True):
-    """The run's endless training batches: packed (`rows` rows) or bucketed, shuffled by `seed`
-    (with `announce`, process 0 prints the buckets)."""
-    d = config.data
-    common = dict(max_source_length=d.max_source_length, max_target_length=d.max_target_length,
-                  too_long=d.too_long, seed=seed, num_workers=d.num_workers,
-                  shard_index=jax.process_index(), shard_count=jax.process_count())
-    if d.batching == "packed":
-        return train_dataset(source, batch_size=rows, **common)
-    if d.tokens_per_batch:
-        tokens, multiple = _token_share(config, num_local_devices)
-        budget = dict(tokens_per_batch=tokens, rows_multiple=multiple)
-    else:
-        budget = dict(batch_size=rows)
-    return bucketed_dataset(source, num_buckets=d.num_buckets, **budget, **common,
-                            log=print if announce and jax.process_index() == 0 else None)
-
-
 class _Loop:
     """The state of one training run between its steps."""
 
@@ -229,7 +173,7 @@ class _Loop:
             loss_chunk_size=config.loss_chunk_size))
         self.p_eval = parallel.compile_eval_step(functools.partial(
             eval_step, model=self.model, loss_chunk_size=config.loss_chunk_size))
-        self.rows = _batch_rows(config, parallel.num_local_devices)
+        self.rows = batch_rows(config, parallel.num_local_devices)
         self.validation = splits["validation"]
         self.eval_pairs = load_split(config.data, "validation").pairs  # BLEU's text
         self._train_split = splits["train"]
@@ -238,7 +182,7 @@ class _Loop:
         self._window = MetricsWindow()
 
     def _batches(self, seed: int, *, announce: bool = True):
-        return iter(_train_batches(self.config, self._train_split, self.rows,
+        return iter(train_batches(self.config, self._train_split, self.rows,
                                    self.parallel.num_local_devices, seed, announce=announce))
 
     def _restore(self) -> dict | None:
@@ -272,11 +216,11 @@ class _Loop:
                   f"(they change how the steps compute, not the parameters)", file=sys.stderr)
 
     def _new_shuffle(self, step: int, error: DataPositionError, saved: dict) -> None:
-        """Training data on a new shuffle, seeded by `_new_shuffle_seed(seed, step)`, with
+        """Training data on a new shuffle, seeded by `new_shuffle_seed(seed, step)`, with
         one warning naming the data settings that changed (or why the position was lost)."""
         getattr(self.data, "close", lambda: None)()  # grain's worker processes, if any
         # The same buckets as the first iterator's, already announced.
-        self.data = self._batches(_new_shuffle_seed(self.config.seed, step), announce=False)
+        self.data = self._batches(new_shuffle_seed(self.config.seed, step), announce=False)
         now = self.config.data.to_dict()
         changed = changed_settings("data", saved.get("config", {}).get("data", {}), now, now)
         why = f"written with {' and '.join(changed)}" if changed else error.why

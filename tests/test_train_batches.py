@@ -1,0 +1,54 @@
+"""train_batches: the rows of an update from the token budget, the seed of a new shuffle."""
+
+import jax
+import numpy as np
+import pytest
+
+from run_configs import tiny_run
+from transformer_jax.config_checks import ConfigError
+from transformer_jax.data.pipeline import ShuffledChunks
+from transformer_jax.train_batches import batch_rows, new_shuffle_seed
+
+BUDGET = 25_000  # §5.1: about 25,000 source and 25,000 target tokens per batch
+
+
+@pytest.mark.parametrize("devices, accumulation, processes, rows", [
+    (8, 1, 1, 96),   # the paper's 8 GPUs: 12 rows of 256 tokens each
+    (1, 1, 1, 97),   # one GPU takes the whole update
+    (1, 4, 1, 96),   # in 4 micro-batches of 24 rows
+    (4, 1, 2, 48),   # 2 processes of 4 devices: 12,500 tokens each
+])
+def test_the_papers_budget_in_rows_of_256(devices, accumulation, processes, rows, monkeypatch):
+    monkeypatch.setattr("jax.process_count", lambda: processes)
+    config = tiny_run(per_device_batch_size=0, accumulation_steps=accumulation)
+    config.data.update(tokens_per_batch=BUDGET, max_source_length=256, max_target_length=256)
+    assert batch_rows(config, devices) == rows
+    assert rows * 256 * processes <= BUDGET
+
+
+def test_a_new_shuffle_does_not_replay_the_first_batches():
+    """The seed of a resume without its data position is drawn from (seed, step): the
+    first pairs it packs are neither those of the run's start nor of another step's."""
+    def first_pairs(seed):
+        return tuple(ShuffledChunks(np.arange(1000), seed, chunk=20)[0])
+
+    assert new_shuffle_seed(0, 4) == new_shuffle_seed(0, 4)
+    seeds = [0, new_shuffle_seed(0, 4), new_shuffle_seed(0, 6), new_shuffle_seed(1, 4)]
+    assert len({first_pairs(seed) for seed in seeds}) == 4
+
+
+def test_without_a_budget_the_rows_are_per_device():
+    assert batch_rows(tiny_run(per_device_batch_size=3), 8) == 24
+
+
+def test_a_budget_too_small_for_a_row_per_micro_batch_names_the_shares(monkeypatch):
+    """8 devices x 4 micro-batches need 32 rows of 256 tokens: 8,192 per process; 2
+    processes sharing 12,000 tokens have 6,000 each."""
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    config = tiny_run(per_device_batch_size=0, accumulation_steps=4)
+    config.data.update(tokens_per_batch=12_000, max_source_length=256, max_target_length=100)
+    with pytest.raises(ConfigError, match=r"tokens_per_batch=12000 holds no 32 rows of 256 "
+                       r"tokens in each of 2 processes \(8 devices x 4 micro-batches each\)"):
+        batch_rows(config, 8)
+    config.data.tokens_per_batch = 2 * 32 * 256
+    assert batch_rows(config, 8) == 32
