@@ -221,8 +221,9 @@ def test_tfds_not_prepared_without_download_says_how(tmp_path):
     assert "not prepared" in str(error.value) and "TFDS_DATA_DIR" in str(error.value)
 
 
-def test_tfds_failed_download_is_a_clear_error(tmp_path, monkeypatch):
-    """A download that fails (no network here) becomes a DataError that says what to do."""
+def test_tfds_failed_download_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    """A download that fails (no network here) becomes a DataError that says what to do;
+    before it, one line says that it downloads and that offline that takes minutes."""
 
     def offline(self, *args, **kwargs):
         raise ConnectionError("name resolution failed")
@@ -231,6 +232,10 @@ def test_tfds_failed_download_is_a_clear_error(tmp_path, monkeypatch):
     config = data_config(dataset="tfds:wmt14_translate/de-en", data_dir=str(tmp_path))
     with pytest.raises(DataError, match="could not be prepared here.*ConnectionError"):
         load_split(config, "train")
+    assert capsys.readouterr().err == (
+        f"preparing wmt14_translate/de-en in {tmp_path} (array_record): downloading it; "
+        f"without a network TFDS retries for about 3.5 minutes before giving up "
+        f"(--config.data.download=false stops at once)\n")
 
 
 def test_tfds_wrong_language_is_named():

@@ -13,10 +13,10 @@ Problems a user can fix raise `DataError` with a message that says how.
 import dataclasses
 import importlib
 import inspect
-import logging
 import os
 import pkgutil
 import stat
+import sys
 
 import tqdm
 
@@ -165,7 +165,11 @@ def _prepare(builder, name: str, data_config) -> None:
     if not data_config.download:
         raise DataError(f"{name} is not prepared in {where}, and config.data.download is "
                         f"False. {help_text}")
-    logging.info("Preparing %s in %s (array_record); this downloads the data.", name, where)
+    # TFDS retries each URL 10 times, backing off from 0.2 s to 102 s (205 s of waiting):
+    # say so first, or an offline start looks hung behind urllib3's retry warnings.
+    tqdm.tqdm.write(f"preparing {name} in {where} (array_record): downloading it; without a "
+                    f"network TFDS retries for about 3.5 minutes before giving up "
+                    f"(--config.data.download=false stops at once)", file=sys.stderr)
     try:
         builder.download_and_prepare(file_format="array_record")
     except Exception as error:  # network, manual-download and missing-TF errors all land here
