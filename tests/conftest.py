@@ -4,12 +4,14 @@ trained run that the tests reading a trained workdir share.
 XLA_FLAGS must be set before JAX starts, so this runs before any test imports jax.
 """
 
+import atexit
 import contextlib
 import fcntl
 import json
 import os
 import pathlib
 import shutil
+import tempfile
 from typing import NamedTuple
 
 # The 8 simulated devices' programs meet in every all-reduce. XLA aborts the process when one
@@ -35,14 +37,29 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Full float32 matmuls on GPUs too (TF32 would break the 1e-5 tolerances).
 jax.config.update("jax_default_matmul_precision", "highest")
 
-# Datasets the tests build (the small "numbers") go to a scratch directory, not
-# ~/tensorflow_datasets: one per process, since pytest-xdist workers would otherwise
-# race to build the same dataset. TFDS reads the variable when it is imported.
+# One scratch directory per process, removed when it exits: datasets the tests build (the
+# small "numbers") go there, not to ~/tensorflow_datasets (pytest-xdist workers would
+# otherwise race to build the same dataset; TFDS reads the variable when it is imported),
+# and so do the temporary files of the tests and of the processes they start (see
+# `temporary_files_in_scratch`): TFDS leaves an empty mkdtemp() folder behind for each
+# builder of a dataset not yet prepared, about 140 per run of the suite.
+SCRATCH = pathlib.Path(tempfile.mkdtemp(prefix="transformer-jax-tests-"))
+atexit.register(shutil.rmtree, SCRATCH, ignore_errors=True)
 if os.environ.get("TFDS_DATA_DIR") in (None, os.environ.get("TRANSFORMER_JAX_TEST_TFDS_DIR")):
-    import tempfile
-
-    os.environ["TFDS_DATA_DIR"] = tempfile.mkdtemp(prefix="tfds-tests-")
+    os.environ["TFDS_DATA_DIR"] = str(SCRATCH / "tfds")
     os.environ["TRANSFORMER_JAX_TEST_TFDS_DIR"] = os.environ["TFDS_DATA_DIR"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_in_scratch(tmp_path_factory):
+    """tempfile's folder (and TMPDIR, for the processes the tests start) in SCRATCH, once
+    pytest has placed its own tmp_path folders (kept after a run, for a failure's files)."""
+    tmp_path_factory.getbasetemp()
+    (SCRATCH / "tmp").mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tempfile, "tempdir", str(SCRATCH / "tmp"))
+        patch.setenv("TMPDIR", str(SCRATCH / "tmp"))
+        yield
 
 
 @pytest.fixture
