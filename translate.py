@@ -5,6 +5,10 @@ writes the translations, one line each, in order, to --output (whole or not at a
 temporary file renamed once written) or stdout. Beam search as in §6.1 by default. Ctrl-C
 ends it with one line and status 130.
 
+When stdin is a terminal (no --input), each line is translated as it is entered, until
+Ctrl-D; a line it cannot translate (not UTF-8, too long) is one error line, and the next
+is read.
+
 --engine=jax (the default) translates with the run's checkpoints; --engine=ctranslate2 or
 stablehlo with a directory that `python -m transformer_jax.export` wrote (--exported=DIR).
 """
@@ -16,6 +20,7 @@ import signal
 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
+import functools
 import os
 import sys
 
@@ -60,27 +65,65 @@ def main(argv) -> None:
             writable_folder(os.path.dirname(os.path.abspath(_OUTPUT.value)), "--output's folder")
         engine = open_engine(_ENGINE.value, workdir=_WORKDIR.value, exported=_EXPORTED.value,
                              checkpoint=_CHECKPOINT.value)
-        lines = read_lines(_INPUT.value) if _INPUT.value else _read_stdin()
+        typed = not _INPUT.value and sys.stdin.isatty()
+        lines = [] if typed else read_lines(_INPUT.value) if _INPUT.value else _read_stdin()
     except (TranslationError, DataError, ConfigError, OSError) as error:
         sys.exit(f"error: {error}")
     print(engine.source, file=sys.stderr)  # stdout: translations
+    translate = functools.partial(
+        engine.translate, beam_size=_BEAM.value, alpha=_ALPHA.value,
+        max_extra_length=_EXTRA.value, batch_size=_BATCH.value,
+        max_input_length=_MAX_INPUT.value or engine.max_length)
+    if typed:
+        return translate_as_typed(translate)
     try:
-        translations = engine.translate(
-            lines, beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_length=_EXTRA.value,
-            batch_size=_BATCH.value, max_input_length=_MAX_INPUT.value or engine.max_length,
-            progress=_INPUT.value is not None)
+        translations = translate(lines, progress=_INPUT.value is not None)
     except TranslationError as error:
         sys.exit(f"error: {error}")
     write_translations("".join(t + "\n" for t in translations))
 
 
+def translate_as_typed(translate) -> None:
+    """stdin is a terminal: each line translated once it is entered (to stdout at once, or to
+    --output at the end), until Ctrl-D. A line that fails is one error line; the next is read."""
+    print("translating each line as it is entered; Ctrl-D ends", file=sys.stderr)
+    translations = []
+    for number, line in enumerate(iter(_read_stdin_line, b""), start=1):
+        try:
+            translation = translate(decode_lines(line, "stdin", first_line=number),
+                                    progress=False)[0]
+        except DataError as error:  # it names stdin and the line
+            print(f"error: {error}", file=sys.stderr)
+            continue
+        except TranslationError as error:
+            print(f"error: stdin, line {number}: {error}", file=sys.stderr)
+            continue
+        if _OUTPUT.value:
+            translations.append(translation + "\n")
+        else:
+            write_translations(translation + "\n")
+    if _OUTPUT.value:
+        write_translations("".join(translations))
+
+
 def _read_stdin() -> list[str]:
     """stdin's lines; a read error (EIO from a terminal that went away) names stdin."""
+    return decode_lines(_read_stdin_bytes(sys.stdin.buffer.read), "stdin")
+
+
+def _read_stdin_line() -> bytes:
+    """stdin's next line, b"" at its end; a read error ends the command in one line."""
     try:
-        data = sys.stdin.buffer.read()
+        return _read_stdin_bytes(sys.stdin.buffer.readline)
+    except OSError as error:
+        sys.exit(f"error: {error}")
+
+
+def _read_stdin_bytes(read) -> bytes:
+    try:
+        return read()
     except OSError as error:
         raise OSError(f"cannot read stdin: {error.strerror or error}") from None
-    return decode_lines(data, "stdin")
 
 
 def write_translations(text: str) -> None:

@@ -23,7 +23,7 @@ from transformer_jax.export.serve_stablehlo import StableHLOError, StableHLOTran
 from transformer_jax.export.stablehlo import export_stablehlo
 from transformer_jax.predict import predict
 from transformer_jax.trained_params import load_trained_params
-from transformer_jax.translation import Translator
+from transformer_jax.translation import TranslationError, Translator
 
 # Buckets equal to the shapes predict.py gives the chosen sources (`sources` below): 4 rows,
 # source lengths padded to 8 and to 16. Then each exported search runs with the
@@ -213,6 +213,21 @@ def test_a_source_longer_than_every_bucket_is_refused_before_any_search(exported
     monkeypatch.setattr(jax.export, "deserialize", no_artifact)
     message = one_line_error(lambda: translator.translate_ids([[5, 1], [5] * 16 + [1]]))
     assert "sentence 2 has 17 tokens" in message and "(16)" in message
+    message = one_line_error(lambda: translator.translate_ids([[5] * 16 + [1]]))
+    assert message.startswith("the sentence has 17 tokens") and "(16)" in message
+
+
+def test_too_long_sentences_are_refused_in_the_translators_words(exported, translator):
+    """max_input_length refuses as Translator does, word for word: one sentence ("the
+    sentence has ...", as translate.py on a terminal sends them) and several."""
+    served = StableHLOTranslator(exported)
+    for sentences in (["dreihundertzweiundvierzig"], ["null", "dreihundertzweiundvierzig"]):
+        with pytest.raises(TranslationError) as ours:
+            translator.translate(sentences, max_input_length=2)
+        assert str(ours.value).startswith("the sentence has " if len(sentences) == 1
+                                          else "sentence ")
+        assert one_line_error(lambda: served.translate(sentences, max_input_length=2)) == \
+            str(ours.value)
 
 
 def test_a_beam_size_that_was_not_exported_is_refused(exported, translator):

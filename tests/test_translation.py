@@ -5,13 +5,16 @@ import errno
 import importlib.util
 import json
 import os
+import pty
 import re
 import resource
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 import jax
 import numpy as np
@@ -79,6 +82,49 @@ def test_translate_stdin_and_files_agree_with_the_library(workdir, tmp_path):
     assert by_file.returncode == 0, by_file.stderr
     greedy = Translator.from_workdir(str(workdir)).translate(SENTENCES, beam_size=1)
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == greedy
+
+
+def test_translate_on_a_terminal_answers_each_line_as_it_is_entered(workdir):
+    """stdin a terminal (a pseudo-terminal here): each translation is on stdout before the
+    next line is typed, and equals the library's; a line that is not UTF-8 or too long is
+    one error line naming it, and the next line is still read; Ctrl-D ends with status 0."""
+    translator = Translator.from_workdir(str(workdir))
+    expected = [translator.translate([sentence])[0] for sentence in SENTENCES]
+    terminal, stdin = pty.openpty()
+    process = subprocess.Popen([sys.executable, "translate.py", f"--workdir={workdir}",
+                                "--max_input_length=12"], cwd=ROOT, stdin=stdin,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.close(stdin)
+    try:
+        for typed, sentence, translation in zip(
+                (b"", b"zw\xffei\n", "null " * 20 + "\n"), SENTENCES, expected):
+            os.write(terminal, typed if isinstance(typed, bytes) else typed.encode())
+            os.write(terminal, sentence.encode() + b"\n")
+            assert _line_within(process.stdout, 120) == (translation + "\n").encode()
+        os.write(terminal, b"\x04")  # Ctrl-D at the start of a line: the end of the input
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        os.close(terminal)
+    assert process.returncode == 0 and out == b"", err
+    tokens = len(translator.tokenizer.encode("null " * 20, add_eos=True))
+    assert err.decode().splitlines()[-3:] == [
+        "translating each line as it is entered; Ctrl-D ends",
+        "error: stdin, line 2: not valid UTF-8 (invalid start byte at byte 3 of the line)",
+        f"error: stdin, line 4: the sentence has {tokens} tokens, more than "
+        "max_input_length=12; split it or raise the limit"]
+
+
+def _line_within(stream, seconds: float) -> bytes:
+    """The next line of `stream`, read byte by byte; what came if none ends in `seconds`."""
+    line, deadline = b"", time.monotonic() + seconds
+    while not line.endswith(b"\n") and select.select([stream], [], [], max(
+            0.0, deadline - time.monotonic()))[0]:
+        byte = os.read(stream.fileno(), 1)
+        if not byte:
+            break
+        line += byte
+    return line
 
 
 def test_translate_helpshort_lists_every_flag():

@@ -162,6 +162,9 @@ def check_lengths(source_ids: list[list[int]], max_input_length: int | None) -> 
     (None: no limit), raised before any search."""
     cap = max_input_length or float("inf")
     too_long = [(i, len(x)) for i, x in enumerate(source_ids) if len(x) > cap]
+    if len(source_ids) == 1 and too_long:
+        raise TranslationError(f"the sentence has {too_long[0][1]} tokens, more than "
+                               f"max_input_length={cap}; split it or raise the limit")
     if too_long:
         line, length = too_long[0]
         raise TranslationError(

@@ -255,14 +255,15 @@ def read_lines(path: str) -> list[str]:
     return decode_lines(data, path)
 
 
-def decode_lines(data: bytes, where: str) -> list[str]:
+def decode_lines(data: bytes, where: str, first_line: int = 1) -> list[str]:
     """Lines of UTF-8 text, split on "\\n" only, so that other separators (\\x0b, \\x85,
     U+2028, ...) keep files line-aligned; a leading byte-order mark is dropped, and "\\r\\n"
-    ends a line like "\\n". `where` names the text in the DataError for invalid UTF-8."""
+    ends a line like "\\n". `where` names the text in the DataError for invalid UTF-8, and
+    `first_line` is the number of `data`'s first line there."""
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
+        line = data.count(b"\n", 0, error.start) + first_line
         column = error.start - data.rfind(b"\n", 0, error.start)  # 1-based, in bytes
         raise DataError(f"{where}, line {line}: not valid UTF-8 ({error.reason} at byte "
                         f"{column} of the line)") from None

@@ -102,6 +102,9 @@ class StableHLOTranslator:
         # translation.check_lengths' rule and words; this file imports nothing of the package.
         cap = max_input_length or float("inf")
         too_long = [(i, len(x)) for i, x in enumerate(ids) if len(x) > cap]
+        if len(ids) == 1 and too_long:
+            raise StableHLOError(f"the sentence has {too_long[0][1]} tokens, more than "
+                                 f"max_input_length={cap}; split it or raise the limit")
         if too_long:
             line, length = too_long[0]
             raise StableHLOError(
@@ -132,8 +135,9 @@ class StableHLOTranslator:
         longest = max(b["length"] for b in buckets)
         for i, ids in enumerate(source_ids):
             if len(ids) > longest:
+                which = "the sentence" if len(source_ids) == 1 else f"sentence {i + 1}"
                 raise StableHLOError(
-                    f"sentence {i + 1} has {len(ids)} tokens, more than the longest exported "
+                    f"{which} has {len(ids)} tokens, more than the longest exported "
                     f"bucket ({longest}); split it or export longer lengths")
 
     def _run(self, bucket: dict, inputs_BS: np.ndarray) -> np.ndarray:
