@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import transformer_jax as tj
-from transformer_jax import attention, decoding, layers, masks, model, positional
+from transformer_jax import (attention, decoding, layers, losses, masks, model, optim,
+                             positional)
 
 # Distinct primes, so no transpose passes by accident.
 B, T, S, N, H = 2, 3, 5, 7, 11
@@ -296,7 +297,7 @@ def test_searches_by_keyword():
 # --- the rule itself ----------------------------------------------------------------------
 
 DIMENSION_SUFFIX = re.compile(r"_[BTSDFNHVKLCR1]+$")
-_MODULES = (attention, masks, positional, layers, model, decoding)
+_MODULES = (attention, masks, positional, losses, optim, layers, model, decoding)
 
 
 def _public_callables():

@@ -23,6 +23,9 @@ from transformer_jax.attention import (
     register_attention,
     resolve_implementation,
 )
+# Training's: the §5.3 learning rate (eq. 3), the §5.4 label-smoothed loss, token accuracy.
+from transformer_jax.optim import learning_rate
+from transformer_jax.losses import accuracy, label_smoothed_cross_entropy
 
 # The architecture: a frozen config with presets ("base", "big", "tiny").
 from transformer_jax.model_config import ModelConfig, PRESETS, get_model_config
@@ -58,7 +61,8 @@ __all__ = [  # what `from transformer_jax import *` gives: the imports above and
     "sinusoidal_encoding", "causal_mask", "combine_masks", "padding_mask",
     "segment_mask", "dropout", "attention_implementations", "attention_weights",
     "available_implementations", "choose_implementation", "dot_product_attention",
-    "register_attention", "resolve_implementation", "ModelConfig", "PRESETS",
+    "register_attention", "resolve_implementation", "learning_rate", "accuracy",
+    "label_smoothed_cross_entropy", "ModelConfig", "PRESETS",
     "get_model_config", "DecoderLayer", "EncoderLayer", "FeedForward", "MultiHeadAttention",
     "residual", "AddPositions", "Decoder", "Embedder", "Encoder", "Transformer",
     "count_parameters", "shift_right", "PerExample", "beam_search", "greedy_search",

@@ -15,7 +15,7 @@ from transformer_jax.token_ids import PAD_ID
 
 
 def label_smoothed_cross_entropy(
-    logits_BTV, targets_BT, weights_BT=None, *, label_smoothing: float = 0.0
+    logits, targets, weights=None, *, label_smoothing: float = 0.0
 ) -> tuple[jax.Array, jax.Array]:
     """Weighted cross-entropy against a label-smoothed target (§5.4, ε_ls = 0.1).
 
@@ -33,27 +33,28 @@ def label_smoothed_cross_entropy(
     other token; their weight of 0 removes them.
 
     Args:
-      logits_BTV: `(B, T, V)`, any float dtype; the softmax runs in float32.
-      targets_BT: int `(B, T)`, token ids in [0, V).
-      weights_BT: `(B, T)`; default `targets_BT != 0` (0 is padding).
+      logits: `(B, T, V)`, any float dtype; the softmax runs in float32.
+      targets: int `(B, T)`, token ids in [0, V).
+      weights: `(B, T)`; default `targets != 0` (0 is padding).
       label_smoothing: ε, a Python float in [0, 1).
 
     Returns:
       `(loss_sum, weight_sum)`, float32 scalars: Σ weight · loss and Σ weight.
     """
-    logits_BTV, targets_BT, weights_BT = _checked(logits_BTV, targets_BT, weights_BT)
+    logits_BTV, targets_BT, weights_BT = _checked(logits, targets, weights)
     terms = logit_terms(logits_BTV, targets_BT)
     loss_BT = smoothed_loss(terms, logits_BTV.shape[-1], label_smoothing)
     return (loss_BT * weights_BT).sum(), weights_BT.sum()
 
 
-def accuracy(logits_BTV, targets_BT, weights_BT=None) -> tuple[jax.Array, jax.Array]:
-    """Weighted count of tokens whose argmax logit is the target.
+def accuracy(logits, targets, weights=None) -> tuple[jax.Array, jax.Array]:
+    """Weighted count of tokens whose argmax logit is the target: `logits` `(B, T, V)`,
+    `targets` and `weights` `(B, T)`.
 
     Returns `(correct_sum, weight_sum)`, float32 scalars; weights default to
-    `targets_BT != 0` as in `label_smoothed_cross_entropy`.
+    `targets != 0` as in `label_smoothed_cross_entropy`.
     """
-    logits_BTV, targets_BT, weights_BT = _checked(logits_BTV, targets_BT, weights_BT)
+    logits_BTV, targets_BT, weights_BT = _checked(logits, targets, weights)
     correct_BT = is_correct(logit_terms(logits_BTV, targets_BT), targets_BT)
     return (correct_BT * weights_BT).sum(), weights_BT.sum()
 
