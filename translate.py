@@ -34,7 +34,7 @@ from transformer_jax.command_line import define_search_flags, define_setting_fla
 from transformer_jax.export.engines import open_engine
 from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
                                       write_whole)
-from transformer_jax.translation import TranslationError
+from transformer_jax.translation import SentenceTooLongError, TranslationError
 
 _ENGINE = flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2", "stablehlo"],
                             "jax: a training run (--workdir); ctranslate2, stablehlo: an "
@@ -65,7 +65,7 @@ def main(argv) -> None:
             writable_folder(os.path.dirname(os.path.abspath(_OUTPUT.value)), "--output's folder")
         engine = open_engine(_ENGINE.value, workdir=_WORKDIR.value, exported=_EXPORTED.value,
                              checkpoint=_CHECKPOINT.value)
-        typed = not _INPUT.value and sys.stdin.isatty()
+        typed = not _INPUT.value and sys.stdin is not None and sys.stdin.isatty()
         lines = [] if typed else read_lines(_INPUT.value) if _INPUT.value else _read_stdin()
     except (TranslationError, DataError, ConfigError, OSError) as error:
         sys.exit(f"error: {error}")
@@ -84,60 +84,69 @@ def main(argv) -> None:
 
 
 def translate_as_typed(translate) -> None:
-    """stdin is a terminal: each line translated once it is entered (to stdout at once, or to
-    --output at the end), until Ctrl-D. A line that fails is one error line; the next is read."""
+    """stdin is a terminal: each line translated once it is entered and shown on stdout
+    (with --output, also written there whole at the end), until Ctrl-D. A line that cannot
+    be translated (not UTF-8, too long) is one error line and the next is read; any other
+    error (a search setting an export does not hold) ends the command, as from a pipe."""
     print("translating each line as it is entered; Ctrl-D ends", file=sys.stderr)
-    translations = []
-    for number, line in enumerate(iter(_read_stdin_line, b""), start=1):
-        try:
-            translation = translate(decode_lines(line, "stdin", first_line=number),
-                                    progress=False)[0]
+    translations, number = [], 1
+    while typed := _read_typed():
+        try:  # a chunk is one line in a terminal's line mode; Ctrl-D after text ends it too
+            sentences = decode_lines(typed, "stdin", first_line=number) or [""]  # a lone BOM
+            done = [t + "\n" for t in translate(sentences, progress=False)]
         except DataError as error:  # it names stdin and the line
             print(f"error: {error}", file=sys.stderr)
-            continue
-        except TranslationError as error:
+        except SentenceTooLongError as error:
             print(f"error: stdin, line {number}: {error}", file=sys.stderr)
-            continue
-        if _OUTPUT.value:
-            translations.append(translation + "\n")
+        except TranslationError as error:
+            sys.exit(f"error: {error}")
         else:
-            write_translations(translation + "\n")
+            write_stdout_or_exit("".join(done))
+            translations += done
+        number += max(typed.count(b"\n") + (not typed.endswith(b"\n")), 1)
     if _OUTPUT.value:
         write_translations("".join(translations))
 
 
 def _read_stdin() -> list[str]:
     """stdin's lines; a read error (EIO from a terminal that went away) names stdin."""
-    return decode_lines(_read_stdin_bytes(sys.stdin.buffer.read), "stdin")
-
-
-def _read_stdin_line() -> bytes:
-    """stdin's next line, b"" at its end; a read error ends the command in one line."""
+    if sys.stdin is None:  # started with stdin closed (<&-)
+        raise OSError("cannot read stdin: it is closed; give --input=FILE")
     try:
-        return _read_stdin_bytes(sys.stdin.buffer.readline)
-    except OSError as error:
-        sys.exit(f"error: {error}")
-
-
-def _read_stdin_bytes(read) -> bytes:
-    try:
-        return read()
+        data = sys.stdin.buffer.read()
     except OSError as error:
         raise OSError(f"cannot read stdin: {error.strerror or error}") from None
+    return decode_lines(data, "stdin")
+
+
+def _read_typed() -> bytes:
+    """What the terminal gives one read: a line, or what was typed before Ctrl-D (b"" at
+    the end). Not readline(), which would wait past a Ctrl-D after text for more. A read
+    error ends the command in one line."""
+    try:
+        return os.read(sys.stdin.fileno(), 1 << 16)
+    except OSError as error:
+        sys.exit(f"error: cannot read stdin: {error.strerror or error}")
 
 
 def write_translations(text: str) -> None:
     """`text` to --output, whole or not at all, or to stdout. A write error is one line and
     exit status 1; a reader of stdout that went away (`| head`) only exit status 1."""
+    if not _OUTPUT.value:
+        return write_stdout_or_exit(text)
     try:
-        if _OUTPUT.value:
-            write_whole({_OUTPUT.value: text})
-        else:
-            write_stdout(text)
-    except BrokenPipeError:
-        sys.exit(1)
+        write_whole({_OUTPUT.value: text})
     except OutputError as error:
         sys.exit(f"error: cannot write {error.filename}: {error.strerror}")
+
+
+def write_stdout_or_exit(text: str) -> None:
+    """`text` to stdout; a reader that went away ends the command with exit status 1, any
+    other write error with one line too."""
+    try:
+        write_stdout(text)
+    except BrokenPipeError:
+        sys.exit(1)
     except OSError as error:
         sys.exit(f"error: cannot write stdout: {error.strerror or error}")
 

@@ -53,6 +53,15 @@ def test_decode_lines_splits_on_newline_only_and_drops_a_bom():
     """Only "\\n" (or "\\r\\n") ends a line; a leading BOM goes, a later U+FEFF stays."""
     text = "\ufeffa\x0bb\r\nc\x1cd\x85e\n\nf\u2029\ufeff\n"
     assert decode_lines(text.encode(), "x") == ["a\x0bb", "c\x1cd\x85e", "", "f\u2029\ufeff"]
+
+
+def test_a_bom_is_dropped_only_at_the_start_of_the_text():
+    """A chunk that starts at line 1 loses its BOM; one that starts at a later line (a line
+    typed in a terminal) keeps it, as a pipe's whole text would."""
+    data = "\ufeffzwei\n".encode()
+    assert decode_lines(data, "stdin") == ["zwei"]
+    assert decode_lines(data, "stdin", first_line=2) == ["\ufeffzwei"]
+    assert decode_lines(b"a\n" + data, "stdin") == ["a", "\ufeffzwei"]
     assert decode_lines(b"no final newline", "x") == ["no final newline"]
     with pytest.raises(DataError, match=r"^in\.txt, line 3: not valid UTF-8 \(invalid start "
                                         r"byte at byte 3 of the line\)$"):

@@ -84,34 +84,46 @@ def test_translate_stdin_and_files_agree_with_the_library(workdir, tmp_path):
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == greedy
 
 
-def test_translate_on_a_terminal_answers_each_line_as_it_is_entered(workdir):
+def test_translate_on_a_terminal_answers_each_line_as_it_is_entered(translating_run,
+                                                                    tmp_path):
     """stdin a terminal (a pseudo-terminal here): each translation is on stdout before the
     next line is typed, and equals the library's; a line that is not UTF-8 or too long is
-    one error line naming it, and the next line is still read; Ctrl-D ends with status 0."""
+    one error line naming it, and the next is still read; Ctrl-D after text ends that line,
+    a second ends the input (status 0); with --output the translations are written there
+    too, whole, at the end."""
+    workdir = translating_run.workdir  # it translates: outputs differ from sentence to sentence
     translator = Translator.from_workdir(str(workdir))
-    expected = [translator.translate([sentence])[0] for sentence in SENTENCES]
+    sentences = SENTENCES[:3]
+    expected = [translator.translate([sentence])[0] + "\n" for sentence in sentences]
     terminal, stdin = pty.openpty()
     process = subprocess.Popen([sys.executable, "translate.py", f"--workdir={workdir}",
-                                "--max_input_length=12"], cwd=ROOT, stdin=stdin,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                "--max_input_length=12", f"--output={tmp_path / 'out.txt'}"],
+                               cwd=ROOT, stdin=stdin, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
     os.close(stdin)
     try:
-        for typed, sentence, translation in zip(
-                (b"", b"zw\xffei\n", "null " * 20 + "\n"), SENTENCES, expected):
-            os.write(terminal, typed if isinstance(typed, bytes) else typed.encode())
-            os.write(terminal, sentence.encode() + b"\n")
-            assert _line_within(process.stdout, 120) == (translation + "\n").encode()
-        os.write(terminal, b"\x04")  # Ctrl-D at the start of a line: the end of the input
+        # Line 1; lines 2 and 3 refused; line 4; line 5, ended by Ctrl-D.
+        for before, sentence, end, translation in (
+                ([], sentences[0], b"\n", expected[0]),
+                ([b"zw\xffei\n", ("null " * 20 + "\n").encode()], sentences[1], b"\n",
+                 expected[1]),
+                ([], sentences[2], b"\x04", expected[2])):
+            for line in before:
+                os.write(terminal, line)
+            os.write(terminal, sentence.encode() + end)
+            assert _line_within(process.stdout, 120) == translation.encode()
+        os.write(terminal, b"\x04")  # at the start of a line: the end of the input
         out, err = process.communicate(timeout=60)
     finally:
         process.kill()
         os.close(terminal)
     assert process.returncode == 0 and out == b"", err
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "".join(expected)
     tokens = len(translator.tokenizer.encode("null " * 20, add_eos=True))
     assert err.decode().splitlines()[-3:] == [
         "translating each line as it is entered; Ctrl-D ends",
         "error: stdin, line 2: not valid UTF-8 (invalid start byte at byte 3 of the line)",
-        f"error: stdin, line 4: the sentence has {tokens} tokens, more than "
+        f"error: stdin, line 3: the sentence has {tokens} tokens, more than "
         "max_input_length=12; split it or raise the limit"]
 
 
@@ -264,6 +276,8 @@ def test_every_engine_translates_an_empty_line_to_an_empty_line(translating_run,
 
         def __init__(self, directory):
             self.directory, self._tokenizer = directory, None
+            self._entry = {"searches": {"greedy": {"beam_size": 1,
+                                                   "buckets": [{"length": 1024}]}}}
 
         def translate_ids(self, rows, *, beam_size, batch_size, progress):
             searched.extend(rows)

@@ -31,6 +31,11 @@ class TranslationError(ValueError):
     or a sentence longer than the limit."""
 
 
+class SentenceTooLongError(TranslationError):
+    """A sentence of more tokens than a limit (max_input_length, an export's longest
+    bucket): the others can still be translated."""
+
+
 @dataclasses.dataclass
 class Translator:
     """A trained model, its tokenizer, and the search settings of §6.1."""
@@ -158,18 +163,17 @@ def sentence_list(sentences) -> list[str]:
 
 
 def check_lengths(source_ids: list[list[int]], max_input_length: int | None) -> None:
-    """A TranslationError naming the first source of more than `max_input_length` ids
-    (None: no limit), raised before any search."""
+    """A SentenceTooLongError naming the first source of more than `max_input_length` ids
+    (None: no limit), raised before any search: "sentence N has ..." ("the sentence" when
+    there is one)."""
     cap = max_input_length or float("inf")
     too_long = [(i, len(x)) for i, x in enumerate(source_ids) if len(x) > cap]
-    if len(source_ids) == 1 and too_long:
-        raise TranslationError(f"the sentence has {too_long[0][1]} tokens, more than "
-                               f"max_input_length={cap}; split it or raise the limit")
     if too_long:
         line, length = too_long[0]
-        raise TranslationError(
-            f"sentence {line + 1} has {length} tokens, more than max_input_length={cap} "
-            f"({len(too_long)} sentence(s) too long); split it or raise the limit")
+        which, count = (("the sentence", "") if len(source_ids) == 1 else
+                        (f"sentence {line + 1}", f" ({len(too_long)} sentence(s) too long)"))
+        raise SentenceTooLongError(f"{which} has {length} tokens, more than max_input_length="
+                                   f"{cap}{count}; split it or raise the limit")
 
 
 @functools.partial(jax.jit, static_argnames=("model",))

@@ -257,11 +257,12 @@ def read_lines(path: str) -> list[str]:
 
 def decode_lines(data: bytes, where: str, first_line: int = 1) -> list[str]:
     """Lines of UTF-8 text, split on "\\n" only, so that other separators (\\x0b, \\x85,
-    U+2028, ...) keep files line-aligned; a leading byte-order mark is dropped, and "\\r\\n"
-    ends a line like "\\n". `where` names the text in the DataError for invalid UTF-8, and
-    `first_line` is the number of `data`'s first line there."""
+    U+2028, ...) keep files line-aligned; a byte-order mark that starts the text is dropped,
+    and "\\r\\n" ends a line like "\\n". `where` names the text in the DataError for invalid
+    UTF-8, and `data` starts at line `first_line` of it (after line 1, a BOM is text)."""
     try:
-        text = data.decode("utf-8").removeprefix("\ufeff")
+        text = data.decode("utf-8")
+        text = text.removeprefix("\ufeff") if first_line == 1 else text
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + first_line
         column = error.start - data.rfind(b"\n", 0, error.start)  # 1-based, in bytes

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from transformer_jax.export.manifest import ExportError
-from transformer_jax.translation import TranslationError, Translator, sentence_list
+from transformer_jax.translation import (SentenceTooLongError, TranslationError, Translator,
+                                         sentence_list)
 
 ENGINES = ("jax", "ctranslate2", "stablehlo")
 
@@ -64,6 +65,7 @@ def _open_export(name: str, directory: str) -> Engine:
 def _stablehlo(directory: str, exported: dict) -> Callable[..., list[str]]:
     """StableHLOTranslator.translate (an empty line is "" unsearched there too), refusing
     search settings other than those exported."""
+    from transformer_jax.export import serve_stablehlo
     from transformer_jax.export.serve_stablehlo import StableHLOError, StableHLOTranslator
 
     try:
@@ -78,6 +80,8 @@ def _stablehlo(directory: str, exported: dict) -> Callable[..., list[str]]:
                                        f"{exported[key]}; export again to change it")
         try:
             return translator.translate(sentence_list(sentences), beam_size=beam_size, **rest)
+        except serve_stablehlo.SentenceTooLongError as error:
+            raise SentenceTooLongError(str(error)) from None
         except StableHLOError as error:
             raise TranslationError(str(error)) from None
 

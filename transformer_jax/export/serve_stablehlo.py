@@ -34,6 +34,11 @@ class StableHLOError(ValueError):
     serve (a search it does not hold, a source longer than its longest bucket)."""
 
 
+class SentenceTooLongError(StableHLOError):
+    """A source of more tokens than max_input_length or the longest exported bucket: the
+    others can still be translated."""
+
+
 class StableHLOTranslator:
     """The searches of a stablehlo export, loaded once and compiled per bucket on first use."""
 
@@ -99,19 +104,12 @@ class StableHLOTranslator:
                             f"{type(sentences).__name__}: pass [sentence]")
         tokenizer = self._load_tokenizer()
         ids = [pieces + [EOS_ID] for pieces in tokenizer.encode(list(sentences), out_type=int)]
-        # translation.check_lengths' rule and words; this file imports nothing of the package.
         cap = max_input_length or float("inf")
-        too_long = [(i, len(x)) for i, x in enumerate(ids) if len(x) > cap]
-        if len(ids) == 1 and too_long:
-            raise StableHLOError(f"the sentence has {too_long[0][1]} tokens, more than "
-                                 f"max_input_length={cap}; split it or raise the limit")
-        if too_long:
-            line, length = too_long[0]
-            raise StableHLOError(
-                f"sentence {line + 1} has {length} tokens, more than max_input_length={cap} "
-                f"({len(too_long)} sentence(s) too long); split it or raise the limit")
+        _refuse_too_long(ids, cap, f"max_input_length={cap}", "split it or raise the limit")
         # An empty line (no pieces) is "" unsearched, as transformer_jax's predict.skip_empty.
         searched = [i for i, x in enumerate(ids) if len(x) > 1]
+        if searched:  # numbered among all the sentences, not only the searched ones
+            self._check_lengths(ids, self._search(beam_size)["buckets"])
         outputs = self.translate_ids([ids[i] for i in searched], beam_size=beam_size,
                                      batch_size=batch_size, progress=progress) if searched else []
         texts = [""] * len(ids)
@@ -133,12 +131,8 @@ class StableHLOTranslator:
 
     def _check_lengths(self, source_ids, buckets) -> None:
         longest = max(b["length"] for b in buckets)
-        for i, ids in enumerate(source_ids):
-            if len(ids) > longest:
-                which = "the sentence" if len(source_ids) == 1 else f"sentence {i + 1}"
-                raise StableHLOError(
-                    f"{which} has {len(ids)} tokens, more than the longest exported "
-                    f"bucket ({longest}); split it or export longer lengths")
+        _refuse_too_long(source_ids, longest, f"the longest exported bucket ({longest})",
+                         "split it or export longer lengths")
 
     def _run(self, bucket: dict, inputs_BS: np.ndarray) -> np.ndarray:
         """The bucket's artifact on `inputs_BS`, deserialized and compiled on first use."""
@@ -188,6 +182,18 @@ def _load_params(path: str) -> tuple:
             return tuple(jax.device_put(npz[key]) for key in sorted(npz.files))
     except OSError as error:
         raise StableHLOError(f"cannot read the parameters {path}: {error}") from None
+
+
+def _refuse_too_long(source_ids, cap, limit: str, advice: str) -> None:
+    """A SentenceTooLongError naming the first source of more than `cap` ids, in the words
+    of transformer_jax's translation.check_lengths (this file imports nothing of it)."""
+    too_long = [(i, len(x)) for i, x in enumerate(source_ids) if len(x) > cap]
+    if too_long:
+        line, length = too_long[0]
+        which, count = (("the sentence", "") if len(source_ids) == 1 else
+                        (f"sentence {line + 1}", f" ({len(too_long)} sentence(s) too long)"))
+        raise SentenceTooLongError(f"{which} has {length} tokens, more than {limit}{count}; "
+                                   f"{advice}")
 
 
 def _batch_rows(batch_size: int | None, largest: int) -> int:
