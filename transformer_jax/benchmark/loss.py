@@ -8,7 +8,9 @@ backward, alone: what `config.loss_chunk_size` chooses between, and a library's 
     tokamax  tokamax's `linear_softmax_cross_entropy_loss`, where tokamax is installed: no
              label smoothing, no token weights, no accuracy, so less work than the two
              above and no drop-in for them; it is here to measure what a well-kept kernel
-             does with the same matmuls
+             does with the same matmuls. Its default implementation, and beside it
+             "chunked_xla" (blocks of rows and of V, no (R, V) logits) where the installed
+             version has it (0.0.17 does; 0.0.12 does not)
 
 Each is the value and gradient (features and table) of the loss's sum, jitted; R target
 tokens of width D against V. On accelerators R = 96 × 256 (the base step's batch), D 512,
@@ -48,12 +50,20 @@ def _chunks(x_RD, table_VD, targets_R, dtype, chunk):
     return loss, correct
 
 
-def _tokamax(x_RD, table_VD, targets_R, dtype):
+def _tokamax(x_RD, table_VD, targets_R, dtype, implementation=None):
     import tokamax
 
     loss = tokamax.linear_softmax_cross_entropy_loss(
-        x_RD.astype(dtype), targets_R, table_VD.astype(dtype).T, reduction="sum")
+        x_RD.astype(dtype), targets_R, table_VD.astype(dtype).T, reduction="sum",
+        implementation=implementation)
     return loss, jnp.zeros((), jnp.float32)
+
+
+def _tokamax_implementations() -> list[str]:
+    """tokamax's implementations of the loss besides its default, where it has them."""
+    from tokamax._src.ops.linear_softmax_cross_entropy_loss import api
+
+    return [name for name in ("chunked_xla",) if name in api.IMPLEMENTATIONS]
 
 
 def methods(chunk: int) -> tuple[dict, list[str]]:
@@ -69,7 +79,10 @@ def methods(chunk: int) -> tuple[dict, list[str]]:
     # sys.argv holds this command's own arguments (--quick), which absl would refuse.
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
-    return {**found, "tokamax": _tokamax}, []
+    found["tokamax"] = _tokamax
+    for name in _tokamax_implementations():
+        found[f"tokamax {name}"] = functools.partial(_tokamax, implementation=name)
+    return found, []
 
 
 def time_method(fn, rows: int, width: int, vocab: int, dtype: str, chunk: int, *,
@@ -97,7 +110,7 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
                  for name, fn in found.items()]
         for row in timed:
             row["vs_whole"] = timed[0]["ms"] / row["ms"]
-            if row["method"] != "chunks":
+            if row["method"] != "chunks":  # tokamax's blocks are its own
                 row["chunk"] = None
         rows += timed
     return rows, notes + [
