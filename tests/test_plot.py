@@ -78,6 +78,27 @@ def test_the_wall_time_axis_maps_steps_to_the_recorded_seconds():
             assert ax.child_axes[0].get_xlim() == pytest.approx(seconds)
 
 
+def test_wall_time_labels_do_not_crowd_where_the_clock_runs_unevenly():
+    """A run whose first 1,000 steps took a minute (compiling) and the next 5,000 ninety
+    seconds: evenly spaced minutes would put four labels over the first sixth of the axis.
+    The labels kept are round times at least an eighth of the axis apart, left to right."""
+    records = [{"step": step, "loss": 1.0,
+                "elapsed_s": 60.0 * step / 1000 if step <= 1000 else 60 + 0.018 * (step - 1000)}
+               for step in range(100, 6001, 100)]
+    figure = plot.curves_figure([("run", records)])
+    ax = figure.axes[0]
+    ax.set_xlim(0, 6000)
+    figure.draw_without_rendering()
+    top = ax.child_axes[0]
+    minutes = np.asarray(top.get_xticks())
+    steps = np.interp(minutes * 60, plot.wall_time(records)[:, 1], plot.wall_time(records)[:, 0])
+    assert len(minutes) >= 4 and np.all(np.diff(steps) >= 6000 / 8 - 1e-6), (minutes, steps)
+    assert all(round(m / 0.25, 9).is_integer() for m in minutes)  # 0, 0.25, 0.5, ... minutes
+    assert 0 <= steps.min() and steps.max() <= 6000
+    labels = [t.get_text() for t in top.get_xticklabels()]
+    assert len(labels) == len(minutes)
+
+
 def test_a_long_run_reads_its_clock_in_minutes():
     records = [{**r, "elapsed_s": 60 * r["elapsed_s"]} for r in RECORDS]
     figure = plot.curves_figure([("run", records)])

@@ -250,8 +250,35 @@ def _add_wall_time_axis(ax, clock: np.ndarray) -> None:
     steps, times = clock[:, 0], clock[:, 1] / length
     top = ax.secondary_xaxis("top", functions=(_piecewise_linear(steps, times),
                                                _piecewise_linear(times, steps)))
+    top.xaxis.set_major_locator(_spread_ticks(_piecewise_linear(times, steps)))
     top.set_xlabel(f"wall time ({unit})", color="0.35")
     top.tick_params(colors="0.35")
+
+
+def _spread_ticks(to_step, spacing: int = 8):
+    """A matplotlib Locator of round times whose places on the step axis are at least
+    1/`spacing` of its width apart. The clock runs unevenly against the steps (the first
+    step compiles, evaluations pause training), so evenly spaced times can fall on nearly
+    the same step and their labels overprint one another."""
+    from matplotlib.ticker import Locator, MaxNLocator
+
+    class SpreadTicks(Locator):
+        def __call__(self):
+            return self.tick_values(*self.axis.get_view_interval())
+
+        def tick_values(self, vmin, vmax):
+            low, high = sorted((vmin, vmax))
+            times = [t for t in MaxNLocator(nbins=10, steps=[1, 2, 2.5, 5, 10])
+                     .tick_values(low, high) if low <= t <= high]
+            left, right = to_step(np.array([low, high]))
+            kept, last = [], -np.inf
+            for time, step in zip(times, to_step(np.array(times, dtype=np.float64))):
+                if step - last >= (right - left) / spacing:
+                    kept.append(time)
+                    last = step
+            return np.array(kept)
+
+    return SpreadTicks()
 
 
 def _title(figure, runs: Sequence[Run]) -> None:
