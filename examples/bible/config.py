@@ -6,9 +6,10 @@
     python evaluate.py --workdir=runs/bible_es_en --split=test --checkpoint=average:5
 
 Run from the repository root (the dataset path is relative to it). Meant for one GPU
-(bfloat16, as above); a CPU runs it in float32 without the flag, slowly. Expected result:
-none recorded yet (examples/bible/README.md, "Results"); copying the Spanish sources scores
-0.12 BLEU (chrF 17.3) on the test split.
+(bfloat16, as above); a CPU runs it in float32 without the flag, slowly. Measured: a run
+stopped at step 5,964 on an H200 scored test BLEU 10.26, chrF 29.84 (examples/bible/README.md,
+"Results"; the whole run not yet made); copying the Spanish sources scores 0.12 BLEU
+(chrF 17.3) on the test split.
 
 The sizes are for a low-resource corpus: 29.6k training pairs, about 0.95M tokens a side.
 """
