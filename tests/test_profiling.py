@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import re
 
 import jax.numpy as jnp
 import pytest
@@ -62,7 +63,14 @@ def test_train_profiles_its_steps_after_the_first_ten(tmp_path, capsys):
     assert any(o["operation"] in ("dot", "ynn_fusion") for o in summary["operations"])
     printed = "".join(capsys.readouterr())
     assert printed.count("profiled steps 11-13 into") == 1
-    assert "step 1 done " in printed and " s after the start" in printed
+    # Where the time to the first step went: three parts that add up to it.
+    first = re.search(r"step 1 done ([\d.]+) s after the start: ([\d.]+) s reading or "
+                      r"preparing the data, ([\d.]+) s building or restoring the state, "
+                      r"([\d.]+) s compiling and running the step", printed)
+    assert first, printed
+    total, *parts = map(float, first.groups())
+    assert all(part >= 0 for part in parts) and parts[2] > 0
+    assert abs(sum(parts) - total) <= 0.15  # each rounded to 0.1 s
     with open(tmp_path / "metrics.jsonl") as f:
         record = json.loads(f.readline())
     # 13 steps in the window; its rates count steps 2-10 (the first compiles, 11-13 are

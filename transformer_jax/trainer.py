@@ -133,10 +133,22 @@ def _train(config, workdir: str, stop: StopSignal, started: float) -> TrainResul
         if found is not None:
             refuse_other_run(found[1], model_config, config.optim, tokenizer,
                              workdir=workdir, where=f"{checkpointer.directory}/{found[0]}")
+        opened = time.monotonic()  # the data; then the state, then the first step
         loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer, splits)
-        return loop.run(stop, started)
+        return loop.run(stop, started, opened)
     finally:
         checkpointer.close()
+
+
+def _first_step_line(step: int, started: float, opened: float, built: float) -> str:
+    """Where the time to the first step went: the data (reading, or preparing on a first
+    start), the state (built or restored, and placed on the devices), the step itself
+    (compiling it, unless the compilation cache holds it, and running it)."""
+    now = time.monotonic()
+    return (f"step {step} done {now - started:.1f} s after the start: "
+            f"{opened - started:.1f} s reading or preparing the data, "
+            f"{built - opened:.1f} s building or restoring the state, "
+            f"{now - built:.1f} s compiling and running the step")
 
 
 def _plural(count: int, noun: str) -> str:
@@ -250,9 +262,10 @@ class _Loop:
                 f"{c.parallelism}; {batches}{micro}; transformer_jax "
                 f"{software['transformer_jax']}{commit}, jax {software['jax']}")
 
-    def run(self, stop: StopSignal, started: float) -> TrainResult:
-        """Trains from the newest checkpoint to `num_train_steps` (`started`: the run's
-        monotonic start time, for the first step's line)."""
+    def run(self, stop: StopSignal, started: float, opened: float) -> TrainResult:
+        """Trains from the newest checkpoint to `num_train_steps` (`started`, `opened`: the
+        monotonic times of the run's start and of its data opened, for the first step's
+        line)."""
         restored = self._restore()
         parameters = sum(x.size for x in jax.tree.leaves(self.state.params))
         placed = self.parallel.put_state(self.state)
@@ -278,6 +291,7 @@ class _Loop:
         work = self._periodic_work(log, records)
         trace = StepTrace(self.workdir, first_step=first, steps=self.config.profile_steps
                           if jax.process_index() == 0 else 0)
+        built = time.monotonic()  # the state built or restored, and placed
         try:
             self._window.start()
             stop.check()
@@ -290,8 +304,7 @@ class _Loop:
                 self._window.pending.append(metrics)
                 if step == first + 1:
                     jax.block_until_ready(metrics)
-                    log.message(f"step {step} done {time.monotonic() - started:.1f} s after "
-                                f"the start (reading or preparing the data, compiling)")
+                    log.message(_first_step_line(step, started, opened, built))
                     # Compiled and run: from here a signal asks for a save (before, it stops
                     # at once, even inside the compilation).
                     stop.training = True
