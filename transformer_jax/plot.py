@@ -248,9 +248,9 @@ def _add_wall_time_axis(ax, clock: np.ndarray) -> None:
         return
     unit, length = _time_unit(clock[-1, 1])
     steps, times = clock[:, 0], clock[:, 1] / length
-    top = ax.secondary_xaxis("top", functions=(_piecewise_linear(steps, times),
-                                               _piecewise_linear(times, steps)))
-    top.xaxis.set_major_locator(_spread_ticks(_piecewise_linear(times, steps)))
+    to_step = _piecewise_linear(times, steps)
+    top = ax.secondary_xaxis("top", functions=(_piecewise_linear(steps, times), to_step))
+    top.xaxis.set_major_locator(_spread_ticks(to_step))
     top.set_xlabel(f"wall time ({unit})", color="0.35")
     top.tick_params(colors="0.35")
 

@@ -123,6 +123,7 @@ def _train(config, workdir: str, stop: StopSignal, started: float) -> TrainResul
     # as it takes, then open them.
     tokenizer, splits = processes.first_then_others(lambda: prepare(config.data, workdir),
                                                     "prepare the data")
+    opened = time.monotonic()  # the data; then the state, then the first step
     model_config = build_model_config(config.model, tokenizer.vocab_size)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
                                 keep=config.checkpoints_to_keep)
@@ -133,7 +134,6 @@ def _train(config, workdir: str, stop: StopSignal, started: float) -> TrainResul
         if found is not None:
             refuse_other_run(found[1], model_config, config.optim, tokenizer,
                              workdir=workdir, where=f"{checkpointer.directory}/{found[0]}")
-        opened = time.monotonic()  # the data; then the state, then the first step
         loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer, splits)
         return loop.run(stop, started, opened)
     finally:
