@@ -69,6 +69,47 @@ def test_weights_of_packed_rows_scale_tokens_and_gradients():
         assert_allclose(fn_grad, ref_grad, rtol=1e-5, atol=1e-6)
 
 
+def test_gradients_scale_with_the_cotangent_of_the_loss():
+    """The gradients are computed in the forward pass for a cotangent of 1 and scaled in the
+    backward pass: a mean loss (cotangent 1 / Σ weight) and a scaled one match autodiff."""
+    features, table, targets = problem(3)
+
+    def mean(fn):
+        def loss(f, t):
+            loss_sum, weight_sum = fn(f, t)[:2]
+            return 2.5 * loss_sum / weight_sum
+        return jax.grad(loss, argnums=(0, 1))
+
+    chunked = mean(lambda f, t: output_loss(f, t, targets, label_smoothing=0.1, chunk_size=6))
+    reference = mean(lambda f, t: whole(f, t, targets, label_smoothing=0.1))
+    for grad, expected in zip(chunked(features, table), reference(features, table)):
+        assert_allclose(grad, expected, rtol=1e-5, atol=1e-7)
+
+
+def _matmuls(jaxpr) -> int:
+    """dot_general equations in `jaxpr` and the jaxprs inside it (a scan's body counted once)."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "dot_general"
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    count += _matmuls(inner)
+    return count
+
+
+def test_a_differentiated_chunk_runs_three_matmuls_as_the_whole_logits_do():
+    """Logits, dfeatures and dtable: the logits are not computed again for the backward pass;
+    a call without a gradient (evaluation) runs the logits' matmul alone."""
+    features, table, targets = problem()
+    loss = lambda f, t: output_loss(f, t, targets, chunk_size=4)[0]  # noqa: E731
+    assert _matmuls(jax.make_jaxpr(jax.grad(loss, (0, 1)))(features, table).jaxpr) == 3
+    assert _matmuls(jax.make_jaxpr(loss)(features, table).jaxpr) == 1
+    reference = lambda f, t: whole(f, t, targets)[0]  # noqa: E731
+    assert _matmuls(jax.make_jaxpr(jax.grad(reference, (0, 1)))(features, table).jaxpr) == 3
+
+
 def test_accuracy_counts_hand_made_argmaxes():
     """Features equal to table rows: each token's argmax is its own row (an identity-like
     table makes the logits' argmax known by hand)."""

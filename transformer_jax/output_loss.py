@@ -10,15 +10,20 @@ backward. For the paper's 25,000-token batches and 37,000-token vocabulary the l
 accuracy and their gradients; here a chunk of 4,096 rows is 0.6 GB, and lives only inside
 one iteration of a `lax.scan`.
 
-The gradient is a custom VJP: for each chunk the backward pass computes the logits again
-(one matmul), the softmax from the log-normalizer the forward pass kept (one float per
-row), and dlogits = weight · (softmax − q), q the smoothed target; it then writes
+The gradient is a custom VJP that does its work in the forward pass, while each chunk's
+logits are at hand (as Liger Kernel's fused linear cross-entropy does): for each chunk it
+computes the softmax, dlogits = weight · (softmax − q), q the smoothed target, writes
 dfeatures = dlogits @ table for the chunk and adds dlogits^T @ features into the table's
-gradient. Written by hand because no well-kept library computes this loss: optax and
-flax have no chunked or fused projection-and-loss; tokamax 0.0.12's
-`linear_softmax_cross_entropy_loss` has the whole-logits XLA path and a TPU kernel only,
-and neither label smoothing nor token weights; JAX's own autodiff of a scan would keep
-every chunk's logits for the backward pass.
+gradient. The backward pass only scales the two by the loss's cotangent. So a
+differentiated step runs three logit-sized matmuls per chunk, as the whole logits do; an
+earlier version kept each chunk's log-normalizer and computed its logits again in the
+backward pass, four matmuls (BENCHMARKS.md, "the output layer and loss in chunks"). A call
+that is not differentiated (evaluation) computes no gradient. Written by hand because no
+well-kept library computes this loss: optax and flax have no chunked or fused
+projection-and-loss; tokamax's `linear_softmax_cross_entropy_loss` (0.0.17) has neither
+label smoothing nor token weights nor the accuracy, and its memory-saving "chunked_xla"
+ran 2.1 × slower than this on an H200; JAX's own autodiff of a scan would keep every
+chunk's logits for the backward pass.
 """
 
 import functools
@@ -80,49 +85,55 @@ def _logits(x_CD, table_VD, dtype):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _output_loss(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype):
-    return _forward(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype)[0]
+    return _chunks(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype, False)[0]
 
 
 def _forward(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype):
+    sums, grads = _chunks(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype, True)
+    dtypes = jnp.zeros(0, x_KCD.dtype), jnp.zeros(0, table_VD.dtype)  # residuals are arrays
+    return sums, (grads, dtypes, weights_KC)
+
+
+def _chunks(x_KCD, table_VD, targets_KC, weights_KC, label_smoothing, dtype, with_grads):
+    """The three sums over all chunks; with `with_grads`, also the loss sum's gradients
+    (features `(K, C, D)` and table `(V, D)`, float32), taken while each chunk's logits are
+    in hand."""
     vocab_size = table_VD.shape[0]
+    confidence, low, _ = smoothed_target(label_smoothing, vocab_size)
     table_cast_VD = table_VD.astype(dtype)  # once, not once per chunk
 
-    def one_chunk(sums, chunk):
+    def one_chunk(carry, chunk):
+        sums, dtable_VD = carry
         x_CD, targets_C, weights_C = chunk
-        terms = logit_terms(_logits(x_CD, table_cast_VD, dtype), targets_C)
+        logits_CV = _logits(x_CD, table_cast_VD, dtype)
+        terms = logit_terms(logits_CV, targets_C)
         loss_C = smoothed_loss(terms, vocab_size, label_smoothing)
         sums = (sums[0] + (loss_C * weights_C).sum(), sums[1] + weights_C.sum(),
                 sums[2] + (is_correct(terms, targets_C) * weights_C).sum())
-        return sums, terms.logsumexp
-
-    zero = jnp.zeros((), jnp.float32)
-    sums, logsumexp_KC = jax.lax.scan(one_chunk, (zero, zero, zero),
-                                      (x_KCD, targets_KC, weights_KC))
-    return sums, (x_KCD, table_VD, targets_KC, weights_KC, logsumexp_KC)
-
-
-def _backward(label_smoothing, dtype, residuals, cotangents):
-    x_KCD, table_VD, targets_KC, weights_KC, logsumexp_KC = residuals
-    g = cotangents[0]  # the counts' cotangents do not reach the inputs
-    vocab_size = table_VD.shape[0]
-    confidence, low, _ = smoothed_target(label_smoothing, vocab_size)
-    table_cast_VD = table_VD.astype(dtype)
-
-    def one_chunk(dtable_VD, chunk):
-        x_CD, targets_C, weights_C, logsumexp_C = chunk
-        probs_CV = jnp.exp(_logits(x_CD, table_cast_VD, dtype) - logsumexp_C[:, None])
+        if not with_grads:
+            return (sums, dtable_VD), None
+        probs_CV = jnp.exp(logits_CV - terms.logsumexp[:, None])
         q_CV = jnp.where(target_mask(targets_C, vocab_size), confidence, low)
-        dlogits_CV = ((g * weights_C)[:, None] * (probs_CV - q_CV)).astype(dtype)
+        dlogits_CV = (weights_C[:, None] * (probs_CV - q_CV)).astype(dtype)
         dx_CD = jnp.einsum("CV,VD->CD", dlogits_CV, table_cast_VD,
                            preferred_element_type=jnp.float32)
         dtable_VD = dtable_VD + jnp.einsum("CV,CD->VD", dlogits_CV, x_CD.astype(dtype),
                                            preferred_element_type=jnp.float32)
-        return dtable_VD, dx_CD.astype(x_CD.dtype)
+        return (sums, dtable_VD), dx_CD
 
-    dtable_VD, dx_KCD = jax.lax.scan(one_chunk, jnp.zeros(table_VD.shape, jnp.float32),
-                                     (x_KCD, targets_KC, weights_KC, logsumexp_KC))
-    no_targets = np.zeros(targets_KC.shape, jax.dtypes.float0)
-    return dx_KCD, dtable_VD.astype(table_VD.dtype), no_targets, jnp.zeros_like(weights_KC)
+    zero = jnp.zeros((), jnp.float32)
+    dtable_VD = jnp.zeros(table_VD.shape if with_grads else (), jnp.float32)
+    (sums, dtable_VD), dx_KCD = jax.lax.scan(one_chunk, ((zero, zero, zero), dtable_VD),
+                                             (x_KCD, targets_KC, weights_KC))
+    return sums, (dx_KCD, dtable_VD)
+
+
+def _backward(label_smoothing, dtype, residuals, cotangents):
+    (dx_KCD, dtable_VD), (x_dtype, table_dtype), weights_KC = residuals
+    g = cotangents[0]  # the counts' cotangents do not reach the inputs
+    no_targets = np.zeros(weights_KC.shape, jax.dtypes.float0)
+    return ((g * dx_KCD).astype(x_dtype.dtype), (g * dtable_VD).astype(table_dtype.dtype),
+            no_targets, jnp.zeros_like(weights_KC))
 
 
 _output_loss.defvjp(_forward, _backward)

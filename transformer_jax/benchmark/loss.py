@@ -116,5 +116,5 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
     return rows, notes + [
         "whole: the (R, V) logits whole; chunks: output_loss, the same loss and gradient; "
         "tokamax: no label smoothing, weights or accuracy",
-        "tflops: the nominal 6·R·D·V of the logits and their two gradients (chunks compute "
-        "the logits twice)", "vs_whole: the whole logits' time over this method's"]
+        "tflops: the nominal 6·R·D·V of the logits and their two gradients",
+        "vs_whole: the whole logits' time over this method's"]
