@@ -9,11 +9,12 @@ and --process_id (or let JAX read them from a cluster environment such as SLURM)
 import functools
 import os
 import sys
+import time
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer_jax import parallel, trainer
+from transformer_jax import parallel, profiling, trainer
 from transformer_jax.checkpoint import CheckpointWriteError
 from transformer_jax.config_checks import ConfigError
 from transformer_jax.data import DataError
@@ -37,11 +38,13 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's index")
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    age = profiling.seconds_since_process_start()
+    launched = None if age is None else time.monotonic() - age  # for the first step's line
     logging.set_verbosity(logging.WARNING)  # orbax and TFDS report every file at INFO
     parallel.initialize_processes(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     trainer.use_compilation_cache(_WORKDIR.value)
     try:
-        trainer.train(loaded_config(_CONFIG.value), _WORKDIR.value)
+        trainer.train(loaded_config(_CONFIG.value), _WORKDIR.value, launched=launched)
     except (ConfigError, DataError, NonFiniteLossError,
             CheckpointWriteError, MetricsError, MetricsWriteError) as error:
         sys.exit(f"error: {error}")

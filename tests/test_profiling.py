@@ -4,6 +4,9 @@ import gzip
 import json
 import os
 import re
+import subprocess
+import sys
+import time
 
 import jax.numpy as jnp
 import pytest
@@ -98,3 +101,19 @@ def test_a_trace_that_cannot_start_is_one_warning_and_training_goes_on(tmp_path)
         jax.profiler.stop_trace()
     assert len(said) == 1 and said[0].startswith("warning: cannot trace steps 11 and on: ")
     assert not (tmp_path / "run").exists()
+
+
+def test_seconds_since_process_start_counts_from_the_kernels_record(tmp_path):
+    """A child that sleeps 1.5 s first is at least 1.5 s old when it asks, and no older
+    than its parent saw it run (10 ms ticks)."""
+    code = ("import time; time.sleep(1.5); "
+            "from transformer_jax.profiling import seconds_since_process_start as age; "
+            "print(age())")
+    before = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    ran = time.monotonic() - before
+    if sys.platform != "linux":
+        assert done.stdout.strip() == "None"
+        return
+    assert 1.5 <= float(done.stdout) <= ran + 0.01, (done.stdout, ran)

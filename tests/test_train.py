@@ -531,12 +531,21 @@ def test_sigterm_saves_and_exits_cleanly_and_the_restart_loads_the_compiled_step
     assert step in Checkpointer(str(tmp_path / "checkpoints"), keep=5).all_steps()
     entries = sorted((tmp_path / "compilation_cache").iterdir(), key=lambda p: p.stat().st_size)
     compiled = {path.name.split("-")[0] for path in entries}
+    launched = time.monotonic()
     restart = run_train_py(tmp_path, f"--config.num_train_steps={step + 1}",
                            "--config.num_eval_batches=0", "--config.decode.bleu_every_steps=0",
                            env={**cache_everything, "JAX_LOG_COMPILES": "1"})
     out, err = restart.communicate(timeout=240)
+    ran = time.monotonic() - launched
     assert restart.returncode == 0, err
-    assert f"step {step + 1} done" in out + err
+    # The first step's line counts from the process's start, in four parts that add up.
+    first = re.search(rf"step {step + 1} done ([\d.]+) s after the process started: ([\d.]+) s "
+                      r"starting Python, the imports and the devices, ([\d.]+) s reading or "
+                      r"preparing the data, ([\d.]+) s building or restoring the state, "
+                      r"([\d.]+) s compiling and running the step", out + err)
+    assert first, out + err
+    total, *parts = map(float, first.groups())
+    assert parts[0] > 0.1 and abs(sum(parts) - total) <= 0.2 and total <= ran
     loaded = set(re.findall(r"Persistent compilation cache hit for '(\w+)'", err))
     # The largest program is the train step (whatever JAX names it: 'jit__fun' under pmap).
     biggest = entries[-1].name.split("-")[0]

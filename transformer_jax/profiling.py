@@ -84,6 +84,19 @@ def timeline(trace_dir: str) -> dict[str, float]:
             "idle_share": (span - busy) / span if span else 0.0}
 
 
+def seconds_since_process_start() -> float | None:
+    """How long ago this process started, by the kernel's record of it (Linux: its start in
+    /proc/self/stat, in clock ticks since boot, against the boot clock; 10 ms resolution),
+    so that Python's own start and the imports count; None where there is no such record."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rpartition(")")[2].split()  # after the command's name
+        start_ticks = int(fields[19])  # field 22, starttime; fields[0] is field 3
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 class ProfileError(Exception):
     """A trace that could not be taken or summarized; the training it watched goes on."""
 

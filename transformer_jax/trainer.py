@@ -105,8 +105,12 @@ def use_compilation_cache(workdir: str) -> str | None:
         else None
 
 
-def train(config, workdir: str) -> TrainResult:
-    """Trains (or resumes training) the run of `config` in `workdir`."""
+def train(config, workdir: str, *, launched: float | None = None) -> TrainResult:
+    """Trains (or resumes training) the run of `config` in `workdir`.
+
+    `launched`, the monotonic time its process started (train.py passes it), adds to the
+    first step's line the time before training began: Python, the imports, JAX's devices.
+    """
     check_config(config)
     workdir = writable_folder(workdir)
     # One run per workdir; in a multi-host run, process 0 holds the lock for all.
@@ -114,10 +118,10 @@ def train(config, workdir: str) -> TrainResult:
     # From here on: while data is read and the step compiles too.
     started = time.monotonic()
     with StopSignal() as stop, lock:
-        return _train(config, workdir, stop, started)
+        return _train(config, workdir, stop, (launched, started))
 
 
-def _train(config, workdir: str, stop: StopSignal, started: float) -> TrainResult:
+def _train(config, workdir: str, stop: StopSignal, started: tuple) -> TrainResult:
     parallel = Parallel(config.parallelism)
     # Process 0 trains the tokenizer and prepares the splits; the others wait for it, as long
     # as it takes, then open them.
@@ -140,13 +144,20 @@ def _train(config, workdir: str, stop: StopSignal, started: float) -> TrainResul
         checkpointer.close()
 
 
-def _first_step_line(step: int, started: float, opened: float, built: float) -> str:
-    """Where the time to the first step went: the data (reading, or preparing on a first
-    start), the state (built or restored, and placed on the devices), the step itself
-    (compiling it, unless the compilation cache holds it, and running it)."""
+def _first_step_line(step: int, started: tuple, opened: float, built: float) -> str:
+    """Where the time to the first step went: with the process's start (`started` is
+    (launched or None, the run's start)), Python, the imports and JAX's devices; the data
+    (reading, or preparing on a first start), the state (built or restored, and placed on
+    the devices), the step itself (compiling it, unless the compilation cache holds it, and
+    running it)."""
     now = time.monotonic()
-    return (f"step {step} done {now - started:.1f} s after the start: "
-            f"{opened - started:.1f} s reading or preparing the data, "
+    launched, started = started
+    if launched is None:
+        before = f"step {step} done {now - started:.1f} s after the start: "
+    else:
+        before = (f"step {step} done {now - launched:.1f} s after the process started: "
+                  f"{started - launched:.1f} s starting Python, the imports and the devices, ")
+    return (f"{before}{opened - started:.1f} s reading or preparing the data, "
             f"{built - opened:.1f} s building or restoring the state, "
             f"{now - built:.1f} s compiling and running the step")
 
@@ -262,10 +273,10 @@ class _Loop:
                 f"{c.parallelism}; {batches}{micro}; transformer_jax "
                 f"{software['transformer_jax']}{commit}, jax {software['jax']}")
 
-    def run(self, stop: StopSignal, started: float, opened: float) -> TrainResult:
-        """Trains from the newest checkpoint to `num_train_steps` (`started`, `opened`: the
-        monotonic times of the run's start and of its data opened, for the first step's
-        line)."""
+    def run(self, stop: StopSignal, started: tuple, opened: float) -> TrainResult:
+        """Trains from the newest checkpoint to `num_train_steps` (`started`: the monotonic
+        times of the process's start, or None, and of the run's; `opened`: of its data
+        opened; for the first step's line)."""
         restored = self._restore()
         parameters = sum(x.size for x in jax.tree.leaves(self.state.params))
         placed = self.parallel.put_state(self.state)
