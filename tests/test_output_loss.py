@@ -1,6 +1,8 @@
 """The chunked output layer and loss: equal to the whole-logits loss, accuracy and gradients,
 with no (rows, V) array in the computation."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -87,16 +89,7 @@ def test_gradients_scale_with_the_cotangent_of_the_loss():
 
 
 def _matmuls(jaxpr) -> int:
-    """dot_general equations in `jaxpr` and the jaxprs inside it (a scan's body counted once)."""
-    count = 0
-    for eqn in jaxpr.eqns:
-        count += eqn.primitive.name == "dot_general"
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else [param]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    count += _matmuls(inner)
-    return count
+    return sum(eqn.primitive.name == "dot_general" for eqn in _equations(jaxpr))
 
 
 def test_a_differentiated_chunk_runs_three_matmuls_as_the_whole_logits_do():
@@ -132,16 +125,20 @@ def test_no_array_of_the_whole_logits_is_made():
     assert (B, T, V) in shapes
 
 
-def _all_shapes(jaxpr) -> set[tuple]:
-    shapes = set()
+def _equations(jaxpr):
+    """Every equation of `jaxpr` and of the jaxprs inside it (a scan's body once)."""
     for eqn in jaxpr.eqns:
-        shapes |= {tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape")}
+        yield eqn
         for param in eqn.params.values():
             for sub in param if isinstance(param, (list, tuple)) else [param]:
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):
-                    shapes |= _all_shapes(inner)
-    return shapes
+                    yield from _equations(inner)
+
+
+def _all_shapes(jaxpr) -> set[tuple]:
+    return {tuple(v.aval.shape) for eqn in _equations(jaxpr) for v in eqn.outvars
+            if hasattr(v.aval, "shape")}
 
 
 def test_bfloat16_operands_stay_near_float32(standard_dtype_promotion):
@@ -156,6 +153,30 @@ def test_bfloat16_operands_stay_near_float32(standard_dtype_promotion):
     grad = jax.grad(lambda t: output_loss(features, t, targets, chunk_size=8,
                                           dtype=jnp.bfloat16)[0])(table)
     assert grad.dtype == jnp.float32  # the parameter's dtype
+
+
+def test_bfloat16_chunks_make_their_logits_in_bfloat16_as_the_whole_logits_path_does():
+    """The model's whole-logits path makes its logits in the compute dtype
+    (`Transformer.decode`); so do the chunks, forward and in the differentiated pass: half
+    the bytes of float32 logits in every pass over them on a GPU. (Their values cannot be
+    compared with the whole path's to bfloat16's rounding: XLA may keep the product's
+    float32 where a convert to bfloat16 and back follows it, `xla_allow_excess_precision`.)"""
+    features, table, targets = problem()
+
+    def logit_dtypes(fn):
+        jaxpr = jax.make_jaxpr(fn)(features, table).jaxpr
+        return {str(v.aval.dtype) for v in _dot_outputs(jaxpr) if v.aval.shape[-1] == V}
+
+    loss = lambda f, t, dtype: output_loss(f, t, targets, chunk_size=8, dtype=dtype)[0]  # noqa
+    for dtype in (jnp.bfloat16, jnp.float32):
+        bound = functools.partial(loss, dtype=dtype)
+        assert logit_dtypes(bound) == {jnp.dtype(dtype).name}
+        assert logit_dtypes(jax.grad(bound, (0, 1))) == {jnp.dtype(dtype).name}
+
+
+def _dot_outputs(jaxpr) -> list:
+    return [v for eqn in _equations(jaxpr) if eqn.primitive.name == "dot_general"
+            for v in eqn.outvars]
 
 
 @pytest.mark.parametrize("bad, match", [
