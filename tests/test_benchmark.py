@@ -32,8 +32,9 @@ POSITIVE = {
 @pytest.mark.parametrize("suite", SUITES)
 def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
     path = tmp_path / f"{suite}.json"
-    # The model suite with a ModelConfig field set to another value than its default (16).
-    vary = ["--vary", "dropout_bits=8"] if suite == "model" else []
+    # The model suite with a ModelConfig field set to another value than its default (16),
+    # and loss chunks of its choosing (--quick's own are 0 and 64).
+    vary = ["--vary", "dropout_bits=8", "--loss-chunks=0,32"] if suite == "model" else []
     assert main([suite, "--quick", f"--json={path}", *vary]) == 0
     result = json.loads(path.read_text())
     assert result["suite"] == suite and result["quick"] is True
@@ -56,7 +57,7 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
         assert_attention_masks(result)
     if suite == "model":
         assert {(row["loss_chunk"], row["dropout_bits"]) for row in result["results"]} == {
-            (0, 8), (64, 8)}
+            (0, 8), (32, 8)}
     if suite == "loss":
         assert [row["method"] for row in result["results"]][:2] == ["whole", "chunks"]
         assert result["results"][0]["vs_whole"] == 1.0
@@ -191,7 +192,10 @@ def test_compare_has_torch_and_flax_peers(tmp_path):
     (["model", "--vary", "pre_layer_norm=yes"], "pre_layer_norm= takes true or false"),
     (["model", "--vary", "d_model=wide"], "d_model= takes int values, got 'wide'"),
     (["model", "--vary", "dtype=bfloat16"], "a ModelConfig field other than dtype"),
-    (["attention", "--models=base"], "--models and --vary are for the model suite"),
+    (["attention", "--models=base"], "--models, --vary and --loss-chunks are for the model"),
+    (["decode", "--loss-chunks=0"], "--models, --vary and --loss-chunks are for the model"),
+    (["model", "--loss-chunks=0,-4"], "--loss-chunks takes integers 0 or more"),
+    (["model", "--loss-chunks=whole"], "--loss-chunks takes integers 0 or more"),
     (["model", "--models=bse,tiny"], "no model bse here; this backend times tiny"),
     (["model", "--vary", "dropout_bits=8", "--vary", "dropout_bits=16"], "given twice"),
     (["model", "--quick", "--vary", "dropout_bits=8", "--vary", "dropout_rate=0.001"],

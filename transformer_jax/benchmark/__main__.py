@@ -1,5 +1,6 @@
 """python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png] [--markdown] [--profile=DIR]
 python -m transformer_jax.benchmark model [--models=base,big] [--vary FIELD=V1,V2 ...]
+                                         [--loss-chunks=0,4096]
 python -m transformer_jax.benchmark decode --peers [--workdir=DIR]"""
 
 import argparse
@@ -36,11 +37,15 @@ def parse_args(argv):
     parser.add_argument("--vary", metavar="FIELD=V1,V2", action="append", default=[],
                         help="model: time the step with each value of this ModelConfig "
                              "field, e.g. --vary dropout_bits=32,16,8 (repeatable)")
+    parser.add_argument("--loss-chunks", metavar="N1,N2",
+                        help="model: time the step with each of these loss_chunk_size "
+                             "values (target tokens per chunk of the output layer and loss; "
+                             "0: the whole logits; default 0 on CPUs, 0,4096 on accelerators)")
     args = parser.parse_args(argv)
     if args.peers and args.suite != "decode":
         parser.error("--peers is for the decode suite")
-    if (args.models or args.vary) and args.suite != "model":
-        parser.error("--models and --vary are for the model suite")
+    if (args.models or args.vary or args.loss_chunks) and args.suite != "model":
+        parser.error("--models, --vary and --loss-chunks are for the model suite")
     if args.workdir is not None and not args.peers:
         parser.error("--workdir is for decode --peers")
     if args.workdir is not None and args.quick:
@@ -48,6 +53,8 @@ def parse_args(argv):
     if args.workdir is not None and not os.path.isdir(os.path.join(args.workdir, "checkpoints")):
         parser.error(f"--workdir={args.workdir} has no checkpoints (a training run's --workdir)")
     args.models = args.models.split(",") if args.models else None
+    if args.loss_chunks is not None:
+        args.loss_chunks = _loss_chunks(parser, args.loss_chunks)
     try:
         args.vary = parse_vary(args.vary)
         chosen_cases(args.quick, args.models, args.vary)
@@ -61,6 +68,19 @@ def parse_args(argv):
             if why:
                 parser.error(f"{flag}={path}: {why}")
     return args
+
+
+def _loss_chunks(parser, text: str) -> tuple[int, ...]:
+    """(0, 4096) from "0,4096": each a loss_chunk_size, an integer 0 or more (repeated
+    values are timed again: 0,4096,0,4096 alternates them)."""
+    try:
+        chunks = tuple(int(value) for value in text.split(","))
+    except ValueError:
+        chunks = ()
+    if not chunks or min(chunks) < 0:
+        parser.error(f"--loss-chunks takes integers 0 or more (target tokens per "
+                     f"chunk; 0: the whole logits), e.g. 0,4096; got {text!r}")
+    return chunks
 
 
 def _unwritable(path: str) -> str:
@@ -93,7 +113,8 @@ def main(argv=None) -> int:
                                        workdir=args.workdir or "runs/default")
     else:
         suite = importlib.import_module(f"transformer_jax.benchmark.{args.suite}")
-        options = dict(models=args.models, vary=args.vary) if args.suite == "model" else {}
+        options = dict(models=args.models, vary=args.vary, loss_chunks=args.loss_chunks) \
+            if args.suite == "model" else {}
         rows, notes = suite.run(quick=args.quick, **options)
     print(report.markdown(rows) if args.markdown else report.table(rows))
     for note in notes:
