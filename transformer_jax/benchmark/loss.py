@@ -38,8 +38,9 @@ def cases(quick: bool) -> list[tuple[int, int, int, str, int]]:
 
 
 def _whole(x_RD, table_VD, targets_R, dtype):
-    logits_RV = jnp.einsum("RD,VD->RV", x_RD.astype(dtype), table_VD.astype(dtype),
-                           preferred_element_type=jnp.float32)
+    # In the compute dtype, then float32, as `Transformer.decode` makes the train step's.
+    logits_RV = jnp.einsum("RD,VD->RV", x_RD.astype(dtype),
+                           table_VD.astype(dtype)).astype(jnp.float32)
     loss, _ = label_smoothed_cross_entropy(logits_RV, targets_R, label_smoothing=0.1)
     return loss, accuracy(logits_RV, targets_R)[0]
 
