@@ -121,7 +121,7 @@ def train(config, workdir: str, *, launched: float | None = None) -> TrainResult
         return _train(config, workdir, stop, (launched, started))
 
 
-def _train(config, workdir: str, stop: StopSignal, started: tuple) -> TrainResult:
+def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult:
     parallel = Parallel(config.parallelism)
     # Process 0 trains the tokenizer and prepares the splits; the others wait for it, as long
     # as it takes, then open them.
@@ -139,19 +139,19 @@ def _train(config, workdir: str, stop: StopSignal, started: tuple) -> TrainResul
             refuse_other_run(found[1], model_config, config.optim, tokenizer,
                              workdir=workdir, where=f"{checkpointer.directory}/{found[0]}")
         loop = _Loop(config, workdir, parallel, tokenizer, model_config, checkpointer, splits)
-        return loop.run(stop, started, opened)
+        return loop.run(stop, starts, opened)
     finally:
         checkpointer.close()
 
 
-def _first_step_line(step: int, started: tuple, opened: float, built: float) -> str:
-    """Where the time to the first step went: with the process's start (`started` is
+def _first_step_line(step: int, starts: tuple, opened: float, built: float) -> str:
+    """Where the time to the first step went: with the process's start (`starts` is
     (launched or None, the run's start)), Python, the imports and JAX's devices; the data
     (reading, or preparing on a first start), the state (built or restored, and placed on
     the devices), the step itself (compiling it, unless the compilation cache holds it, and
     running it)."""
     now = time.monotonic()
-    launched, started = started
+    launched, started = starts
     if launched is None:
         before = f"step {step} done {now - started:.1f} s after the start: "
     else:
@@ -273,8 +273,8 @@ class _Loop:
                 f"{c.parallelism}; {batches}{micro}; transformer_jax "
                 f"{software['transformer_jax']}{commit}, jax {software['jax']}")
 
-    def run(self, stop: StopSignal, started: tuple, opened: float) -> TrainResult:
-        """Trains from the newest checkpoint to `num_train_steps` (`started`: the monotonic
+    def run(self, stop: StopSignal, starts: tuple, opened: float) -> TrainResult:
+        """Trains from the newest checkpoint to `num_train_steps` (`starts`: the monotonic
         times of the process's start, or None, and of the run's; `opened`: of its data
         opened; for the first step's line)."""
         restored = self._restore()
@@ -315,7 +315,7 @@ class _Loop:
                 self._window.pending.append(metrics)
                 if step == first + 1:
                     jax.block_until_ready(metrics)
-                    log.message(_first_step_line(step, started, opened, built))
+                    log.message(_first_step_line(step, starts, opened, built))
                     # Compiled and run: from here a signal asks for a save (before, it stops
                     # at once, even inside the compilation).
                     stop.training = True
