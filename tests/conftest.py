@@ -30,9 +30,9 @@ import pytest  # noqa: E402
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # No implicit dtype promotion (int with float, bfloat16 with float32): every mix is a cast
 # written in the code. Library internals that mix run under "standard": the package's
-# calls of optax's Adam and jax.nn's XLA attention, and the tests below that use the
-# `standard_dtype_promotion` fixture. On GPUs too (their cuDNN and bfloat16 paths have not
-# run strict yet: the suite on a GPU is where a mix there shows).
+# calls of optax's Adam, jax.nn's XLA attention and Flax's LayerNorm, and the tests below
+# that use the `standard_dtype_promotion` fixture. On GPUs too (their cuDNN and bfloat16
+# paths have not run strict yet: the suite on a GPU is where a mix there shows).
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Full float32 matmuls on GPUs too (TF32 would break the 1e-5 tolerances).
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -65,8 +65,7 @@ def temporary_files_in_scratch(tmp_path_factory):
 @pytest.fixture
 def standard_dtype_promotion():
     """JAX's standard dtype promotion for one test: for tests that call optax's Adam
-    directly (it raises a float to its int32 step count) or run Flax's LayerNorm in
-    bfloat16 (it mixes bfloat16 and float32 inside)."""
+    directly (it raises a float to its int32 step count)."""
     with jax.numpy_dtype_promotion("standard"):
         yield
 

@@ -20,7 +20,8 @@ from transformer_jax.data import load_split
 from transformer_jax.export import serve_stablehlo
 from transformer_jax.export.manifest import staged_directory, write_manifest
 from transformer_jax.export.serve_stablehlo import StableHLOError, StableHLOTranslator
-from transformer_jax.export.stablehlo import export_stablehlo
+from transformer_jax.export.stablehlo import export_stablehlo, portable_config
+from transformer_jax.model_config import get_model_config
 from transformer_jax.predict import predict
 from transformer_jax.trained_params import load_trained_params
 from transformer_jax.translation import TranslationError, Translator
@@ -298,3 +299,17 @@ def test_a_staged_export_replaces_the_old_one_only_when_done(tmp_path):
         pathlib.Path(staging, "new.txt").write_text("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
     assert [p.name for p in output.iterdir()] == ["new.txt"]
+
+
+def test_exports_lower_with_implementations_every_platform_has():
+    """cuDNN's attention and the Pallas layer norm (Triton calls) become XLA's and Flax's,
+    which lower for every platform; an implementation that already does is kept."""
+    trained = get_model_config("tiny", attention_implementation="cudnn",
+                               layer_norm_implementation="pallas")
+    portable = portable_config(trained)
+    assert (portable.attention_implementation, portable.layer_norm_implementation) == (
+        "xla", "xla")
+    assert portable_config(dataclasses.replace(
+        trained, attention_implementation="reference")).attention_implementation == "reference"
+    assert dataclasses.replace(portable, attention_implementation="cudnn",
+                               layer_norm_implementation="pallas") == trained

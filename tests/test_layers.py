@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from transformer_jax.attention import available_implementations
+from transformer_jax.layer_norm import LAYER_NORM_IMPLEMENTATIONS, LayerNorm
 from transformer_jax.layers import Dropout, EncoderLayer, FeedForward, MultiHeadAttention, residual
 from transformer_jax.model_config import get_model_config
 
@@ -163,22 +164,26 @@ class _Residual(nn.Module):
     """residual() around the sublayer y -> 2y."""
 
     pre_layer_norm: bool
+    implementation: str
 
     @nn.compact
     def __call__(self, x):
-        return residual(x, lambda y: 2.0 * y, nn.LayerNorm(name="norm"), Dropout(0.5),
-                        pre_layer_norm=self.pre_layer_norm, deterministic=True)
+        return residual(x, lambda y: 2.0 * y, LayerNorm(implementation=self.implementation,
+                                                        name="norm"),
+                        Dropout(0.5), pre_layer_norm=self.pre_layer_norm, deterministic=True)
 
 
+@pytest.mark.parametrize("implementation", LAYER_NORM_IMPLEMENTATIONS)
 @pytest.mark.parametrize("pre_layer_norm", [False, True])
-def test_residual_post_and_pre_layer_norm(pre_layer_norm):
-    """Post-LN is LN(x + f(x)); pre-LN is x + f(LN(x)) (f(y) = 2y, dropout off)."""
-    x_BTD, _ = _inputs(6)
+def test_residual_post_and_pre_layer_norm(pre_layer_norm, implementation):
+    """Post-LN is LN(x + f(x)); pre-LN is x + f(LN(x)) (f(y) = 2y, dropout off), against
+    NumPy in float64, with either layer norm."""
+    x_BTD, _ = _inputs(8)
     x_BTD = x_BTD * 3.0 + 1.0
-    module = _Residual(pre_layer_norm)
+    module = _Residual(pre_layer_norm, implementation)
     rng = np.random.default_rng(1)
-    norm = {"scale": jnp.asarray(rng.normal(size=6), jnp.float32),
-            "bias": jnp.asarray(rng.normal(size=6), jnp.float32)}
+    norm = {"scale": jnp.asarray(rng.normal(size=8), jnp.float32),
+            "bias": jnp.asarray(rng.normal(size=8), jnp.float32)}
     out_BTD = module.apply({"params": {"norm": norm}}, x_BTD)
     if pre_layer_norm:
         expected_BTD = x_BTD + 2.0 * np_layer_norm(norm, x_BTD)

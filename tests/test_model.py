@@ -212,7 +212,6 @@ def test_dropout_needs_deterministic_false_and_an_rng(variables, apply):
         apply(variables, inputs_BS, targets_BT, deterministic=False)
 
 
-@pytest.mark.usefixtures("standard_dtype_promotion")  # Flax's LayerNorm in bfloat16
 def test_bfloat16_compute_keeps_float32_params_and_logits(variables, apply):
     """dtype="bfloat16": float32 params and logits, close to the float32 model's logits."""
     model = Transformer(get_model_config("tiny", dtype="bfloat16"))

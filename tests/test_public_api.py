@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import transformer_jax as tj
-from transformer_jax import (attention, decoding, layers, losses, masks, model, optim,
+from transformer_jax import (attention, decoding, layer_norm, layers, losses, masks, model, optim,
                              positional)
 
 # Distinct primes, so no transpose passes by accident.
@@ -297,7 +297,7 @@ def test_searches_by_keyword():
 # --- the rule itself ----------------------------------------------------------------------
 
 DIMENSION_SUFFIX = re.compile(r"_[BTSDFNHVKLCR1]+$")
-_MODULES = (attention, masks, positional, losses, optim, layers, model, decoding)
+_MODULES = (attention, masks, positional, losses, optim, layer_norm, layers, model, decoding)
 
 
 def _public_callables():

@@ -164,21 +164,23 @@ def test_a_model_field_newer_than_the_checkpoint_counts_as_its_default():
         "model.dropout_bits: not saved (so 16, its default), now 8"]
 
 
-def test_how_the_steps_compute_may_change_on_resume(trained_run, tmp_path, capsys,
-                                                    standard_dtype_promotion):
-    """dtype, dropout and the attention implementation leave the parameters as they are: the
-    run resumes with one line naming them; with them a changed d_ff is still refused."""
+def test_how_the_steps_compute_may_change_on_resume(trained_run, tmp_path, capsys):
+    """dtype, dropout and the attention and layer norm implementations leave the parameters
+    as they are: the run resumes with one line naming them; with them a changed d_ff is
+    still refused."""
     shutil.copytree(trained_run.workdir, tmp_path / "run")
     saved = trained_run.config.model
     changes = {"model.dtype": "bfloat16", "model.dropout_rate": saved.dropout_rate / 2,
-               "model.attention_implementation": "reference"}
+               "model.attention_implementation": "reference",
+               "model.layer_norm_implementation": "pallas"}
     config = shared_run(num_train_steps=trained_run.config.num_train_steps, **changes)
     assert train(config, str(tmp_path / "run")).step == trained_run.config.num_train_steps
     line = capsys.readouterr().err
     assert (f"model.attention_implementation: saved {saved.attention_implementation!r}, now "
             f"'reference'; model.dropout_rate: saved {saved.dropout_rate!r}, now "
-            f"{saved.dropout_rate / 2!r}; model.dtype: saved 'float32', now 'bfloat16' (they "
-            f"change how the steps compute, not the parameters)") in line
+            f"{saved.dropout_rate / 2!r}; model.dtype: saved 'float32', now 'bfloat16'; "
+            f"model.layer_norm_implementation: saved 'xla', now 'pallas' "
+            f"(they change how the steps compute, not the parameters)") in line
     with pytest.raises(ConfigError, match=r"another model \(d_ff: saved"):
         train(shared_run(num_train_steps=2, **changes, **{"model.d_ff": 48}), str(tmp_path / "run"))
 
@@ -716,6 +718,17 @@ def test_a_run_already_at_its_last_step_says_there_is_nothing_to_train(trained_r
     assert f"nothing to train: {tmp_path / 'run'}/checkpoints/{last} is at step {last}, " \
            f"and num_train_steps is {last}" in out
     assert files(tmp_path / "run")["metrics.jsonl"] == before["metrics.jsonl"]
+
+
+def test_the_pallas_layer_norm_is_refused_on_a_sharded_mesh(tmp_path):
+    """Its kernels see one device's rows: over a mesh XLA would gather every row to each
+    device. pmap runs them per device; the refusal comes before the data is prepared."""
+    config = tiny_run(parallelism="sharded", **{"model.layer_norm_implementation": "pallas"})
+    with pytest.raises(ConfigError, match="'pallas' runs on one device's rows; with "
+                                          "parallelism='sharded' over 8 devices use"):
+        train(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "tokenizer.model").exists()
+    assert not (tmp_path / "run" / "prepared").exists()
 
 
 def test_an_empty_workdir_is_refused_not_the_current_directory(tmp_path, monkeypatch):

@@ -1,11 +1,15 @@
 """--checkpoint's choice of steps and checkpoint averaging (the workdir cases run in
 tests/test_translation.py, through translate.py and evaluate.py)."""
 
+import dataclasses
+
+import jax
 import numpy as np
 import pytest
 
+from transformer_jax.model_config import get_model_config
 from transformer_jax.trained_params import (CheckpointChoiceError, average_params, chosen_steps,
-                                            load_trained_params)
+                                            inference_model, load_trained_params)
 
 STEPS = [2, 4, 6]
 
@@ -43,3 +47,17 @@ def test_an_empty_workdir_is_refused_not_taken_for_the_current_folder(tmp_path, 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CheckpointChoiceError, match=r"^the workdir is empty \(an unset shell "):
         load_trained_params("")
+
+
+def test_a_run_trained_with_the_pallas_norm_translates_with_flaxs_off_a_gpu():
+    """The checkpoint's model as saved, but the layer norm: Pallas's kernels on a GPU, Flax's
+    elsewhere (where the kernels would be interpreted); every other field as saved."""
+    saved = dataclasses.asdict(get_model_config("tiny", layer_norm_implementation="pallas",
+                                                dropout_bits=8))
+    config = inference_model(saved).config
+    on_gpu = jax.default_backend() == "gpu"
+    assert config.layer_norm_implementation == ("pallas" if on_gpu else "xla")
+    assert dataclasses.replace(config, layer_norm_implementation="pallas") == \
+        get_model_config("tiny", layer_norm_implementation="pallas", dropout_bits=8)
+    assert inference_model({**saved, "layer_norm_implementation": "xla"}).config == \
+        get_model_config("tiny", dropout_bits=8)

@@ -31,6 +31,8 @@ from transformer_jax.losses import accuracy, label_smoothed_cross_entropy
 from transformer_jax.model_config import ModelConfig, PRESETS, get_model_config
 
 # Flax Linen modules that hold parameters and compose the functions above.
+# §3.1's LayerNorm(x + Sublayer(x)): Flax's nn.LayerNorm, or one Pallas kernel each way.
+from transformer_jax.layer_norm import LayerNorm, add_layer_norm
 from transformer_jax.layers import (
     DecoderLayer,
     EncoderLayer,
@@ -62,8 +64,9 @@ __all__ = [  # what `from transformer_jax import *` gives: the imports above and
     "segment_mask", "dropout", "attention_implementations", "attention_weights",
     "available_implementations", "choose_implementation", "dot_product_attention",
     "register_attention", "resolve_implementation", "learning_rate", "accuracy",
-    "label_smoothed_cross_entropy", "ModelConfig", "PRESETS",
-    "get_model_config", "DecoderLayer", "EncoderLayer", "FeedForward", "MultiHeadAttention",
+    "label_smoothed_cross_entropy", "ModelConfig", "PRESETS", "get_model_config",
+    "LayerNorm", "add_layer_norm", "DecoderLayer", "EncoderLayer", "FeedForward",
+    "MultiHeadAttention",
     "residual", "AddPositions", "Decoder", "Embedder", "Encoder", "Transformer",
     "count_parameters", "shift_right", "PerExample", "beam_search", "greedy_search",
     "length_penalty", "Translator",

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from transformer_jax.attention import dot_product_attention
 from transformer_jax.dropout import DEFAULT_BITS, dropout
+from transformer_jax.layer_norm import LayerNorm
 from transformer_jax.model_config import ModelConfig
 
 # Glorot-uniform projections and zero biases, as in tensor2tensor (the paper names no init).
@@ -187,7 +188,7 @@ class Dropout(nn.Module):
         return dropout(x, self.rate, self.make_rng("dropout"), bits=self.bits)
 
 
-def residual(x, sublayer: Callable, norm: nn.LayerNorm, dropout: Dropout, *,
+def residual(x, sublayer: Callable, norm: LayerNorm, dropout: Dropout, *,
              pre_layer_norm: bool, deterministic: bool):
     """One residual sublayer (§3.1, §5.4): LayerNorm(x + Dropout(Sublayer(x))).
 
@@ -196,7 +197,7 @@ def residual(x, sublayer: Callable, norm: nn.LayerNorm, dropout: Dropout, *,
     """
     if pre_layer_norm:
         return x + dropout(sublayer(norm(x)), deterministic=deterministic)
-    return norm(x + dropout(sublayer(x), deterministic=deterministic))
+    return norm(x, dropout(sublayer(x), deterministic=deterministic))  # LayerNorm(x + y)
 
 
 class _Layer(nn.Module):
@@ -211,10 +212,9 @@ class _Layer(nn.Module):
             dropout_rate=c.attention_dropout_rate, dtype=c.compute_dtype,
         )
 
-    def _norm(self) -> nn.LayerNorm:
+    def _norm(self) -> LayerNorm:
         c = self.config
-        return nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.compute_dtype,
-                            param_dtype=jnp.float32)
+        return LayerNorm(epsilon=c.layer_norm_epsilon, implementation=c.layer_norm_implementation)
 
     def _ffn(self) -> FeedForward:
         return FeedForward(self.config.d_ff, dtype=self.config.compute_dtype)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.decoding import PerExample
+from transformer_jax.layer_norm import LayerNorm
 from transformer_jax.layers import CachedKeyValue, DecoderLayer, Dropout, EncoderLayer
 from transformer_jax.masks import combine_masks, padding_mask, segment_mask
 from transformer_jax.model_config import ModelConfig
@@ -256,9 +257,9 @@ class Decoder(nn.Module):
         return shift_right(targets_BT, targets_segments_BT), self_mask_B1TT, cross_mask_B1TS
 
 
-def _final_norm(c: ModelConfig) -> nn.LayerNorm:
-    return nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.compute_dtype,
-                        param_dtype=jnp.float32, name="final_norm")
+def _final_norm(c: ModelConfig) -> LayerNorm:
+    return LayerNorm(epsilon=c.layer_norm_epsilon, implementation=c.layer_norm_implementation,
+                     name="final_norm")
 
 
 class Transformer(nn.Module):

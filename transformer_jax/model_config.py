@@ -6,6 +6,7 @@ import jax.numpy as jnp
 
 from transformer_jax.attention import attention_implementations
 from transformer_jax.dropout import DEFAULT_BITS, DROPOUT_BITS, rate_problem
+from transformer_jax.layer_norm import LAYER_NORM_IMPLEMENTATIONS
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -29,6 +30,9 @@ class ModelConfig:
     max_length: int = 512  # rows of the "learned" position table
     pre_layer_norm: bool = False  # deviation: norm before each sublayer, one more at the end
     attention_implementation: str = "auto"  # see transformer_jax.attention
+    # "xla" (flax's nn.LayerNorm of the residual sum) or "pallas" (the add and the norm in
+    # one kernel each way; d_model a power of two); see transformer_jax.layer_norm.
+    layer_norm_implementation: str = "xla"
     dtype: str = "float32"  # compute dtype; parameters are always float32
     layer_norm_epsilon: float = 1e-6
 
@@ -59,6 +63,11 @@ class ModelConfig:
         _require_choice(self.attention_implementation, "attention_implementation",
                         attention_implementations())
         _require_choice(self.dtype, "dtype", DTYPES)
+        _require_choice(self.layer_norm_implementation, "layer_norm_implementation",
+                        LAYER_NORM_IMPLEMENTATIONS)
+        power_of_two = not self.d_model & (self.d_model - 1)
+        _require(self.layer_norm_implementation != "pallas" or power_of_two, "d_model",
+                 "must be a power of two for layer_norm_implementation='pallas'", self.d_model)
 
     @property
     def head_dim(self) -> int:

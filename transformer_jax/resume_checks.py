@@ -21,7 +21,7 @@ from transformer_jax.optim import optimizer_from_config
 
 # ModelConfig fields that leave the parameters' tree, shapes and meaning as they are.
 COMPUTE_FIELDS = ("dtype", "dropout_rate", "attention_dropout_rate", "dropout_bits",
-                  "attention_implementation")
+                  "attention_implementation", "layer_norm_implementation")
 
 
 def refuse_other_run(metadata: dict, model_config, optim, tokenizer, *, workdir: str,

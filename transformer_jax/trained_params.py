@@ -10,6 +10,7 @@ model the checkpoint's metadata describes: the optimizer is never rebuilt, so a 
 whose optimizer or optim config this version cannot build still translates.
 """
 
+import dataclasses
 import os
 from typing import NamedTuple
 
@@ -60,9 +61,19 @@ def average_params(param_trees):
     return jax.tree.map(lambda *leaves: sum(leaves) / len(leaves), *param_trees)
 
 
+def inference_model(saved: dict) -> Transformer:
+    """The model of a checkpoint's metadata (`saved`, its "model"), to translate or evaluate
+    here. Off a GPU the Pallas layer norm would run in Pallas's interpreter, so there a run
+    trained with it uses Flax's, the same function of the same parameters."""
+    config = ModelConfig(**saved)
+    if config.layer_norm_implementation == "pallas" and jax.default_backend() != "gpu":
+        config = dataclasses.replace(config, layer_norm_implementation="xla")
+    return Transformer(config)
+
+
 def _read(checkpointer: Checkpointer, step: int) -> TrainedParams:
     metadata = checkpointer.metadata(step)
-    model = Transformer(ModelConfig(**metadata["model"]))
+    model = inference_model(metadata["model"])
     params = checkpointer.restore_params(step, abstract_params(model))
     return TrainedParams([step], metadata, model, params)
 

@@ -123,6 +123,13 @@ def train(config, workdir: str, *, launched: float | None = None) -> TrainResult
 
 def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult:
     parallel = Parallel(config.parallelism)
+    if (config.model.layer_norm_implementation == "pallas" and parallel.strategy == "sharded"
+            and parallel.mesh.size > 1):
+        # XLA cannot split a Pallas kernel's custom call over the mesh: each device would
+        # gather the whole batch's activations and normalize all of them.
+        raise ConfigError(f"config.model.layer_norm_implementation='pallas' runs on one "
+                          f"device's rows; with parallelism='sharded' over {parallel.mesh.size} "
+                          f"devices use parallelism='pmap' or layer_norm_implementation='xla'")
     # Process 0 trains the tokenizer and prepares the splits; the others wait for it, as long
     # as it takes, then open them.
     tokenizer, splits = processes.first_then_others(lambda: prepare(config.data, workdir),

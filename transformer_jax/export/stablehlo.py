@@ -18,7 +18,9 @@ artifact), and another checkpoint of the same model is served by replacing param
 Attention: "auto" picks an implementation for the backend it is traced on, and "cudnn"
 lowers for NVIDIA GPUs only; the artifacts are lowered for several platforms at once, so
 both are replaced with "xla", which lowers everywhere ("auto" picks it for float32 models
-and on CPUs anyway). A GPU then runs XLA's attention, not cuDNN's fused kernel.
+and on CPUs anyway). A GPU then runs XLA's attention, not cuDNN's fused kernel. Likewise a
+run trained with the Pallas layer norm (Triton calls, which `jax.export` cannot promise to
+load elsewhere) exports with Flax's, the same parameters and function.
 """
 
 import dataclasses
@@ -76,10 +78,11 @@ def export_stablehlo(trained, directory: str, *, search: dict, batch_sizes=(1, 8
 
 
 def portable_config(config):
-    """`config` with an attention implementation that lowers on every platform (above)."""
+    """`config` with attention and layer norm implementations that lower on every platform
+    (above)."""
     if config.attention_implementation in ("auto", "cudnn"):
-        return dataclasses.replace(config, attention_implementation="xla")
-    return config
+        config = dataclasses.replace(config, attention_implementation="xla")
+    return dataclasses.replace(config, layer_norm_implementation="xla")
 
 
 def _translate_fn(model, treedef, *, beam_size: int, alpha: float, max_length: int):

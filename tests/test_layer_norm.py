@@ -1,0 +1,192 @@
+"""LayerNorm(x + y) (layer_norm.py): both implementations against NumPy in float64 and
+against autodiff, nn.LayerNorm's parameters, the model and its step with the Pallas kernels
+(run by Pallas's interpreter on a CPU), and clear errors."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+from transformer_jax.layer_norm import LAYER_NORM_IMPLEMENTATIONS, LayerNorm, add_layer_norm
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig, get_model_config
+from transformer_jax.steps import train_step
+from transformer_jax.optim import make_optimizer
+from transformer_jax.train_state import create_train_state
+
+EPS = 1e-6
+
+
+def inputs(shape, seed=0, dtype=jnp.float32):
+    """x (mean 1, σ 3: the mean matters), y, scale, bias and an output gradient."""
+    rng = np.random.default_rng(seed)
+    width = shape[-1]
+    x = rng.normal(1.0, 3.0, shape)
+    y, dout = rng.normal(size=shape), rng.normal(size=shape)
+    scale, bias = 1 + 0.3 * rng.normal(size=width), 0.3 * rng.normal(size=width)
+    return (jnp.asarray(x, dtype), jnp.asarray(y, dtype), jnp.asarray(scale, jnp.float32),
+            jnp.asarray(bias, jnp.float32), jnp.asarray(dout, dtype))
+
+
+def numpy_layer_norm(s, scale, bias):
+    s = np.float64(s)
+    mean, var = s.mean(-1, keepdims=True), s.var(-1, keepdims=True)
+    return (s - mean) / np.sqrt(var + EPS) * np.float64(scale) + np.float64(bias)
+
+
+def value_and_grads(implementation, x, y, scale, bias, dout):
+    """LayerNorm(x + y) and the gradients of Σ out · dout for x, y, scale, bias."""
+    def f(x, y, scale, bias):
+        return add_layer_norm(x, y, scale, bias, epsilon=EPS, implementation=implementation)
+    out, vjp = jax.vjp(f, x, y, scale, bias)
+    return out, vjp(dout)
+
+
+def formula_grads(x, y, scale, bias, dout):
+    """Autodiff of the formula written out in jnp, float32: what the hand-written backward
+    kernel must equal."""
+    def f(x, y, scale, bias):
+        s = x + y
+        mean = s.mean(-1, keepdims=True)
+        var = ((s - mean) ** 2).mean(-1, keepdims=True)
+        lead = (1,) * (s.ndim - 1)
+        return (s - mean) * jax.lax.rsqrt(var + EPS) * scale.reshape(*lead, -1) \
+            + bias.reshape(*lead, -1)
+    return jax.vjp(f, x, y, scale, bias)[1](dout)
+
+
+@pytest.mark.parametrize("implementation", LAYER_NORM_IMPLEMENTATIONS)
+@pytest.mark.parametrize("shape", [(2, 16, 64), (3, 7, 32), (5, 128)])
+def test_value_and_gradients_in_float32(implementation, shape):
+    """Rows in blocks of 16, and row counts with no such divisor (21, 5)."""
+    x, y, scale, bias, dout = inputs(shape)
+    out, grads = value_and_grads(implementation, x, y, scale, bias, dout)
+    np.testing.assert_allclose(out, numpy_layer_norm(np.float64(x) + np.float64(y), scale,
+                                                     bias), rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, formula_grads(x, y, scale, bias, dout)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    dx, dy = grads[:2]
+    np.testing.assert_array_equal(dx, dy)  # s = x + y
+    # Each row's gradient is orthogonal to the constant and to the normalized row:
+    # LayerNorm ignores a shift and a scale of s.
+    assert np.abs(np.asarray(dx).sum(-1)).max() < 1e-4 * np.abs(np.asarray(dx)).max() * shape[-1]
+
+
+def test_y_none_normalizes_x_alone():
+    x, _, scale, bias, _ = inputs((4, 16, 32))
+    for implementation in LAYER_NORM_IMPLEMENTATIONS:
+        out = add_layer_norm(x, None, scale, bias, epsilon=EPS, implementation=implementation)
+        np.testing.assert_allclose(out, numpy_layer_norm(x, scale, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_kernels_agree_with_xla_to_its_rounding():
+    """The sum is rounded to bfloat16 first in both; statistics in float32; the outputs
+    differ by at most one bfloat16 rounding (2⁻⁸ relative), the gradients by a few."""
+    x, y, scale, bias, dout = inputs((4, 32, 128), dtype=jnp.bfloat16)
+    out_xla, grads_xla = value_and_grads("xla", x, y, scale, bias, dout)
+    out_pallas, grads_pallas = value_and_grads("pallas", x, y, scale, bias, dout)
+    assert out_pallas.dtype == out_xla.dtype == jnp.bfloat16
+    assert [g.dtype for g in grads_pallas] == [g.dtype for g in grads_xla]
+    f32 = np.float32
+    np.testing.assert_allclose(f32(out_pallas), f32(out_xla), rtol=2**-7, atol=2**-7)
+    for got, want in zip(grads_pallas, grads_xla):
+        scale_of = np.abs(f32(want)).max()
+        assert np.abs(f32(got) - f32(want)).max() < 2**-6 * scale_of
+
+
+def test_the_module_has_flax_layer_norms_parameters():
+    """Same names, shapes, dtypes and initial values as nn.LayerNorm: a checkpoint of one
+    loads in the other, and the "xla" implementation computes exactly what it did."""
+    x = inputs((2, 3, 8))[0]
+    ours = LayerNorm().init(jax.random.key(0), x)
+    flax_ones = nn.LayerNorm(epsilon=EPS, param_dtype=jnp.float32).init(jax.random.key(0), x)
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), ours) == \
+        jax.tree.map(lambda a: (a.shape, a.dtype), flax_ones)
+    jax.tree.map(np.testing.assert_array_equal, ours, flax_ones)
+    params = {"params": {"scale": jnp.arange(1.0, 9.0), "bias": jnp.arange(8.0) / 8}}
+    np.testing.assert_array_equal(LayerNorm().apply(params, x),
+                                  nn.LayerNorm(epsilon=EPS).apply(params, x))
+
+
+@pytest.mark.parametrize("pre_layer_norm", [False, True])
+def test_the_train_step_with_the_kernels_equals_the_xla_norms(pre_layer_norm):
+    """One update of the tiny model, dropout on: the same loss, gradient norm and
+    parameters with the Pallas kernels as with nn.LayerNorm (same masks: one key)."""
+    # Adam's eps 1e-3, not 1e-9: the key projections' biases have an exactly zero gradient,
+    # whose rounding noise Adam's first step would scale to a whole step (test_parallel.py).
+    optimizer = make_optimizer(d_model=32, warmup_steps=10, eps=1e-3)
+    rng = np.random.default_rng(0)
+    batch = {"inputs": rng.integers(1, 50, (4, 9)).astype(np.int32),
+             "targets": rng.integers(1, 50, (4, 8)).astype(np.int32)}
+    results = []
+    for implementation in LAYER_NORM_IMPLEMENTATIONS:
+        config = get_model_config("tiny", vocab_size=50, pre_layer_norm=pre_layer_norm,
+                                  layer_norm_implementation=implementation)
+        model = Transformer(config)
+        state = create_train_state(model, optimizer.tx, jax.random.key(0))
+        step = jax.jit(lambda s, b, model=model: train_step(
+            s, b, model=model, seed=0, label_smoothing=0.1,
+            learning_rate_fn=optimizer.learning_rate_fn))
+        results.append(step(state, batch))
+    (xla_state, xla_metrics), (pallas_state, pallas_metrics) = results
+    for key in ("loss_sum", "grad_norm"):
+        np.testing.assert_allclose(pallas_metrics[key], xla_metrics[key], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 pallas_state.params, xla_state.params)
+
+
+def test_bad_implementation_and_width_are_refused_in_one_line():
+    x, y, scale, bias, _ = inputs((2, 3, 8))
+    with pytest.raises(ValueError, match="must be one of \\('xla', 'pallas'\\), got 'triton'"):
+        add_layer_norm(x, y, scale, bias, epsilon=EPS, implementation="triton")
+    x, y, scale, bias, _ = inputs((2, 3, 6))
+    with pytest.raises(ValueError, match="power-of-two width .*got 6"):
+        add_layer_norm(x, y, scale, bias, epsilon=EPS, implementation="pallas")
+    with pytest.raises(ValueError, match="layer_norm_implementation must be one of"):
+        ModelConfig(layer_norm_implementation="cudnn")
+    with pytest.raises(ValueError, match="d_model must be a power of two for layer_norm_impl"):
+        dataclasses.replace(get_model_config("tiny"), d_model=48, num_heads=4,
+                            layer_norm_implementation="pallas")
+
+
+@pytest.mark.parametrize("width", [512, 1024])  # base's and big's
+def test_the_kernels_lower_to_triton_for_a_gpu_on_any_machine(width):
+    """JAX lowers Pallas kernels to Triton's IR itself, so a CPU can lower the value and
+    gradient for CUDA (jax.export, no GPU needed): both kernels become Triton custom calls.
+    A Triton lowering error (an unsupported operation, a block shape) fails here."""
+    x, y, scale, bias, _ = inputs((4, 32, width), dtype=jnp.bfloat16)
+
+    def value_and_grad(x, y):
+        return jax.value_and_grad(lambda x, y: jnp.sum(add_layer_norm(
+            x, y, scale, bias, epsilon=EPS, implementation="pallas").astype(jnp.float32)),
+            argnums=(0, 1))(x, y)
+
+    triton = "__gpu$xla.gpu.triton"
+    exported = export.export(jax.jit(value_and_grad), platforms=["cuda"], disabled_checks=[
+        export.DisabledSafetyCheck.custom_call(triton)])(x, y)
+    module = exported.mlir_module()
+    assert module.count(f"stablehlo.custom_call @{triton}") == 2
+    assert 'name = "add_layer_norm"' in module and 'name = "add_layer_norm_backward"' in module
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu",
+                    reason="the kernels compile through Triton on an NVIDIA GPU; this backend "
+                           "runs them in Pallas's interpreter")
+def test_on_a_gpu_the_kernels_are_triton_calls_and_agree_with_xla():
+    """Base's width in bfloat16: the compiled value and gradient hold Triton custom calls
+    (not the interpreter's loops), and agree with nn.LayerNorm's to bfloat16's rounding."""
+    x, y, scale, bias, dout = inputs((8, 64, 512), dtype=jnp.bfloat16)
+
+    def loss(implementation):
+        return jax.jit(jax.grad(lambda x, y: jnp.sum(add_layer_norm(
+            x, y, scale, bias, epsilon=EPS, implementation=implementation).astype(jnp.float32)
+            * dout.astype(jnp.float32)), argnums=(0, 1)))
+
+    assert "xla.gpu.triton" in loss("pallas").lower(x, y).compile().as_text()
+    for got, want in zip(loss("pallas")(x, y), loss("xla")(x, y)):
+        got, want = np.float32(got), np.float32(want)
+        assert np.abs(got - want).max() < 2**-6 * np.abs(want).max()
