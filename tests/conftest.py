@@ -31,8 +31,9 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # No implicit dtype promotion (int with float, bfloat16 with float32): every mix is a cast
 # written in the code. Library internals that mix run under "standard": the package's
 # calls of optax's Adam, jax.nn's XLA attention and Flax's LayerNorm, and the tests below
-# that use the `standard_dtype_promotion` fixture. On GPUs too (their cuDNN and bfloat16
-# paths have not run strict yet: the suite on a GPU is where a mix there shows).
+# that use the `standard_dtype_promotion` fixture. On GPUs too: their cuDNN, Triton and
+# bfloat16 paths are traced strict on any machine (tests/test_gpu_lowering.py), and run
+# strict in the suite on a GPU.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Full float32 matmuls on GPUs too (TF32 would break the 1e-5 tolerances).
 jax.config.update("jax_default_matmul_precision", "highest")
