@@ -33,7 +33,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 LAYER_NORM_IMPLEMENTATIONS = ("xla", "pallas")
-_ROWS = 16  # rows per program of the Pallas kernels: (16, 512) float32 is 32 KiB
+# Elements per program of the Pallas kernels: 16 rows of base's 512 (32 KiB in float32),
+# 8 of big's 1,024, so that a row block's float32 copies fit one program's registers.
+_ELEMENTS = 8192
+
+
+def _block_rows(rows: int, width: int) -> int:
+    """Rows per program: a power of two dividing `rows`, `_ELEMENTS` // `width` at most."""
+    return math.gcd(rows, max(1, _ELEMENTS // width))
 
 
 def add_layer_norm(x, y, scale, bias, *, epsilon: float, implementation: str = "xla"):
@@ -80,10 +87,10 @@ def _fused(x_RD, y_RD, scale_D, bias_D, epsilon):
 
 
 def _call(kernel, out_shape, rows: int, width: int, in_specs, out_specs, name: str):
-    """`kernel` over row blocks of `_ROWS` (fewer where `rows` has no such divisor): Triton
-    on an NVIDIA GPU, Pallas's interpreter elsewhere, chosen for the platform the caller is
-    compiled for (a GPU host's CPU devices interpret)."""
-    block = math.gcd(rows, _ROWS)
+    """`kernel` over blocks of `_block_rows` rows: Triton on an NVIDIA GPU, Pallas's
+    interpreter elsewhere, chosen for the platform the caller is compiled for (a GPU host's
+    CPU devices interpret)."""
+    block = _block_rows(rows, width)
 
     def call(interpret: bool):
         return pl.pallas_call(
@@ -142,7 +149,7 @@ def _backward(epsilon, residuals, dout_RD):
     del epsilon
     x_RD, y_RD, scale_D, mean_R, rstd_R = residuals
     rows, width = x_RD.shape
-    blocks = rows // math.gcd(rows, _ROWS)
+    blocks = rows // _block_rows(rows, width)
     shares = jax.ShapeDtypeStruct((blocks * width,), jnp.float32)
     call = _call(_backward_kernel, [jax.ShapeDtypeStruct(x_RD.shape, x_RD.dtype), shares, shares],
                  rows, width,
