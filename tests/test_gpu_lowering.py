@@ -1,5 +1,5 @@
-"""The GPU's code paths, lowered for CUDA on any machine (`jax.export` with
-`platforms=["cuda"]` needs no GPU): the bfloat16 train, eval and search steps with cuDNN's
+"""The GPU's code paths, lowered for CUDA on any machine (`lowering_platforms=("cuda",)`
+needs no GPU): the bfloat16 train, eval and search steps with cuDNN's
 attention and either layer norm trace under the suite's strict dtype promotion, and take
 the kernels they are meant to (cuDNN's fused attention, the Pallas norm's Triton calls).
 A GPU still runs them for real (tests/test_layer_norm.py, tests/test_attention.py)."""
@@ -10,7 +10,6 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from jax import export
 
 import transformer_jax.attention
 from transformer_jax.model import Transformer
