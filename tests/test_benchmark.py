@@ -1,5 +1,6 @@
 """The benchmark CLI: every suite runs (--quick) and reports positive figures; its counts are right."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from transformer_jax.benchmark import SUITES, decode, flops, machine, report
 from transformer_jax.benchmark.__main__ import main, parse_args
 from transformer_jax.benchmark.model import model_configs, synthetic_batch
 from transformer_jax.benchmark.pipeline import _counts
+from transformer_jax.train_state import init_params
 
 # Fields each suite's JSON rows must hold with positive values.
 POSITIVE = {
@@ -517,3 +519,15 @@ def test_loss_suite_tokamax_is_the_unsmoothed_loss():
     for name in kernels:
         value, _ = found[name](x_RD, table_VD, targets_R, jnp.float32)
         np.testing.assert_allclose(value, expected, rtol=1e-5, err_msg=name)
+
+
+def test_decode_cases_of_one_model_share_parameters_its_dtypes_would_draw_alike():
+    """The suite draws a model's parameters once for all its cases: what a bfloat16 model
+    would draw from the same key is the same float32 tree, value for value."""
+    shared = decode._params("tiny")
+    assert decode._params("tiny") is shared
+    half = Transformer(dataclasses.replace(model_configs()["tiny"], dtype="bfloat16"))
+    drawn = jax.jit(lambda key: init_params(half, key))(jax.random.key(0))  # as it was drawn
+    assert jax.tree.structure(drawn) == jax.tree.structure(shared)
+    jax.tree.map(np.testing.assert_array_equal, drawn, shared)
+    assert {leaf.dtype for leaf in jax.tree.leaves(shared)} == {np.dtype(np.float32)}
