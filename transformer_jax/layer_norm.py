@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 LAYER_NORM_IMPLEMENTATIONS = ("xla", "pallas")
 # Elements per program of the Pallas kernels: 16 rows of base's 512 (32 KiB in float32),
@@ -93,6 +92,9 @@ def _call(kernel, out_shape, rows: int, width: int, in_specs, out_specs, name: s
     block = _block_rows(rows, width)
 
     def call(interpret: bool):
+        # Imported here, when the kernels are built: not every jaxlib has Triton's bindings.
+        from jax.experimental.pallas import triton as plgpu
+
         return pl.pallas_call(
             functools.partial(kernel, width=width), out_shape=out_shape, grid=(rows // block,),
             in_specs=[spec(block) for spec in in_specs],
