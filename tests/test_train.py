@@ -731,6 +731,22 @@ def test_the_pallas_layer_norm_is_refused_on_a_sharded_mesh(tmp_path):
     assert not (tmp_path / "run" / "prepared").exists()
 
 
+def test_the_pallas_layer_norm_trains_off_a_gpu_with_a_warning(tmp_path, capsys):
+    """Off a GPU its kernels are interpreted: the run says so once, and trains as with
+    Flax's norm (the same losses, logged to 4 digits)."""
+    losses = {}
+    for implementation in ("xla", "pallas"):
+        config = shared_run(num_train_steps=2, log_every_steps=1,
+                            **{"model.layer_norm_implementation": implementation})
+        records = train(config, str(tmp_path / implementation)).records
+        losses[implementation] = [round(r["loss"], 4) for r in records]
+        out = capsys.readouterr()
+        warned = "'pallas' runs its kernels in Pallas's interpreter on cpu" in \
+            out.out + out.err
+        assert warned == (implementation == "pallas" and jax.default_backend() != "gpu")
+    assert len(losses["xla"]) == 2 and losses["pallas"] == losses["xla"]
+
+
 def test_an_empty_workdir_is_refused_not_the_current_directory(tmp_path, monkeypatch):
     """`--workdir=$RUN` with RUN unset: os.path.abspath("") is the current directory, where
     the run would have gone."""

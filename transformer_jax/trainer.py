@@ -296,6 +296,11 @@ class _Loop:
         records, stopped = [], False
         if step < self.config.num_train_steps:
             log.message(self._start_line(first, parameters))
+        if self.model.config.layer_norm_implementation == "pallas" and \
+                jax.default_backend() != "gpu":
+            log.message(f"warning: model.layer_norm_implementation='pallas' runs its kernels in "
+                        f"Pallas's interpreter on {jax.default_backend()}, slowly; 'xla' "
+                        f"computes the same norm at full speed there")
         if not self.eval_pairs:
             log.message("nothing to evaluate (the validation split is empty): "
                         "the run logs no evaluation records")
