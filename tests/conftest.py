@@ -32,8 +32,11 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # written in the code. Library internals that mix run under "standard": the package's
 # calls of optax's Adam, jax.nn's XLA attention and Flax's LayerNorm, and the tests below
 # that use the `standard_dtype_promotion` fixture. On GPUs too: their cuDNN, Triton and
-# bfloat16 paths are traced strict on any machine (tests/test_gpu_lowering.py), and run
-# strict in the suite on a GPU.
+# bfloat16 paths are lowered for CUDA under strict promotion on any machine
+# (tests/test_gpu_lowering.py), and run strict in the suite on a GPU. One path does not
+# lower for CUDA under strict promotion, in JAX itself: jax.nn's bfloat16 XLA attention,
+# differentiated (a float32 cotangent meets its BF16_BF16_F32 dot preset); "auto" runs
+# cuDNN there where cuDNN can.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Full float32 matmuls on GPUs too (TF32 would break the 1e-5 tolerances).
 jax.config.update("jax_default_matmul_precision", "highest")

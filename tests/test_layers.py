@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from transformer_jax.attention import available_implementations
-from transformer_jax.layer_norm import LAYER_NORM_IMPLEMENTATIONS, LayerNorm
+from transformer_jax.layer_norm import LayerNorm
 from transformer_jax.layers import Dropout, EncoderLayer, FeedForward, MultiHeadAttention, residual
 from transformer_jax.model_config import get_model_config
 
@@ -173,7 +173,7 @@ class _Residual(nn.Module):
                         Dropout(0.5), pre_layer_norm=self.pre_layer_norm, deterministic=True)
 
 
-@pytest.mark.parametrize("implementation", LAYER_NORM_IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])  # tokamax: test_layer_norm.py
 @pytest.mark.parametrize("pre_layer_norm", [False, True])
 def test_residual_post_and_pre_layer_norm(pre_layer_norm, implementation):
     """Post-LN is LN(x + f(x)); pre-LN is x + f(LN(x)) (f(y) = 2y, dropout off), against

@@ -6,19 +6,25 @@ with the mean and variance in float32 and γ (`scale`), β (`bias`) float32 para
 Flax's `nn.LayerNorm` computes it. `add_layer_norm` is the function, `LayerNorm` the module
 (the parameters of `nn.LayerNorm`: "scale" and "bias", so checkpoints move between the two).
 
-Two implementations (`ModelConfig.layer_norm_implementation`):
+Three implementations (`ModelConfig.layer_norm_implementation`):
 
-    "xla"     `nn.LayerNorm` of x + y: XLA fuses the passes as it sees fit (the default).
-    "pallas"  one Pallas kernel reads x and y and writes LayerNorm(x + y) and each row's mean
-              and 1/σ; the gradient is one more, which reads x, y and the output's gradient
-              and writes the sum's gradient and each row block's share of γ's and β's. On a
-              GPU it compiles through Triton; elsewhere it runs in Pallas's interpreter
-              (for tests: slow).
+    "xla"      `nn.LayerNorm` of x + y: XLA fuses the passes as it sees fit (the default).
+    "pallas"   one Pallas kernel reads x and y and writes LayerNorm(x + y) and each row's mean
+               and 1/σ; the gradient is one more, which reads x, y and the output's gradient
+               and writes the sum's gradient and each row block's share of γ's and β's. On a
+               GPU it compiles through Triton; elsewhere it runs in Pallas's interpreter
+               (for tests: slow).
+    "tokamax"  tokamax's `layer_norm` of x + y, its Triton kernel on a GPU (which needs
+               jax_triton) and its XLA one elsewhere: the library's kernel, to time beside ours
+               (`pip install tokamax`: Python 3.12, jax 0.11).
 
-Written by hand because no library at hand fuses the residual's add with the norm in both
-passes: XLA's cuDNN layer norm (`--xla_gpu_enable_cudnn_layer_norm`) and tokamax's Triton
-`layer_norm` normalize one array that the add has written first. The GPU's
-`--vary layer_norm_implementation=xla,pallas` (BENCHMARKS.md) decides whether it is kept.
+"pallas" is written by hand because no library at hand fuses the residual's add with the
+norm in both passes: XLA's cuDNN layer norm (`--xla_gpu_enable_cudnn_layer_norm`) and
+tokamax's Triton kernel normalize one array that the add has written first (tokamax 0.0.17
+refuses a computed input, `Callable x is not supported`). The GPU's
+`--vary layer_norm_implementation=...` (BENCHMARKS.md) decides which is kept. JAX 0.12
+deprecates Pallas's Triton backend (for Mosaic GPU, or Triton's own bindings through
+jax_triton): a kernel kept here moves to one of those before JAX drops it.
 The kernels see every position as a row: `x_RD` is `(B·T, D)`, R rows.
 """
 
@@ -31,7 +37,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-LAYER_NORM_IMPLEMENTATIONS = ("xla", "pallas")
+LAYER_NORM_IMPLEMENTATIONS = ("xla", "pallas", "tokamax")
 # Elements per program of the Pallas kernels: 16 rows of base's 512 (32 KiB in float32),
 # 8 of big's 1,024, so that a row block's float32 copies fit one program's registers.
 _ELEMENTS = 8192
@@ -54,6 +60,8 @@ def add_layer_norm(x, y, scale, bias, *, epsilon: float, implementation: str = "
         # Flax mixes bfloat16 with its float32 statistics itself, which strict promotion refuses.
         with jax.numpy_dtype_promotion("standard"):
             return norm.apply({"params": {"scale": scale, "bias": bias}}, s)
+    if implementation == "tokamax":
+        return _tokamax(x if y is None else x + y, scale, bias, epsilon)
     width = x.shape[-1]
     if width & (width - 1):
         raise ValueError(f"the pallas layer norm needs a power-of-two width (Triton's "
@@ -78,6 +86,18 @@ class LayerNorm(nn.Module):
         bias = self.param("bias", nn.initializers.zeros, (width,), jnp.float32)
         return add_layer_norm(x, y, scale, bias, epsilon=self.epsilon,
                               implementation=self.implementation)
+
+
+def _tokamax(s, scale, bias, epsilon):
+    """tokamax's layer norm of the sum: its Triton kernel on a GPU, its XLA one elsewhere."""
+    try:
+        import tokamax
+    except ImportError:
+        raise ValueError("layer norm implementation 'tokamax' needs tokamax (pip install "
+                         "tokamax; Python 3.12 and jax 0.11 or newer)") from None
+    kernel = "triton" if jax.default_backend() == "gpu" else "xla"
+    with jax.numpy_dtype_promotion("standard"):  # as for Flax's: its float32 statistics
+        return tokamax.layer_norm(s, scale, bias, epsilon=epsilon, implementation=kernel)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))

@@ -30,8 +30,9 @@ class ModelConfig:
     max_length: int = 512  # rows of the "learned" position table
     pre_layer_norm: bool = False  # deviation: norm before each sublayer, one more at the end
     attention_implementation: str = "auto"  # see transformer_jax.attention
-    # "xla" (flax's nn.LayerNorm of the residual sum) or "pallas" (the add and the norm in
-    # one kernel each way; d_model a power of two); see transformer_jax.layer_norm.
+    # "xla" (flax's nn.LayerNorm of the residual sum), "pallas" (the add and the norm in one
+    # kernel each way; d_model a power of two) or "tokamax" (its kernel, to time beside ours);
+    # see transformer_jax.layer_norm.
     layer_norm_implementation: str = "xla"
     dtype: str = "float32"  # compute dtype; parameters are always float32
     layer_norm_epsilon: float = 1e-6
