@@ -280,6 +280,29 @@ class _Loop:
                 f"{c.parallelism}; {batches}{micro}; transformer_jax "
                 f"{software['transformer_jax']}{commit}, jax {software['jax']}")
 
+    def _opening_lines(self, first: int, parameters: int) -> list[str]:
+        """What the run says before its first step (`first`, the step it starts from): what
+        it trains, or that it has nothing to train, and what it will not do."""
+        c, lines = self.config, []
+        if first < c.num_train_steps:
+            lines.append(self._start_line(first, parameters))
+        if self.model.config.layer_norm_implementation == "pallas" and \
+                jax.default_backend() != "gpu":
+            lines.append(f"warning: model.layer_norm_implementation='pallas' runs its kernels "
+                         f"in Pallas's interpreter on {jax.default_backend()}, slowly; 'xla' "
+                         f"computes the same norm at full speed there")
+        if not self.eval_pairs:
+            lines.append("nothing to evaluate (the validation split is empty): "
+                         "the run logs no evaluation records")
+        elif c.num_eval_batches == 0:
+            lines.append("nothing to evaluate (num_eval_batches=0): "
+                         "the run logs no eval_loss, eval_accuracy or eval_perplexity")
+        if first >= c.num_train_steps:
+            lines.append(f"nothing to train: {self.checkpointer.directory}/{first} is at step "
+                         f"{first}, and num_train_steps is {c.num_train_steps} (raise "
+                         f"--config.num_train_steps to train on)")
+        return lines
+
     def run(self, stop: StopSignal, starts: tuple, opened: float) -> TrainResult:
         """Trains from the newest checkpoint to `num_train_steps` (`starts`: the monotonic
         times of the process's start, or None, and of the run's; `opened`: of its data
@@ -294,23 +317,8 @@ class _Loop:
         log = RunLog(self.workdir, total_steps=self.config.num_train_steps, first_step=first,
                      enabled=jax.process_index() == 0)
         records, stopped = [], False
-        if step < self.config.num_train_steps:
-            log.message(self._start_line(first, parameters))
-        if self.model.config.layer_norm_implementation == "pallas" and \
-                jax.default_backend() != "gpu":
-            log.message(f"warning: model.layer_norm_implementation='pallas' runs its kernels in "
-                        f"Pallas's interpreter on {jax.default_backend()}, slowly; 'xla' "
-                        f"computes the same norm at full speed there")
-        if not self.eval_pairs:
-            log.message("nothing to evaluate (the validation split is empty): "
-                        "the run logs no evaluation records")
-        elif self.config.num_eval_batches == 0:
-            log.message("nothing to evaluate (num_eval_batches=0): "
-                        "the run logs no eval_loss, eval_accuracy or eval_perplexity")
-        if step >= self.config.num_train_steps:
-            log.message(f"nothing to train: {self.checkpointer.directory}/{step} is at step "
-                        f"{step}, and num_train_steps is {self.config.num_train_steps} (raise "
-                        f"--config.num_train_steps to train on)")
+        for line in self._opening_lines(first, parameters):
+            log.message(line)
         work = self._periodic_work(log, records)
         trace = StepTrace(self.workdir, first_step=first, steps=self.config.profile_steps
                           if jax.process_index() == 0 else 0)
