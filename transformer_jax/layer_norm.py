@@ -183,7 +183,7 @@ def _backward(epsilon, residuals, dout_RD):
                                               dout_RD.astype(x_RD.dtype))
     dscale_D = dscale_shares.reshape(blocks, width).sum(0)
     dbias_D = dbias_shares.reshape(blocks, width).sum(0)
-    return ds_RD, ds_RD.astype(y_RD.dtype), dscale_D, dbias_D
+    return ds_RD, ds_RD, dscale_D, dbias_D  # d/dx = d/dy = d/ds: y_RD has x's dtype
 
 
 def _backward_kernel(x_ref, y_ref, scale_ref, mean_ref, rstd_ref, dout_ref, ds_ref,
