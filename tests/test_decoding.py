@@ -330,3 +330,55 @@ def test_return_all_is_sorted_and_its_best_is_the_default_answer():
     assert np.any(ended_BK[:, 0]) and not np.all(ended_BK)  # live ones fill empty slots
     for e in range(3):
         assert len({tuple(np.asarray(row)) for row in all_seqs[e]}) == 3
+
+
+# ---------------------------------------------------------------- one step's selection
+
+
+def flat_top_k_np(live_logp_BK, logits_BKV):
+    """The K best of all K·V extensions, ranked in NumPy: (log P desc, beam, token)."""
+    batch, k, vocab = logits_BKV.shape
+    x = np.asarray(logits_BKV, np.float32)
+    shifted = x - x.max(axis=-1, keepdims=True)  # jax.nn.log_softmax's float32 arithmetic
+    logp = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    candidates_BKV = np.asarray(live_logp_BK, np.float32)[:, :, None] + logp
+    out = []
+    for row_KV in candidates_BKV:
+        order = sorted(itertools.product(range(k), range(vocab)),
+                       key=lambda bt: (-row_KV[bt], bt))[:k]
+        out.append([(row_KV[bt], *bt) for bt in order])
+    logp_BK, parent_BK, token_BK = np.moveaxis(np.array(out), -1, 0)
+    return logp_BK, parent_BK.astype(int), token_BK.astype(int)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_one_steps_extensions_are_the_k_best_of_all_k_times_v(dtype, ties):
+    # Per beam top-K, then top-K of the K·K (decoding._best_extensions) against a ranking of
+    # every one of the K·V candidates; integer logits and beam scores make ties.
+    from transformer_jax.decoding import _best_extensions
+
+    rng = np.random.default_rng(3 + ties)
+    batch, k, vocab = 5, 4, 11
+    if ties:
+        logits = rng.integers(-2, 2, (batch, k, vocab)).astype(np.float32)
+        live = rng.integers(-2, 0, (batch, k)).astype(np.float32)
+        logits[0, 1] = logits[0, 0]  # two beams with the same row and score: all tied
+        live[0, 1] = live[0, 0]
+    else:
+        logits = rng.normal(size=(batch, k, vocab)).astype(np.float32) * 3
+        live = rng.normal(size=(batch, k)).astype(np.float32)
+    live[2, 1:] = -np.inf  # one live beam (as at step 0), three empty slots
+    logits = np.asarray(jnp.asarray(logits, dtype).astype(jnp.float32))  # the dtype's values
+    want = flat_top_k_np(live, logits)
+    got = jax.jit(_best_extensions)(jnp.asarray(live), jnp.asarray(logits, dtype))
+    assert_allclose(got[0], want[0], rtol=1e-6)
+    assert_array_equal(got[1], want[1])
+    assert_array_equal(got[2], want[2])
+
+
+def test_beam_size_larger_than_the_vocabulary_is_refused():
+    tables = random_tables(seed=1, examples=1, vocab=3)
+    with pytest.raises(ValueError, match="beam_size 4 is larger than the vocabulary"):
+        beam_search(markov_fn(tables), markov_cache([0]), batch_size=1, beam_size=4,
+                    max_length=5, alpha=0.6)

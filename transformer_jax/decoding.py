@@ -211,12 +211,8 @@ def _beam_step(tokens_to_logits, state: _BeamState, *, alpha, eos_id) -> _BeamSt
     batch, k = state.live_logp_BK.shape
     ids_BK = _previous_tokens(state.live_seqs_BKT, state.step)
     logits, cache = tokens_to_logits(ids_BK.reshape(batch * k, 1), state.cache)
-    logp_BKV = jax.nn.log_softmax(logits.astype(jnp.float32).reshape(batch, k, -1), axis=-1)
-    vocab = logp_BKV.shape[-1]
-
-    candidates_BKV = state.live_logp_BK[:, :, None] + logp_BKV
-    top_logp_BK, flat_BK = lax.top_k(candidates_BKV.reshape(batch, k * vocab), k)
-    parent_BK, token_BK = flat_BK // vocab, flat_BK % vocab
+    top_logp_BK, parent_BK, token_BK = _best_extensions(
+        state.live_logp_BK, logits.reshape(batch, k, -1))
     seqs_BKT = jnp.take_along_axis(state.live_seqs_BKT, parent_BK[:, :, None], axis=1)
     seqs_BKT = seqs_BKT.at[:, :, state.step].set(token_BK)
     rows = (jnp.arange(batch)[:, None] * k + parent_BK).reshape(-1)
@@ -239,6 +235,33 @@ def _beam_step(tokens_to_logits, state: _BeamState, *, alpha, eos_id) -> _BeamSt
         finished_BK=jnp.take_along_axis(flags_B2K, keep_BK, axis=1),
         cache=cache,
     )
+
+
+def _best_extensions(live_logp_BK, logits_BKV):
+    """The K best of the K·V one-token extensions of the live hypotheses:
+    `(log P, parent beam, token)`, each `(B, K)`, best first, ties to the lower beam,
+    then the lower token (which tokens fill slots of log P -inf is unspecified).
+
+    The K best overall are among each beam's K best tokens, since a beam adds one
+    log P to all its extensions and log_softmax keeps each row's order. So the top-K
+    runs per beam over V, then over those K·K, and float32 log-probabilities are
+    computed for the K·K chosen logits only, not written for all K·V: the same
+    arithmetic as `jax.nn.log_softmax`, (x - max) - log Σ exp(x - max), so the
+    same values as a top-K over all K·V.
+    """
+    if logits_BKV.shape[-1] < logits_BKV.shape[1]:
+        raise ValueError(f"beam_size {logits_BKV.shape[1]} is larger than the "
+                         f"vocabulary ({logits_BKV.shape[-1]} logits per row)")
+    batch, k, _ = logits_BKV.shape
+    x_BKV = logits_BKV.astype(jnp.float32)
+    top_logits_BKK, token_BKK = lax.top_k(x_BKV, k)  # float32: XLA's CPU top-K of bfloat16 sorts
+    max_BK1 = jnp.max(x_BKV, axis=-1, keepdims=True)
+    log_sum_BK1 = jnp.log(jnp.sum(jnp.exp(x_BKV - max_BK1), axis=-1, keepdims=True))
+    logp_BKK = (top_logits_BKK - max_BK1) - log_sum_BK1
+    candidates_BKK = live_logp_BK[:, :, None] + logp_BKK
+    top_logp_BK, flat_BK = lax.top_k(candidates_BKK.reshape(batch, k * k), k)
+    token_BK = jnp.take_along_axis(token_BKK.reshape(batch, k * k), flat_BK, axis=1)
+    return top_logp_BK, flat_BK // k, token_BK
 
 
 def _final_hypotheses(state: _BeamState, alpha):
