@@ -613,6 +613,48 @@ def test_ctrl_c_in_translate_is_one_line_and_no_output(workdir, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
 
 
+# Ctrl-C inside interrupt_in_one_line, caught and dropped by code in the block, as JAX drops
+# one raised while it traces (the SIGINT reaches the handler inside a `__hash__` that JAX's
+# C++ calls) and Python one raised in a `__del__`; `then`: seconds the block goes on after.
+LOST_CTRL_C = """
+import os, signal, sys, time
+from transformer_jax.commands import interrupt_in_one_line
+
+class Dropper:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)  # the handler raises here, where Python can only drop it
+
+with interrupt_in_one_line():
+    if sys.argv[1] == "code":
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+        except KeyboardInterrupt:
+            pass
+    else:
+        Dropper()
+    print("dropped", flush=True)
+    time.sleep(float(sys.argv[2]))
+print("ended normally", flush=True)
+"""
+
+
+@pytest.mark.parametrize("where, then", [("code", 30), ("code", 0), ("__del__", 30)])
+def test_a_dropped_ctrl_c_is_raised_again(where, then):
+    """A KeyboardInterrupt dropped inside the block is raised again 0.2 s later (long before
+    the block's 30 s are over), or as the block ends: one line, death by SIGINT, and no
+    "Exception ignored" report of the one Python dropped."""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", LOST_CTRL_C, where, str(then)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGINT, done.stderr
+    assert done.stdout == "dropped\n"
+    assert done.stderr.strip().split("\n")[-1] == "error: interrupted"
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    assert time.monotonic() - start < 20
+
+
 # --- files whole or not at all, stdout ----------------------------------------------------
 
 

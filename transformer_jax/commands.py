@@ -2,13 +2,13 @@
 all, stdout that reports a full disk and a reader gone away, and Ctrl-C in one line.
 """
 
-import _thread
 import contextlib
 import functools
 import os
 import signal
 import sys
 import threading
+import time
 
 from transformer_jax.atomic_file import atomic_write
 
@@ -52,32 +52,74 @@ def interrupt_in_one_line():
     traceback. It then ends by SIGINT, as Python's own Ctrl-C does (status 130 in a shell,
     and a shell loop running the command stops too), without the interpreter's teardown,
     which may crash after a stop inside an XLA compilation (train.py). A command that turned
-    Ctrl-C off while it imported (SIG_DFL: quiet death) has it turned back on here."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    Ctrl-C off while it imported (SIG_DFL: quiet death) has it turned back on here.
+
+    Its KeyboardInterrupt is raised wherever Python is, and the code there may lose it:
+    Python prints and drops one raised in a garbage-collector callback (jax's), and JAX
+    drops one raised while it traces a function (jax 0.10.2: in a `__hash__` that its C++
+    calls). So once Ctrl-C came, it is raised again every 0.2 s until the block handles it,
+    and a block that ends first ends as interrupted all the same."""
+    interrupt = _Interrupt()
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is signal.SIG_DFL or handler is signal.default_int_handler:  # not SIG_IGN
+        signal.signal(signal.SIGINT, interrupt.handle)
     previous = sys.unraisablehook
-    ours = sys.unraisablehook = functools.partial(_interrupt_again, previous=previous)
+    ours = sys.unraisablehook = functools.partial(_drop_interrupt, previous=previous)
     try:
         yield
+        if interrupt.requested:
+            raise KeyboardInterrupt  # lost on its way out, and the block ended before again
     except KeyboardInterrupt:
+        interrupt.handled.set()
         print("error: interrupted", file=sys.stderr, flush=True)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
         os._exit(128 + signal.SIGINT)  # had the signal not ended the process
     finally:
+        interrupt.handled.set()
+        if signal.getsignal(signal.SIGINT) == interrupt.handle:
+            signal.signal(signal.SIGINT, handler)
         # Only if still ours: a hook set inside the block (checkpoint.py's, which filters
         # the noise of a failed read still to come) calls ours, which calls `previous`.
         if sys.unraisablehook is ours:
             sys.unraisablehook = previous
 
 
-def _interrupt_again(unraisable, previous) -> None:
-    """Python drops (and prints) a KeyboardInterrupt raised where it cannot propagate, such
-    as jax's garbage-collector callback: it is sent again 10 ms later, to be raised in the
-    command's own code (as `stop_signal.StopSignal` does in training)."""
-    if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        threading.Timer(0.01, _thread.interrupt_main).start()
-    else:
+class _Interrupt:
+    """interrupt_in_one_line's SIGINT handler: raises KeyboardInterrupt, the first time
+    with a thread that sends the main thread SIGINT again every 0.2 s until `handled` is
+    set (a signal, not `_thread.interrupt_main`, which would wait for a blocking call such
+    as a sleep to return). Within 0.1 s of its last raise it does nothing: a signal already
+    on its way would otherwise raise inside the clause that handles the last one."""
+
+    def __init__(self):
+        self.handled = threading.Event()
+        self.raised_at: float | None = None
+        self._main_thread = threading.main_thread().ident
+
+    @property
+    def requested(self) -> bool:
+        return self.raised_at is not None
+
+    def handle(self, signum, frame):
+        del signum, frame
+        now = time.monotonic()
+        if self.handled.is_set() or (self.requested and now - self.raised_at < 0.1):
+            return
+        if not self.requested:
+            threading.Thread(target=self._again, daemon=True).start()
+        self.raised_at = now
+        raise KeyboardInterrupt
+
+    def _again(self) -> None:
+        while not self.handled.wait(0.2):
+            signal.pthread_kill(self._main_thread, signal.SIGINT)
+
+
+def _drop_interrupt(unraisable, previous) -> None:
+    """A KeyboardInterrupt Python could not raise (in a garbage-collector callback, a
+    `__del__`) is dropped without the usual report: `_Interrupt` raises it again."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
         previous(unraisable)
 
 
