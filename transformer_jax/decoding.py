@@ -249,10 +249,9 @@ def _best_extensions(live_logp_BK, logits_BKV):
     arithmetic as `jax.nn.log_softmax`, (x - max) - log Σ exp(x - max), so the
     same values as a top-K over all K·V.
     """
-    if logits_BKV.shape[-1] < logits_BKV.shape[1]:
-        raise ValueError(f"beam_size {logits_BKV.shape[1]} is larger than the "
-                         f"vocabulary ({logits_BKV.shape[-1]} logits per row)")
-    batch, k, _ = logits_BKV.shape
+    batch, k, vocab = logits_BKV.shape
+    if vocab < k:
+        raise ValueError(f"beam_size {k} is larger than the vocabulary ({vocab} logits per row)")
     x_BKV = logits_BKV.astype(jnp.float32)
     top_logits_BKK, token_BKK = lax.top_k(x_BKV, k)  # float32: XLA's CPU top-K of bfloat16 sorts
     max_BK1 = jnp.max(x_BKV, axis=-1, keepdims=True)
