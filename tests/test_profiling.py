@@ -63,7 +63,11 @@ def test_train_profiles_its_steps_after_the_first_ten(tmp_path, capsys):
     assert summary["busy_ms_per_step"] > 0 and summary["wall_ms_per_step"] > 0
     assert summary["idle_ms_per_step"] >= 0 and 0 <= summary["idle_share"] < 1
     assert sum(o["share"] for o in summary["operations"]) <= 1 + 1e-9
-    assert any(o["operation"] in ("dot", "ynn_fusion") for o in summary["operations"])
+    # The model's matmuls are in the trace (not always among the summary's top 15: on 8
+    # simulated devices of a loaded CPU, the all-reduce's waits can fill it).
+    traced = {o["operation"] for o in profiling.summarize(
+        str(tmp_path / "plugins" / "profile" / runs[0]), top=None)}
+    assert traced & {"dot", "ynn_fusion"}, traced
     printed = "".join(capsys.readouterr())
     assert printed.count("profiled steps 11-13 into") == 1
     # Where the time to the first step went: three parts that add up to it.

@@ -52,8 +52,9 @@ def _op_events(trace_dir: str) -> list[dict]:
         e["pid"] in gpus if gpus else not _NOT_OPS.search(e["name"]))]
 
 
-def summarize(trace_dir: str, top: int = 15) -> list[dict]:
-    """The `top` operation kinds by total time over every trace under `trace_dir`."""
+def summarize(trace_dir: str, top: int | None = 15) -> list[dict]:
+    """The `top` operation kinds (None: all) by total time over every trace under
+    `trace_dir`."""
     micros, count = collections.Counter(), collections.Counter()
     for event in _op_events(trace_dir):
         kind = re.sub(r"[._]\d+$", "", event["name"])[:100]  # "ynn_fusion.12" -> "ynn_fusion"
