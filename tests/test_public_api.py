@@ -338,8 +338,28 @@ def test_translator_is_exported_on_first_use():
     from transformer_jax.translation import Translator
 
     assert tj.Translator is Translator and "Translator" in dir(tj)
-    with pytest.raises(AttributeError, match="no attribute 'Translatr'"):
+    with pytest.raises(AttributeError, match="transformer_jax attribute Translatr"):
         tj.Translatr  # noqa: B018
+
+
+def test_importing_the_package_imports_no_jax_until_a_name_is_used():
+    """`import transformer_jax` (and the tokenizer that data workers import) loads neither
+    JAX, Flax nor grain; the first use of a name imports its module; `tj.dropout` stays the
+    function after a module imported `transformer_jax.dropout` itself."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+heavy = lambda: sorted(m for m in ("jax", "flax", "grain", "optax") if m in sys.modules)
+import transformer_jax as tj, transformer_jax.data.parallel_encoding, transformer_jax.data.tokenizer
+print(heavy())
+import transformer_jax.layers
+print(heavy(), tj.dropout.__module__, type(tj.dropout).__name__)
+"""
+    lines = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    assert lines == ["[]", "['flax', 'jax'] transformer_jax.dropout function"]
 
 
 def test_version_is_the_installed_distributions():

@@ -35,12 +35,14 @@ from transformer_jax.data.tokenizer import Tokenizer
 PAIR_KEYS = ("source", "target")  # the text of each of SIDES in a pair
 PART_PAIRS = 250_000  # pairs per part: the work a kill can lose
 # Splits this large are tokenized by worker processes (parallel_encoding.py) unless
-# `processes` says otherwise: below it, starting them (about 1.5 s) costs more
-# than they save. The numbers dataset's 200,000 pairs stay in process.
+# `processes` says otherwise. Below it they save little: on 2 cores the numbers
+# dataset's 200,000 short pairs took 1.5-1.6 s in 2 processes against 1.8 s in threads
+# (BENCHMARKS.md, "pipeline: tokenizing in worker processes"), and they stay in process.
 PROCESS_MIN_PAIRS = 250_000
-# At most this many by default, however many cores: each holds about 200 MB (it imports
-# JAX), and the calling process's own share (sending texts, joining arrays: 4 % of the
-# work on 2 cores) leaves little to gain beyond it.
+# At most this many by default, however many cores: each holds its batch's texts and ids
+# (about 300 MB at 125,000 WMT-like sentences), and the calling process's own share
+# (sending texts, joining arrays: 4 % of the work on 2 cores) leaves little to gain
+# beyond it.
 MAX_PROCESSES = 32
 MADE_FROM = "made_from.json"  # in {split}.partial/ while its parts are written
 
