@@ -28,6 +28,7 @@ from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.data import DataError, load_split
 from transformer_jax import command_line
 from transformer_jax.command_line import define_search_flags, parse_flags
+from transformer_jax.compilation_cache import use_compilation_cache
 from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
                                       write_whole)
 from transformer_jax.translation import TranslationError, Translator
@@ -65,6 +66,7 @@ def evaluate(translator: Translator, pairs: list[dict], **search) -> dict:
 def main(argv) -> None:
     del argv
     logging.set_verbosity(logging.WARNING)
+    use_compilation_cache(_WORKDIR.value)  # the searches of earlier commands, loaded
     try:
         translator = Translator.from_workdir(_WORKDIR.value, checkpoint_spec())
         out = writable_folder(os.path.join(_WORKDIR.value, "eval"), "the results folder")

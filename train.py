@@ -15,6 +15,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer_jax import parallel, profiling, trainer
+from transformer_jax.compilation_cache import use_compilation_cache
 from transformer_jax.checkpoint import CheckpointWriteError
 from transformer_jax.config_checks import ConfigError
 from transformer_jax.data import DataError
@@ -42,7 +43,7 @@ def main(argv) -> None:
     launched = None if age is None else time.monotonic() - age  # for the first step's line
     logging.set_verbosity(logging.WARNING)  # orbax and TFDS report every file at INFO
     parallel.initialize_processes(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    trainer.use_compilation_cache(_WORKDIR.value)
+    use_compilation_cache(_WORKDIR.value)
     try:
         trainer.train(loaded_config(_CONFIG.value), _WORKDIR.value, launched=launched)
     except (ConfigError, DataError, NonFiniteLossError,

@@ -28,12 +28,7 @@ from transformer_jax.trained_params import load_trained_params
 from transformer_jax.model_config import get_model_config
 from transformer_jax.resume_checks import refuse_other_model, refuse_other_optimizer
 from transformer_jax.metrics_window import MetricsWindow, NonFiniteLossError
-from transformer_jax.trainer import (
-    ConfigError,
-    check_config,
-    train,
-    use_compilation_cache,
-)
+from transformer_jax.trainer import ConfigError, check_config, train
 
 
 def records(workdir) -> list[dict]:
@@ -407,21 +402,6 @@ def run_train_py(workdir, *overrides, launch=(), **popen):
                "--config.optim.warmup_steps=10", *overrides]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, **popen)
-
-
-def test_the_compilation_cache_is_the_workdirs_unless_the_user_chose_one():
-    """Only JAX's flags change (restored after): nothing compiles here, so no cache opens."""
-    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache)
-    try:
-        jax.config.update("jax_compilation_cache_dir", None)
-        assert use_compilation_cache("/runs/a") == "/runs/a/compilation_cache"
-        jax.config.update("jax_compilation_cache_dir", "/mine")  # JAX_COMPILATION_CACHE_DIR
-        assert use_compilation_cache("/runs/a") == "/mine"
-        jax.config.update("jax_enable_compilation_cache", False)  # JAX_ENABLE_..._CACHE=false
-        assert use_compilation_cache("/runs/a") is None
-    finally:
-        jax.config.update("jax_compilation_cache_dir", before[0])
-        jax.config.update("jax_enable_compilation_cache", before[1])
 
 
 class _Host:  # the window's device values are already host values here

@@ -84,6 +84,36 @@ def test_translate_stdin_and_files_agree_with_the_library(workdir, tmp_path):
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == greedy
 
 
+def test_translate_and_evaluate_load_the_searches_an_earlier_command_compiled(workdir_copy):
+    """translate.py saves the searches it compiles in WORKDIR/compilation_cache (every one
+    here: no minimum compile time); a second translate.py loads them and writes the same
+    translations; evaluate.py saves its own searches there too."""
+    shutil.rmtree(workdir_copy / "compilation_cache", ignore_errors=True)
+    env = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_LOG_COMPILES": "1"}  # JAX then logs each program loaded from the cache
+    hit = "Persistent compilation cache hit for 'jit_predict_step'"
+
+    def translate():
+        done = subprocess.run([sys.executable, "translate.py", f"--workdir={workdir_copy}"],
+                              cwd=ROOT, input="\n".join(SENTENCES) + "\n", env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    first = translate()
+    assert hit not in first.stderr
+    assert list((workdir_copy / "compilation_cache").glob("jit_predict_step-*"))
+    second = translate()
+    assert hit in second.stderr and second.stdout == first.stdout
+    saved = set((workdir_copy / "compilation_cache").glob("jit_predict_step-*"))
+    evaluated = subprocess.run([sys.executable, "evaluate.py", f"--workdir={workdir_copy}",
+                                "--split=test"], cwd=ROOT, env=env, capture_output=True,
+                               text=True, timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr
+    # The test split's batches have other shapes than the 3 sentences': saved beside them.
+    assert set((workdir_copy / "compilation_cache").glob("jit_predict_step-*")) > saved
+
+
 def test_translate_on_a_terminal_answers_each_line_as_it_is_entered(translating_run,
                                                                     tmp_path):
     """stdin a terminal (a pseudo-terminal here): each translation is on stdout before the

@@ -94,17 +94,6 @@ class TrainResult:
     stopped_early: bool = False
 
 
-def use_compilation_cache(workdir: str) -> str | None:
-    """JAX's persistent compilation cache in WORKDIR/compilation_cache (train.py calls this
-    before anything compiles): a resumed run loads its compiled steps instead of compiling
-    them again. A cache directory the user set (JAX_COMPILATION_CACHE_DIR) is kept, and
-    JAX_ENABLE_COMPILATION_CACHE=false turns the cache off. Returns the directory in use."""
-    if jax.config.jax_compilation_cache_dir is None:
-        jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, "compilation_cache"))
-    return jax.config.jax_compilation_cache_dir if jax.config.jax_enable_compilation_cache \
-        else None
-
-
 def train(config, workdir: str, *, launched: float | None = None) -> TrainResult:
     """Trains (or resumes training) the run of `config` in `workdir`.
 
