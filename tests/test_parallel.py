@@ -181,3 +181,21 @@ def test_no_recompilation_after_the_first_step(eight_devices):
     first, *later = eight_devices.compiles
     assert first >= 1
     assert later == [0, 0, 0]
+
+
+@pytest.mark.parametrize("strategy", ["pmap", "sharded"])
+@pytest.mark.parametrize("devices", [1, 8])
+def test_local_params_are_placed_as_restored_parameters_are(strategy, devices):
+    """The copy training's BLEU searches use: single-device arrays on the first device, as a
+    checkpoint restores them, so a search of either compiles to one program (which
+    WORKDIR/compilation_cache then keeps once, for training and evaluate.py alike). On one
+    device, pmap's unreplicated arrays were on a mesh of that device: another program."""
+    _, state = initial_state()
+    parallel = Parallel(strategy, CPUS[:devices])
+    local = parallel.local_params(parallel.put_state(state))
+    restored = jax.device_put(jax.device_get(state.params), CPUS[0])
+    for ours, theirs in zip(jax.tree.leaves(local), jax.tree.leaves(restored)):
+        assert ours.sharding == theirs.sharding and ours.shape == theirs.shape
+        np.testing.assert_array_equal(ours, theirs)
+    total = jax.jit(lambda params: sum(x.sum() for x in jax.tree.leaves(params)))
+    assert total.lower(local).as_text() == total.lower(restored).as_text()

@@ -56,10 +56,16 @@ class Parallel:
         return placed
 
     def local_params(self, placed_state):
-        """One copy of the parameters on this process's devices (for searches run here)."""
-        if self.strategy == "pmap":
-            return flax.jax_utils.unreplicate(placed_state.params)
-        return jax.tree.map(lambda x: x.addressable_data(0), placed_state.params)
+        """One copy of the parameters on this process's first device (for searches run here),
+        single-device arrays as restored ones are: training's BLEU searches then compile to
+        the programs evaluate.py's do, and WORKDIR/compilation_cache serves both."""
+        def first_copy(x):
+            # Not flax's unreplicate: on one device its arrays lie on a one-device mesh,
+            # and a search of them compiles to another program than of restored ones.
+            shard = x.addressable_data(0)
+            return shard.reshape(shard.shape[1:]) if self.strategy == "pmap" else shard
+
+        return jax.tree.map(first_copy, placed_state.params)
 
     def put_batch(self, batch):
         """This process's rows (numpy, leading axis B) as the step's input."""
