@@ -23,6 +23,11 @@ os.environ["XLA_FLAGS"] = (
     " --xla_cpu_collective_call_terminate_timeout_seconds=300"
 ).strip()
 
+# pytest-xdist's workers share a GPU: JAX's default, each process taking 75 % of its memory
+# at start, ran the later workers out of memory (an H100, `-n 12`: 161 tests failed with
+# RESOURCE_EXHAUSTED). Each process takes what it uses instead.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import pytest  # noqa: E402
@@ -34,9 +39,10 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # that use the `standard_dtype_promotion` fixture. On GPUs too: their cuDNN, Triton and
 # bfloat16 paths are lowered for CUDA under strict promotion on any machine
 # (tests/test_gpu_lowering.py), and run strict in the suite on a GPU. One path does not
-# lower for CUDA under strict promotion, in JAX itself: jax.nn's bfloat16 XLA attention,
-# differentiated (a float32 cotangent meets its BF16_BF16_F32 dot preset); "auto" runs
-# cuDNN there where cuDNN can.
+# lower under strict promotion, on any backend, in JAX itself: jax.nn's bfloat16 XLA
+# attention, differentiated (lowering its BF16_BF16_F32 dot preset beside a float32
+# cotangent calls `promote_types`, under the promotion in force when it lowers); "auto"
+# runs cuDNN there where cuDNN can, and the tests of that path use the fixture.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Full float32 matmuls on GPUs too (TF32 would break the 1e-5 tolerances).
 jax.config.update("jax_default_matmul_precision", "highest")

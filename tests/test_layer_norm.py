@@ -5,6 +5,7 @@ is installed (Python 3.12, jax 0.11: the GPU host)."""
 
 import dataclasses
 import sys
+import types
 
 import flax.linen as nn
 import jax
@@ -24,8 +25,14 @@ EPS = 1e-6
 
 
 def needs(implementation: str) -> None:
-    if implementation == "tokamax":
-        pytest.importorskip("tokamax", reason="tokamax is optional (pip install tokamax)")
+    if implementation != "tokamax":
+        return
+    pytest.importorskip("tokamax", reason="tokamax is optional (pip install tokamax)")
+    x, y, scale, bias, _ = inputs((2, 8))
+    try:
+        add_layer_norm(x, y, scale, bias, epsilon=EPS, implementation="tokamax")
+    except ValueError as error:  # tokamax's Triton kernel and this jax-triton disagree
+        pytest.skip(str(error))
 
 
 def inputs(shape, seed=0, dtype=jnp.float32):
@@ -162,6 +169,21 @@ def test_bad_implementation_and_width_are_refused_in_one_line():
     with pytest.raises(ValueError, match="d_model must be a power of two for layer_norm_impl"):
         dataclasses.replace(get_model_config("tiny"), d_model=48, num_heads=4,
                             layer_norm_implementation="pallas")
+
+
+def test_tokamax_with_another_jax_triton_is_one_clear_error(monkeypatch):
+    """tokamax 0.0.17's Triton kernel with jax-triton 0.3.1, as on an H100: a ValueError that
+    says what to do, from the TypeError of jax_triton's call."""
+    def layer_norm(*args, implementation, **kwargs):
+        assert implementation == "triton"
+        raise TypeError("triton_call() missing 1 required keyword-only argument: 'out_shape'")
+
+    monkeypatch.setitem(sys.modules, "tokamax", types.SimpleNamespace(layer_norm=layer_norm))
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    x, y, scale, bias, _ = inputs((4, 8))
+    with pytest.raises(ValueError, match=r"cannot run its Triton kernel with this jax-triton "
+                                         r"\(triton_call\(\) missing .*'out_shape'\).*'pallas'"):
+        add_layer_norm(x, y, scale, bias, epsilon=EPS, implementation="tokamax")
 
 
 def test_tokamax_missing_is_one_clear_error(monkeypatch):

@@ -15,8 +15,10 @@ Three implementations (`ModelConfig.layer_norm_implementation`):
                GPU it compiles through Triton; elsewhere it runs in Pallas's interpreter
                (for tests: slow).
     "tokamax"  tokamax's `layer_norm` of x + y, its Triton kernel on a GPU (which needs
-               jax_triton) and its XLA one elsewhere: the library's kernel, to time beside ours
-               (`pip install tokamax`: Python 3.12, jax 0.11).
+               the jax-triton tokamax was built against: tokamax 0.0.17's kernel does not
+               run with jax-triton 0.3.1, PyPI's newest, and says so) and its XLA one
+               elsewhere: the library's kernel, to time beside ours (`pip install tokamax`:
+               Python 3.12, jax 0.11).
 
 "pallas" is written by hand because no library at hand fuses the residual's add with the
 norm in both passes: XLA's cuDNN layer norm (`--xla_gpu_enable_cudnn_layer_norm`) and
@@ -96,8 +98,17 @@ def _tokamax(s, scale, bias, epsilon):
         raise ValueError("layer norm implementation 'tokamax' needs tokamax (pip install "
                          "tokamax; Python 3.12 and jax 0.11 or newer)") from None
     kernel = "triton" if jax.default_backend() == "gpu" else "xla"
-    with jax.numpy_dtype_promotion("standard"):  # as for Flax's: its float32 statistics
-        return tokamax.layer_norm(s, scale, bias, epsilon=epsilon, implementation=kernel)
+    try:
+        with jax.numpy_dtype_promotion("standard"):  # as for Flax's: its float32 statistics
+            return tokamax.layer_norm(s, scale, bias, epsilon=epsilon, implementation=kernel)
+    except TypeError as error:
+        if "triton_call()" not in str(error):
+            raise
+        # Seen on an H100: tokamax 0.0.17 passes `out_type=` to jax_triton.triton_call, which
+        # jax-triton 0.3.1, PyPI's newest, calls `out_shape`.
+        raise ValueError(f"layer norm implementation 'tokamax' cannot run its Triton kernel "
+                         f"with this jax-triton ({error}): install the jax-triton that this "
+                         f"tokamax was built against, or use 'xla' or 'pallas'") from error
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
