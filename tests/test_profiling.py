@@ -72,11 +72,14 @@ def test_train_profiles_its_steps_after_the_first_ten(tmp_path, capsys):
     assert printed.count("profiled steps 11-13 into") == 1
     # Where the time to the first step went: three parts that add up to it.
     first = re.search(r"step 1 done ([\d.]+) s after the start: ([\d.]+) s reading or "
-                      r"preparing the data, ([\d.]+) s building or restoring the state, "
-                      r"([\d.]+) s compiling and running the step", printed)
+                      r"preparing the data, ([\d.]+) s building or restoring the state \(([\d.]+) s of "
+                      r"it compiling and drawing fresh parameters\), ([\d.]+) s compiling and "
+                      r"running the step", printed)
     assert first, printed
-    total, *parts = map(float, first.groups())
+    total, data_s, state_s, drawing, step_s = map(float, first.groups())
+    parts = [data_s, state_s, step_s]
     assert all(part >= 0 for part in parts) and parts[2] > 0
+    assert 0 < drawing <= state_s + 0.05  # a part of the state's time
     assert abs(sum(parts) - total) <= 0.15  # each rounded to 0.1 s
     with open(tmp_path / "metrics.jsonl") as f:
         record = json.loads(f.readline())

@@ -523,11 +523,14 @@ def test_sigterm_saves_and_exits_cleanly_and_the_restart_loads_the_compiled_step
     # The first step's line counts from the process's start, in four parts that add up.
     first = re.search(rf"step {step + 1} done ([\d.]+) s after the process started: ([\d.]+) s "
                       r"starting Python, the imports and the devices, ([\d.]+) s reading or "
-                      r"preparing the data, ([\d.]+) s building or restoring the state, "
-                      r"([\d.]+) s compiling and running the step", out + err)
+                      r"preparing the data, ([\d.]+) s building or restoring the state \(([\d.]+) s of "
+                      r"it compiling and drawing fresh parameters\), ([\d.]+) s compiling and "
+                      r"running the step", out + err)
     assert first, out + err
-    total, *parts = map(float, first.groups())
+    total, *parts, drawing, step_s = map(float, first.groups())
+    parts.append(step_s)
     assert parts[0] > 0.1 and abs(sum(parts) - total) <= 0.2 and total <= ran
+    assert 0 <= drawing <= parts[2] + 0.05  # a part of the state's time (loaded, here)
     loaded = set(re.findall(r"Persistent compilation cache hit for '(\w+)'", err))
     # The largest program is the train step (whatever JAX names it: 'jit__fun' under pmap).
     biggest = entries[-1].name.split("-")[0]
