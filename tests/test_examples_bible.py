@@ -1,6 +1,6 @@
 """examples/bible/build_corpus.py: cleaning, alignment and the chapter split, on hand-written
 markup (the artefacts found in the real modules) and synthetic verses; no pysword, no SWORD
-modules."""
+modules. And config.py: train.py's checks, and the checkpoints it averages."""
 
 import collections
 import importlib.util
@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from transformer_jax.config_checks import check_config
 from transformer_jax.data.sources import read_folder_split
 
 _PATH = pathlib.Path(__file__).parent.parent / "examples" / "bible" / "build_corpus.py"
@@ -230,3 +231,20 @@ def test_an_output_that_cannot_be_made_stops_before_any_reading(tmp_path, monkey
     with pytest.raises(SystemExit) as exit_info:
         bible.main([f"--output={tmp_path / 'a_file'}"])
     assert exit_info.value.code == f"error: cannot make --output={tmp_path / 'a_file'}: File exists"
+
+
+# --- The config -----------------------------------------------------------------------------
+
+def test_the_config_checks_and_averages_the_steps_its_comments_name():
+    """config.py passes train.py's checks, and `--checkpoint=average:5` at its end averages
+    steps 2,000 to 6,000: where the H100's 12,000 steps put validation at its best (README)."""
+    spec = importlib.util.spec_from_file_location(
+        "bible_config", _PATH.parent / "config.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    check_config(config)
+    saved = [step for step in range(1, config.num_train_steps + 1)
+             if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps]
+    assert saved[-config.checkpoints_to_keep:] == [2000, 3000, 4000, 5000, 6000]
+    assert config.data.dataset == "folder:examples/bible/corpus"
