@@ -79,7 +79,8 @@ def test_train_profiles_its_steps_after_the_first_ten(tmp_path, capsys):
     total, data_s, state_s, drawing, step_s = map(float, first.groups())
     parts = [data_s, state_s, step_s]
     assert all(part >= 0 for part in parts) and parts[2] > 0
-    assert 0 < drawing <= state_s + 0.05  # a part of the state's time
+    # A part of the state's time (0.0 where this process compiled an equal model's init).
+    assert 0 <= drawing <= state_s + 0.05
     assert abs(sum(parts) - total) <= 0.15  # each rounded to 0.1 s
     with open(tmp_path / "metrics.jsonl") as f:
         record = json.loads(f.readline())
