@@ -209,6 +209,15 @@ def test_model_suite_options_are_checked_before_anything_runs(argv, message, cap
     assert message in capsys.readouterr().err
 
 
+def test_a_tokamax_layer_norm_that_cannot_run_stops_the_model_suite_first(monkeypatch, capsys):
+    """--vary layer_norm_implementation=...,tokamax without tokamax: one clear line before
+    the other variants are timed."""
+    monkeypatch.setitem(sys.modules, "tokamax", None)  # as where it is not installed
+    with pytest.raises(SystemExit):
+        main(["model", "--quick", "--vary", "layer_norm_implementation=xla,tokamax"])
+    assert "'tokamax' needs tokamax (pip install tokamax" in capsys.readouterr().err
+
+
 def test_output_files_are_checked_before_anything_runs(tmp_path, capsys):
     """--json and --plot in a folder that cannot be made, or naming a folder, stop the
     command before the suite runs; a missing folder is made."""

@@ -22,6 +22,7 @@ from transformer_jax.benchmark.flops import train_step_flops
 from transformer_jax.benchmark.machine import peak_tflops
 from transformer_jax.benchmark.timing import (back_to_back, compile_seconds, median_seconds,
                                                memory_bytes)
+from transformer_jax.layer_norm import add_layer_norm
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig, get_model_config
 from transformer_jax.optim import make_optimizer
@@ -211,7 +212,18 @@ def chosen_cases(quick: bool, models=None, vary: dict | None = None):
             dataclasses.replace(case.config, **fields)
         except ValueError as error:
             raise ValueError(f"{case.name} with {fields}: {error}") from None
+    if any(fields.get("layer_norm_implementation") == "tokamax" for fields in variants):
+        _run_tokamax_layer_norm()
     return chosen, variants
+
+
+def _run_tokamax_layer_norm() -> None:
+    """tokamax's layer norm once, on 2 rows of 8: a tokamax missing, or one that cannot run
+    its kernel here (tokamax 0.0.17 with jax-triton 0.3.1, on a GPU), is a ValueError before
+    the other variants are timed, not after."""
+    x_RD = np.ones((2, 8), np.float32)
+    add_layer_norm(x_RD, x_RD, np.ones(8, np.float32), np.zeros(8, np.float32), epsilon=1e-6,
+                   implementation="tokamax")
 
 
 def default_dtypes(quick: bool) -> tuple[str, ...]:
