@@ -646,7 +646,8 @@ def test_cudnn_equals_reference_on_gpu(kind, t, s):
 
     (_, got), got_grads = loss("cudnn", jnp.bfloat16)(q, k, v)
     # The reference's gradients for float32 inputs, so that they are not rounded to bfloat16.
-    (_, ref), ref_grads = loss("reference", jnp.float32)(*(x.astype(jnp.float32) for x in (q, k, v)))
+    (_, ref), ref_grads = loss("reference", jnp.float32)(
+        *(x.astype(jnp.float32) for x in (q, k, v)))
     assert got.dtype == jnp.bfloat16
     errors = {"out": relative_error(got.astype(jnp.float32) * real_BT11, ref * real_BT11),
               **{f"d{name}": relative_error(g, r)

@@ -523,9 +523,9 @@ def test_sigterm_saves_and_exits_cleanly_and_the_restart_loads_the_compiled_step
     # The first step's line counts from the process's start, in four parts that add up.
     first = re.search(rf"step {step + 1} done ([\d.]+) s after the process started: ([\d.]+) s "
                       r"starting Python, the imports and the devices, ([\d.]+) s reading or "
-                      r"preparing the data, ([\d.]+) s building or restoring the state \(([\d.]+) s of "
-                      r"it compiling and drawing fresh parameters\), ([\d.]+) s compiling and "
-                      r"running the step", out + err)
+                      r"preparing the data, ([\d.]+) s building or restoring the state "
+                      r"\(([\d.]+) s of it compiling and drawing fresh parameters\), ([\d.]+) s "
+                      r"compiling and running the step", out + err)
     assert first, out + err
     total, *parts, drawing, step_s = map(float, first.groups())
     parts.append(step_s)
