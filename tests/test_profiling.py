@@ -72,8 +72,8 @@ def test_train_profiles_its_steps_after_the_first_ten(tmp_path, capsys):
     assert printed.count("profiled steps 11-13 into") == 1
     # Where the time to the first step went: three parts that add up to it.
     first = re.search(r"step 1 done ([\d.]+) s after the start: ([\d.]+) s reading or "
-                      r"preparing the data, ([\d.]+) s building or restoring the state "
-                      r"\(([\d.]+) s of it compiling and drawing fresh parameters\), ([\d.]+) s "
+                      r"preparing the data, ([\d.]+) s building the state \(([\d.]+) s "
+                      r"of it compiling and drawing its parameters\), ([\d.]+) s "
                       r"compiling and running the step", printed)
     assert first, printed
     total, data_s, state_s, drawing, step_s = map(float, first.groups())

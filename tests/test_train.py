@@ -490,8 +490,8 @@ def test_sigterm_saves_and_exits_cleanly_and_the_restart_loads_the_compiled_step
     """SIGTERM to the run's process group, its 2 grain workers too (as Ctrl-C in a terminal
     or a scheduler's preemption sends it): the current step finishes, a checkpoint is
     saved, exit status 0, no traceback. The restart trains one more step with the train
-    step and the parameters' initialization loaded from WORKDIR/compilation_cache, not
-    compiled again."""
+    step loaded from WORKDIR/compilation_cache, not compiled again, and restores the state
+    without drawing fresh parameters first."""
     cache_everything = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     process = run_train_py(tmp_path, "--config.num_train_steps=100000",
                            "--config.log_every_steps=1", "--config.data.num_workers=2",
@@ -523,18 +523,17 @@ def test_sigterm_saves_and_exits_cleanly_and_the_restart_loads_the_compiled_step
     # The first step's line counts from the process's start, in four parts that add up.
     first = re.search(rf"step {step + 1} done ([\d.]+) s after the process started: ([\d.]+) s "
                       r"starting Python, the imports and the devices, ([\d.]+) s reading or "
-                      r"preparing the data, ([\d.]+) s building or restoring the state "
-                      r"\(([\d.]+) s of it compiling and drawing fresh parameters\), ([\d.]+) s "
+                      r"preparing the data, ([\d.]+) s restoring the state, ([\d.]+) s "
                       r"compiling and running the step", out + err)
     assert first, out + err
-    total, *parts, drawing, step_s = map(float, first.groups())
-    parts.append(step_s)
+    total, *parts = map(float, first.groups())
     assert parts[0] > 0.1 and abs(sum(parts) - total) <= 0.2 and total <= ran
-    assert 0 <= drawing <= parts[2] + 0.05  # a part of the state's time (loaded, here)
     loaded = set(re.findall(r"Persistent compilation cache hit for '(\w+)'", err))
     # The largest program is the train step (whatever JAX names it: 'jit__fun' under pmap).
     biggest = entries[-1].name.split("-")[0]
-    assert {"jit__compiled_init_params", biggest} <= loaded <= compiled, (loaded, compiled)
+    assert biggest in loaded <= compiled, (loaded, compiled)
+    # A restart restores the state into its shapes: it draws no parameters to overwrite.
+    assert "_compiled_init_params" not in err and "jit__compiled_init_params" in compiled
 
 
 # Sends SIGTERM 0.2 s into the first large XLA compilation, which looks for signals in C++.

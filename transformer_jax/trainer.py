@@ -63,7 +63,7 @@ from transformer_jax.run_log import RunLog
 from transformer_jax.steps import eval_step, train_step
 from transformer_jax.stop_signal import StopSignal
 from transformer_jax.train_batches import batch_rows, new_shuffle_seed, train_batches
-from transformer_jax.train_state import create_train_state
+from transformer_jax.train_state import abstract_train_state, create_train_state
 from transformer_jax.workdir_lock import workdir_lock
 
 
@@ -141,12 +141,13 @@ def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult
 
 
 def _first_step_line(step: int, starts: tuple, opened: float, built: float,
-                     drawing_s: float) -> str:
+                     drawing_s: float | None) -> str:
     """Where the time to the first step went: with the process's start (`starts` is
     (launched or None, the run's start)), Python, the imports and JAX's devices; the data
-    (reading, or preparing on a first start), the state (built or restored, and placed on
-    the devices; `drawing_s` of it compiling and drawing fresh parameters), the step itself
-    (compiling it, unless the compilation cache holds it, and running it)."""
+    (reading, or preparing on a first start), the state (built, `drawing_s` of it compiling
+    and drawing fresh parameters, or restored: `drawing_s` None; and placed on the
+    devices), the step itself (compiling it, unless the compilation cache holds it, and
+    running it)."""
     now = time.monotonic()
     launched, started = starts
     if launched is None:
@@ -154,10 +155,10 @@ def _first_step_line(step: int, starts: tuple, opened: float, built: float,
     else:
         before = (f"step {step} done {now - launched:.1f} s after the process started: "
                   f"{started - launched:.1f} s starting Python, the imports and the devices, ")
+    state = ("restoring the state" if drawing_s is None else
+             f"building the state ({drawing_s:.1f} s of it compiling and drawing its parameters)")
     return (f"{before}{opened - started:.1f} s reading or preparing the data, "
-            f"{built - opened:.1f} s building or restoring the state ({drawing_s:.1f} s "
-            f"of it compiling and drawing fresh parameters), "
-            f"{now - built:.1f} s compiling and running the step")
+            f"{built - opened:.1f} s {state}, {now - built:.1f} s compiling and running the step")
 
 
 def _plural(count: int, noun: str) -> str:
@@ -199,13 +200,23 @@ class _Loop:
         self.eval_pairs = load_split(config.data, "validation").pairs  # BLEU's text
         self._train_split = splits["train"]
         self.data = self._batches(config.seed)
-        drawing = time.monotonic()
-        # Fresh parameters (a restore's template too), compiled and drawn: timed apart for
-        # the first step's line (on an H100 the state took 32 s, where a 2-core CPU took 5).
-        self.state = jax.block_until_ready(
-            create_train_state(self.model, optimizer.tx, jax.random.key(config.seed)))
-        self.drawing_s = time.monotonic() - drawing
+        self._tx = optimizer.tx
+        # A restore's template: the state's shapes on this process's first device, as
+        # `create_train_state` places it. Nothing is drawn until no checkpoint is found
+        # (on an H100 a fresh state took 32 s, where a 2-core CPU took 5).
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        self.state = jax.tree.map(lambda x: x.update(sharding=device),
+                                  abstract_train_state(self.model, self._tx))
+        self.drawing_s = None  # the seconds drawing fresh parameters took, if it was done
         self._window = MetricsWindow()
+
+    def _draw(self) -> None:
+        """Fresh parameters and optimizer state into `self.state`, timed apart for the first
+        step's line."""
+        drawing = time.monotonic()
+        self.state = jax.block_until_ready(
+            create_train_state(self.model, self._tx, jax.random.key(self.config.seed)))
+        self.drawing_s = time.monotonic() - drawing
 
     def _batches(self, seed: int, *, announce: bool = True):
         return iter(train_batches(self.config, self._train_split, self.rows,
@@ -304,6 +315,8 @@ class _Loop:
         times of the process's start, or None, and of the run's; `opened`: of its data
         opened; for the first step's line)."""
         restored = self._restore()
+        if restored is None:
+            self._draw()
         parameters = sum(x.size for x in jax.tree.leaves(self.state.params))
         placed = self.parallel.put_state(self.state)
         self.state = None  # the placed copy is the live one (its buffers are donated)
