@@ -125,3 +125,95 @@ def test_seconds_since_process_start_counts_from_the_kernels_record(tmp_path):
         assert done.stdout.strip() == "None"
         return
     assert 1.5 <= float(done.stdout) <= ran + 0.01, (done.stdout, ran)
+
+
+def instruction(name, op_name, root=False):
+    """One line of a compiled program's HLO text, with the path JAX records."""
+    return (f"  {'ROOT ' * root}%{name} = f32[4]{{0}} fusion(%p), kind=kLoop, calls=%c, "
+            f'metadata={{op_name="{op_name}"}}')
+
+
+LAYER_0 = ("jit(train_step)/while/body/closed_call/{}(Transformer){}/Transformer._features/"
+           "decoder.features/layer_0/layer_0._residual/")
+PROGRAM = "\n".join([
+    "HloModule jit_train_step", "ENTRY %main {",
+    "  %p = f32[4]{0} parameter(0), metadata={op_name=\"state.params[\\'w\\']\"}",
+    instruction("loop_add_fusion.3",
+                LAYER_0.format("transpose(jvp", ")") + "ffn_norm/LayerNorm_0/add"),
+    instruction("gemm_fusion_dot.1", LAYER_0.format("jvp", "") + "ffn/wi/dot_general"),
+    instruction("multiply_fusion", "jit(train_step)/optimizer/mul", root=True), "}"])
+
+
+def test_parts_of_a_gpu_trace_by_instruction_and_kernel_name(tmp_path):
+    """Kernels name their instruction in args["hlo_op"] or in their own name ("_3" for
+    ".3"); a kernel the program does not name (cuBLAS's, here) is ("?", its kind). With a
+    GPU in the trace the host's ops do not count."""
+    gpu = {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}}
+    annotated = dict(op("sm90_xmma_gemm", 0, 30, pid=7), args={"hlo_op": "gemm_fusion_dot.1"})
+    write_trace(tmp_path, [gpu, op("host_fusion", 0, 100), annotated,
+                           op("loop_add_fusion_3", 30, 10, pid=7),
+                           op("multiply_fusion", 40, 5, pid=7), op("nvjet_tst_1", 45, 5, pid=7)])
+    rows = profiling.summarize_parts(str(tmp_path), PROGRAM)
+    assert [(r["pass"], r["part"], r["calls"]) for r in rows] == [
+        ("forward", "feed-forward", 1), ("backward", "layer norm", 1),
+        ("update", "optimizer", 1), ("?", "nvjet_tst", 1)]
+    assert [r["ms"] for r in rows] == pytest.approx([0.030, 0.010, 0.005, 0.005])
+    assert [r["share"] for r in rows] == pytest.approx([0.6, 0.2, 0.1, 0.1])
+
+
+def test_parts_of_a_cpu_trace_leave_out_the_runtimes_spans(tmp_path):
+    """On a CPU every XLA operation is annotated: a span without an instruction is the
+    runtime's and is left out; another program's operation is ("?", its kind)."""
+    ours = dict(op("multiply_fusion", 0, 8), args={"hlo_op": "multiply_fusion"})
+    theirs = dict(op("dot.4", 8, 2), args={"hlo_op": "dot.4"})
+    write_trace(tmp_path, [ours, theirs, op("PythonRefManager::CollectGarbage", 10, 50)])
+    rows = profiling.summarize_parts(str(tmp_path), PROGRAM)
+    assert [(r["pass"], r["part"], r["ms"]) for r in rows] == [
+        ("update", "optimizer", pytest.approx(0.008)), ("?", "dot", pytest.approx(0.002))]
+
+
+@pytest.mark.parametrize("op_name, expected", [
+    ("jit(train_step)/while/body/closed_call/jvp(Transformer)/Transformer._features/"
+     "decoder.features/layer_1/layer_1._residual/dropout/jit(_threefry_fold_in)/xor",
+     ("forward", "dropout")),
+    ("jit(train_step)/while/body/closed_call/transpose(jvp(Transformer))/Transformer._features/"
+     "Transformer.encode/encoder/layer_0/layer_0._residual/self_attention/"
+     "self_attention.attend/query/dot_general", ("backward", "attention projections")),
+    ("jit(train_step)/while/body/closed_call/jvp(Transformer)/Transformer._features/"
+     "decoder.features/layer_0/layer_0._residual/cross_attention/cross_attention.attend/"
+     "vmap(BTNH,BSNH->BNTS)/dot_general", ("forward", "attention")),
+    ("jit(train_step)/while/body/closed_call/transpose(jvp(loss))/select_n",
+     ("backward", "output layer and loss")),
+    ("jit(train_step)/while/body/closed_call/jvp(Transformer)/Transformer._features/"
+     "Transformer.encode/encoder/embedder.encode/jit(_take)/gather",
+     ("forward", "embedding and positions")),
+    ("jit(train_step)/optimizer/sqrt", ("update", "optimizer")),
+    ("jit(train_step)/while/body/closed_call/add", ("update", "other")),
+])
+def test_part_of_an_operation_from_its_path(op_name, expected):
+    assert profiling.part_of(op_name) == expected
+
+
+def test_the_model_suites_profile_splits_the_step_by_part(tmp_path):
+    """--profile keeps each case's trace beside its program: the tiny step's time falls in
+    the model's parts, forward and backward, and the optimizer's update."""
+    from transformer_jax.benchmark import model, timing
+
+    case = next(c for c in model.cases(quick=True) if c.name == "tiny")
+    timing.trace_timed_calls(str(tmp_path))
+    try:
+        model.time_train_step(case, "float32", "sharded", quick=True)
+    finally:
+        timing.trace_timed_calls(None)
+    folder = "tiny-float32-sharded-loss_chunk=0"  # beside the peak matmul rate's own trace
+    assert folder in os.listdir(tmp_path)
+    program = (tmp_path / folder / profiling.PROGRAM_FILE).read_text()
+    rows = profiling.summarize_parts(str(tmp_path / folder), program)
+    found = {(r["pass"], r["part"]) for r in rows}
+    for part in ("feed-forward", "layer norm", "attention", "attention projections",
+                 "dropout", "output layer and loss"):
+        assert {("forward", part), ("backward", part)} <= found, (part, found)
+    assert ("update", "optimizer") in found
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+    # Most of the time is the program's own, named operations (XLA's copies carry no path).
+    assert sum(r["share"] for r in rows if r["pass"] != "?") > 0.6, rows

@@ -15,6 +15,11 @@ YNNPACK, "copy_bitcast_fusion" and "transpose_copy_fusion" move data into anothe
 over threads, so on a 2-core CPU they can add up to about twice the wall time. On a GPU the
 kernels are summed instead, by name ("gemm_fusion_dot", "nvjet_*" for cuBLAS, "cudnn_*" for
 attention, "input_*_fusion" and "loop_*_fusion" for XLA's own): device time.
+
+`summarize_parts` groups one program's operations by the part of the model they came from
+(`part_of` their op_name: layer norm, dropout, attention, the optimizer, ...), forward and
+backward, reading the program's compiled HLO beside its trace (the `model` suite's
+`--profile` writes it there).
 """
 
 import collections
@@ -29,6 +34,7 @@ import jax
 
 from transformer_jax.atomic_file import atomic_write
 
+PROGRAM_FILE = "program.hlo.txt"  # a traced program's HLO, beside its trace (benchmarks)
 PROFILE_AFTER_STEPS = 10  # train.py's trace starts after this many steps (compiling, warm-up)
 
 # Events that are not XLA operations: the Python side and the runtime's own spans.
@@ -36,9 +42,10 @@ _NOT_OPS = re.compile(r"^\$|^end: |Thunk|Pjit|PjRt|block_until_ready|ThreadPool|
                       r"ParseArguments|shard_args|ExecuteHelper")
 
 
-def _op_events(trace_dir: str) -> list[dict]:
-    """The complete ("X") events of XLA's operations in every trace under `trace_dir`: with a
-    GPU in the trace, only the GPU's own (its kernels); otherwise every host thread's ops."""
+def _op_events(trace_dir: str) -> tuple[list[dict], bool]:
+    """(the complete ("X") events of XLA's operations in every trace under `trace_dir`,
+    whether a GPU is in it): with a GPU, only the GPU's own (its kernels); otherwise every
+    host thread's ops."""
     paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
     if not paths:
         raise FileNotFoundError(f"no *.trace.json.gz under {trace_dir}")
@@ -49,14 +56,14 @@ def _op_events(trace_dir: str) -> list[dict]:
     gpus = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
             and "GPU" in str(e.get("args", {}).get("name", ""))}
     return [e for e in events if e.get("ph") == "X" and (
-        e["pid"] in gpus if gpus else not _NOT_OPS.search(e["name"]))]
+        e["pid"] in gpus if gpus else not _NOT_OPS.search(e["name"]))], bool(gpus)
 
 
 def summarize(trace_dir: str, top: int | None = 15) -> list[dict]:
     """The `top` operation kinds (None: all) by total time over every trace under
     `trace_dir`."""
     micros, count = collections.Counter(), collections.Counter()
-    for event in _op_events(trace_dir):
+    for event in _op_events(trace_dir)[0]:
         kind = re.sub(r"[._]\d+$", "", event["name"])[:100]  # "ynn_fusion.12" -> "ynn_fusion"
         micros[kind] += event.get("dur", 0)
         count[kind] += 1
@@ -65,12 +72,66 @@ def summarize(trace_dir: str, top: int | None = 15) -> list[dict]:
             for kind, us in micros.most_common(top)]
 
 
+# The parts of a train step, by the path JAX records for each operation (its `op_name`:
+# Flax's module names, the step's named scopes "loss" and "optimizer"), first match wins.
+_PARTS = (
+    ("dropout", r"dropout|Dropout"),
+    ("layer norm", r"_norm(/|$)|LayerNorm|layer_norm"),
+    ("attention projections", r"attention\.\w+/(query|key|value|out)(/|$)"),
+    ("attention", r"attention"),
+    ("feed-forward", r"/ffn/"),
+    ("embedding and positions", r"embedder\.encode|positions"),
+    ("output layer and loss", r"embedder\.(decode|loss)|[/(]loss([/)]|$)"),
+    ("optimizer", r"/optimizer(/|$)"),
+)
+
+
+def part_of(op_name: str) -> tuple[str, str]:
+    """(pass, part) of an operation from its `op_name`: pass "forward" (under `jvp`),
+    "backward" (`transpose`) or "update" (neither: the optimizer, the step's bookkeeping);
+    part one of `_PARTS`' names, or "other" (dropout keys, gradient sums, casts, ...)."""
+    where = "backward" if "transpose(" in op_name else "forward" if "jvp(" in op_name \
+        else "update"
+    part = next((name for name, pattern in _PARTS if re.search(pattern, op_name)), "other")
+    return where, part
+
+
+def op_names(hlo_text: str) -> dict[str, str]:
+    """{instruction: op_name} of a compiled program's HLO text (`compiled.as_text()`)."""
+    return dict(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?metadata=\{[^}]*?op_name=\"([^\"]*)\"",
+                           hlo_text, flags=re.MULTILINE))
+
+
+def summarize_parts(trace_dir: str, hlo_text: str) -> list[dict]:
+    """The time of the traced operations of one program (`hlo_text`, its compiled HLO) by
+    `part_of` their op_name, largest first: what a step spends on its layer norms, its
+    dropout, its optimizer, forward and backward. An event names its instruction in
+    `args["hlo_op"]` (XLA's annotation) or in its name ("loop_add_fusion_3" for
+    "loop_add_fusion.3", a GPU's kernel); one whose instruction the program does not hold
+    (another program's, a library's kernel) counts as ("?", its kind)."""
+    names = op_names(hlo_text)
+    micros, count = collections.Counter(), collections.Counter()
+    events, on_gpu = _op_events(trace_dir)
+    for event in events:
+        annotated = event.get("args", {}).get("hlo_op")
+        op = annotated or event["name"]
+        op_name = names.get(op) or names.get(re.sub(r"_(\d+)$", r".\1", op))
+        if op_name is None and not annotated and not on_gpu:
+            continue  # a host runtime's span (a CPU's XLA operations are all annotated)
+        key = part_of(op_name) if op_name is not None else ("?", re.sub(r"[._]\d+$", "", op))
+        micros[key] += event.get("dur", 0)
+        count[key] += 1
+    total = sum(micros.values()) or 1
+    return [{"pass": where, "part": part, "ms": us / 1e3, "share": us / total,
+             "calls": count[where, part]} for (where, part), us in micros.most_common()]
+
+
 def timeline(trace_dir: str) -> dict[str, float]:
     """From the first operation's start to the last one's end (`span_ms`): the time at least
     one operation ran (`busy_ms`, overlapping operations counted once) and the rest
     (`idle_ms`, `idle_share`). On a GPU, idle is the time the GPU waited for the host
     (input, dispatch, syncs) in the span; on a CPU, the time no XLA operation ran."""
-    intervals = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in _op_events(trace_dir))
+    intervals = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in _op_events(trace_dir)[0])
     if not intervals:
         raise ValueError(f"no operations in the traces under {trace_dir}")
     busy, (start, end) = 0.0, intervals[0]

@@ -88,8 +88,9 @@ def train_step(state: TrainState, batch, *, model, seed: int, label_smoothing: f
     grads = jax.tree.map(lambda g: g / jnp.maximum(counts["weight_sum"], 1.0), grads)
     metrics = dict(counts, grad_norm=optax.tree.norm(grads),
                    learning_rate=learning_rate_fn(state.step))
-    with jax.numpy_dtype_promotion("standard"):  # optax's Adam: a float to an int32 power
-        return state.apply_gradients(grads=grads), metrics
+    # Named for profiles (`profiling.summarize_parts`), as the loss is.
+    with jax.named_scope("optimizer"), jax.numpy_dtype_promotion("standard"):
+        return state.apply_gradients(grads=grads), metrics  # Adam: a float to an int32 power
 
 
 def _loss_and_counts(params, batch, *, model, label_smoothing, chunk_size, dropout_key):
@@ -109,9 +110,10 @@ def _counts(params, batch, *, model, label_smoothing, chunk_size, deterministic,
                       label_smoothing=label_smoothing, chunk_size=chunk_size)
         return dict(zip(("loss_sum", "weight_sum", "correct_sum"), sums))
     logits_BTV = _apply(params, batch, **run)
-    loss_sum, weight_sum = label_smoothed_cross_entropy(
-        logits_BTV, batch["targets"], label_smoothing=label_smoothing)
-    correct_sum, _ = accuracy(logits_BTV, batch["targets"])
+    with jax.named_scope("loss"):
+        loss_sum, weight_sum = label_smoothed_cross_entropy(
+            logits_BTV, batch["targets"], label_smoothing=label_smoothing)
+        correct_sum, _ = accuracy(logits_BTV, batch["targets"])
     return {"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum}
 
 

@@ -4,6 +4,7 @@ python -m transformer_jax.benchmark model [--models=base,big] [--vary FIELD=V1,V
 python -m transformer_jax.benchmark decode --peers [--workdir=DIR]"""
 
 import argparse
+import glob
 import importlib
 import os
 import sys
@@ -124,6 +125,12 @@ def main(argv=None) -> int:
 
         print(f"\nwhere the timed calls spent their time (all threads; traces in {args.profile}):")
         print(report.table(profiling.summarize(args.profile)))
+        for program in sorted(glob.glob(os.path.join(args.profile, "*", profiling.PROGRAM_FILE))):
+            folder = os.path.dirname(program)
+            with open(program) as f:
+                parts = profiling.summarize_parts(folder, f.read())
+            print(f"\n{os.path.basename(folder)}: the step's operations by part of the model")
+            print(report.table(parts))
     if args.json:
         name = "decode --peers" if args.peers else args.suite
         report.write_json(args.json, report.document(name, rows, quick=args.quick,

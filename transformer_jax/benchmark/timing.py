@@ -1,6 +1,7 @@
 """Timing compiled calls: median wall time after warm-up, and compile time."""
 
 import contextlib
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -15,6 +16,20 @@ def trace_timed_calls(directory: str | None) -> None:
     `directory`: the profile of the steady state, without compilation."""
     global _trace_dir
     _trace_dir = directory
+
+
+@contextlib.contextmanager
+def traced_as(name: str):
+    """The timed calls inside are traced into the subfolder `name` of the trace directory,
+    one program's trace (`profiling.summarize_parts` reads it beside the program's HLO);
+    yields that folder, or None when nothing is traced."""
+    global _trace_dir
+    outer = _trace_dir
+    _trace_dir = None if outer is None else os.path.join(outer, name)
+    try:
+        yield _trace_dir
+    finally:
+        _trace_dir = outer
 
 
 def median_seconds(run_once: Callable[[], object], *, warmup: int = 2, iters: int = 10,
