@@ -68,8 +68,17 @@ def test_train_profiles_its_steps_after_the_first_ten(tmp_path, capsys):
     traced = {o["operation"] for o in profiling.summarize(
         str(tmp_path / "plugins" / "profile" / runs[0]), top=None)}
     assert traced & {"dot", "ynn_fusion"}, traced
+    # The same time by part of the model, from the step's program kept beside the trace.
+    assert (tmp_path / "plugins" / "profile" / runs[0] / profiling.PROGRAM_FILE).exists()
+    parts = {(p["pass"], p["part"]) for p in summary["parts"]}
+    assert {("forward", "feed-forward"), ("backward", "feed-forward"),
+            ("update", "optimizer")} <= parts, parts
+    assert sum(p["share"] for p in summary["parts"]) == pytest.approx(1.0)
     printed = "".join(capsys.readouterr())
     assert printed.count("profiled steps 11-13 into") == 1
+    line = next(line for line in printed.splitlines() if "profiled steps 11-13" in line)
+    top = summary["parts"][0]
+    assert f"; by part: {top['pass']} {top['part']} {top['share']:.0%}" in line, line
     # Where the time to the first step went: three parts that add up to it.
     first = re.search(r"step 1 done ([\d.]+) s after the start: ([\d.]+) s reading or "
                       r"preparing the data, ([\d.]+) s building the state \(([\d.]+) s "

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 
 import jax
 
@@ -197,9 +198,12 @@ class StepTrace:
                 raise ProfileError(f"cannot trace steps {step + 1} and on: {error}") from None
             self._started = time.perf_counter()
 
-    def after(self, step: int, outputs, *, last: bool = False) -> dict | None:
+    def after(self, step: int, outputs, *, last: bool = False,
+              program: Callable[[], str] | None = None) -> dict | None:
         """At the trace's last step (or the loop's: `last`), waits for `outputs`, stops
-        tracing and returns the summary (with its folder, "trace"); otherwise None."""
+        tracing and returns the summary (with its folder, "trace"); otherwise None.
+        `program()`, the traced step's compiled HLO text, adds its time by part of the model
+        ("parts": `summarize_parts`) and is kept beside the trace (`PROGRAM_FILE`)."""
         if self._started is None or not (step == self.start_step + self.steps or last):
             return None
         jax.block_until_ready(outputs)
@@ -215,6 +219,11 @@ class StepTrace:
                        "busy_ms_per_step": device["busy_ms"] / steps,
                        "idle_ms_per_step": device["idle_ms"] / steps,
                        "idle_share": device["idle_share"], "operations": summarize(folder)}
+            if program is not None:
+                text = program()
+                with atomic_write(os.path.join(folder, PROGRAM_FILE), "w") as f:
+                    f.write(text)
+                summary["parts"] = summarize_parts(folder, text)
             with atomic_write(os.path.join(folder, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=1)
         except (OSError, ValueError) as error:  # no trace written, a full disk

@@ -168,10 +168,13 @@ def _plural(count: int, noun: str) -> str:
 def _profile_line(summary: dict) -> str:
     """One line of a `StepTrace` summary: wall and device time per step, the top operations."""
     top = ", ".join(f"{op['operation']} {op['share']:.0%}" for op in summary["operations"][:3])
+    parts = ", ".join(f"{p['pass']} {p['part']} {p['share']:.0%}"
+                      for p in summary.get("parts", [])[:3])
     return (f"profiled steps {summary['first_step']}-{summary['last_step']} into "
             f"{summary['trace']}: {summary['wall_ms_per_step']:.1f} ms per step, the device "
             f"busy {summary['busy_ms_per_step']:.1f} ms and idle {summary['idle_share']:.0%} "
-            f"of it; most time in {top} (summary.json there)")
+            f"of it; most time in {top}" + (f"; by part: {parts}" if parts else "")
+            + " (summary.json there)")
 
 
 class _Loop:
@@ -339,7 +342,8 @@ class _Loop:
                 self._watch(log, trace.before, step)
                 if step == first or trace.tracing:  # compiling and tracing: not the speed
                     self._window.pause()
-                placed, metrics = self.p_train(placed, self.parallel.put_batch(next(self.data)))
+                batch = self.parallel.put_batch(next(self.data))
+                placed, metrics = self.p_train(placed, batch)
                 step += 1
                 self._window.pending.append(metrics)
                 if step == first + 1:
@@ -349,8 +353,11 @@ class _Loop:
                     # at once, even inside the compilation).
                     stop.training = True
                 stopped = self._stop_requested(stop, step)
-                profiled = self._watch(log, trace.after, step, metrics,
-                                       last=stopped or step == self.config.num_train_steps)
+                profiled = self._watch(
+                    log, trace.after, step, metrics,
+                    last=stopped or step == self.config.num_train_steps,
+                    # The step's program, from the compilation just run (not compiled again).
+                    program=lambda: self.p_train.lower(placed, batch).compile().as_text())
                 if profiled:
                     log.message(_profile_line(profiled))
                 if not trace.tracing:
