@@ -150,7 +150,9 @@ PROGRAM = "\n".join([
     instruction("loop_add_fusion.3",
                 LAYER_0.format("transpose(jvp", ")") + "ffn_norm/LayerNorm_0/add"),
     instruction("gemm_fusion_dot.1", LAYER_0.format("jvp", "") + "ffn/wi/dot_general"),
-    instruction("multiply_fusion", "jit(train_step)/optimizer/mul", root=True), "}"])
+    instruction("multiply_fusion", "jit(train_step)/optimizer/mul"),
+    "  ROOT %while.2 = (s32[], f32[4]{0}) while(%t), condition=%c, body=%b, "
+    'metadata={op_name="jit(train_step)/while"}', "}"])
 
 
 def test_parts_of_a_gpu_trace_by_instruction_and_kernel_name(tmp_path):
@@ -170,15 +172,20 @@ def test_parts_of_a_gpu_trace_by_instruction_and_kernel_name(tmp_path):
     assert [r["share"] for r in rows] == pytest.approx([0.6, 0.2, 0.1, 0.1])
 
 
-def test_parts_of_a_cpu_trace_leave_out_the_runtimes_spans(tmp_path):
+def test_parts_of_a_cpu_trace_leave_out_the_runtimes_and_the_loops_spans(tmp_path):
     """On a CPU every XLA operation is annotated: a span without an instruction is the
-    runtime's and is left out; another program's operation is ("?", its kind)."""
-    ours = dict(op("multiply_fusion", 0, 8), args={"hlo_op": "multiply_fusion"})
-    theirs = dict(op("dot.4", 8, 2), args={"hlo_op": "dot.4"})
-    write_trace(tmp_path, [ours, theirs, op("PythonRefManager::CollectGarbage", 10, 50)])
+    runtime's and is left out; another program's operation is ("?", its kind). A loop's
+    span encloses its body's operations and is left out too, here and by `summarize`."""
+    ours = dict(op("multiply_fusion", 1, 8), args={"hlo_op": "multiply_fusion"})
+    theirs = dict(op("dot.4", 9, 2), args={"hlo_op": "dot.4"})
+    loop = dict(op("while.2", 0, 12), args={"hlo_op": "while.2"})
+    write_trace(tmp_path, [loop, ours, theirs, op("PythonRefManager::CollectGarbage", 10, 50)])
     rows = profiling.summarize_parts(str(tmp_path), PROGRAM)
     assert [(r["pass"], r["part"], r["ms"]) for r in rows] == [
         ("update", "optimizer", pytest.approx(0.008)), ("?", "dot", pytest.approx(0.002))]
+    assert [r["operation"] for r in profiling.summarize(str(tmp_path))] == [
+        "multiply_fusion", "dot"]
+    assert profiling.op_names(PROGRAM)["while.2"] is None
 
 
 @pytest.mark.parametrize("op_name, expected", [
@@ -226,3 +233,24 @@ def test_the_model_suites_profile_splits_the_step_by_part(tmp_path):
     assert sum(r["share"] for r in rows) == pytest.approx(1.0)
     # Most of the time is the program's own, named operations (XLA's copies carry no path).
     assert sum(r["share"] for r in rows if r["pass"] != "?") > 0.6, rows
+
+
+def test_the_decode_suites_profile_splits_a_search_into_the_decoder_and_its_own_work(
+        tmp_path):
+    """A beam search's program has no gradient: every part is its forward pass, and the
+    search's own work (top-K, beams and caches reordered) is a part of its own."""
+    from transformer_jax.benchmark import decode, timing
+
+    timing.trace_timed_calls(str(tmp_path))
+    try:
+        decode.time_search("tiny", 2, 8, 8, beam_size=4, cached=True, quick=True)
+    finally:
+        timing.trace_timed_calls(None)
+    folder = tmp_path / "tiny-float32-beam4-cached-2x8"
+    rows = profiling.summarize_parts(str(folder), (folder / profiling.PROGRAM_FILE).read_text())
+    found = {(r["pass"], r["part"]) for r in rows}
+    assert {("forward", "search"), ("forward", "attention"), ("forward", "feed-forward"),
+            ("forward", "output layer and loss")} <= found, found
+    assert {r["pass"] for r in rows} <= {"forward", "?"}
+    # The loop's own span (its whole time) is not counted beside its body's operations.
+    assert sum(r["share"] for r in rows if r["pass"] != "?") > 0.8, rows

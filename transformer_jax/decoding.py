@@ -84,6 +84,7 @@ def greedy_search(
         step, _, ended_B, _ = state
         return (step < max_length) & ~jnp.all(ended_B)
 
+    @jax.named_scope("search")  # its operations, apart from the model's, in profiles
     def advance(state):
         step, seqs_BT, ended_B, cache = state
         ids_B1 = _previous_tokens(seqs_BT, step)[:, None]
@@ -170,6 +171,7 @@ def beam_search(
     def not_done(state):
         return (state.step < max_length) & ~jnp.all(_done_B(state, max_penalty))
 
+    @jax.named_scope("search")  # its operations, apart from the model's, in profiles
     def advance(state):
         new = _beam_step(tokens_to_logits, state, alpha=alpha, eos_id=eos_id)
         done_B = _done_B(state, max_penalty)

@@ -11,7 +11,8 @@ traces in Perfetto or TensorBoard's profiler, or read `summarize` and `timeline`
 
 `summarize` groups operations by fusion kind: on CPUs "ynn_fusion" is a matmul run by
 YNNPACK, "copy_bitcast_fusion" and "transpose_copy_fusion" move data into another layout,
-"broadcast_add_fusion" and the like are elementwise, "while" a loop. Their times are summed
+"broadcast_add_fusion" and the like are elementwise. A loop's or a branch's own span ("while",
+"conditional": on a CPU it encloses its body's operations) is left out. Their times are summed
 over threads, so on a 2-core CPU they can add up to about twice the wall time. On a GPU the
 kernels are summed instead, by name ("gemm_fusion_dot", "nvjet_*" for cuBLAS, "cudnn_*" for
 attention, "input_*_fusion" and "loop_*_fusion" for XLA's own): device time.
@@ -39,8 +40,9 @@ PROGRAM_FILE = "program.hlo.txt"  # a traced program's HLO, beside its trace (be
 PROFILE_AFTER_STEPS = 10  # train.py's trace starts after this many steps (compiling, warm-up)
 
 # Events that are not XLA operations: the Python side and the runtime's own spans.
+# (XLA's instruction names hold no spaces and no "::".)
 _NOT_OPS = re.compile(r"^\$|^end: |Thunk|Pjit|PjRt|block_until_ready|ThreadPool|ExecuteReplicated|"
-                      r"ParseArguments|shard_args|ExecuteHelper")
+                      r"ParseArguments|shard_args|ExecuteHelper|AllocateOutputBuffers|::| ")
 
 
 def _op_events(trace_dir: str) -> tuple[list[dict], bool]:
@@ -66,6 +68,8 @@ def summarize(trace_dir: str, top: int | None = 15) -> list[dict]:
     micros, count = collections.Counter(), collections.Counter()
     for event in _op_events(trace_dir)[0]:
         kind = re.sub(r"[._]\d+$", "", event["name"])[:100]  # "ynn_fusion.12" -> "ynn_fusion"
+        if kind in _CONTROL_FLOW:
+            continue
         micros[kind] += event.get("dur", 0)
         count[kind] += 1
     total = sum(micros.values()) or 1
@@ -84,42 +88,57 @@ _PARTS = (
     ("embedding and positions", r"embedder\.encode|positions"),
     ("output layer and loss", r"embedder\.(decode|loss)|[/(]loss([/)]|$)"),
     ("optimizer", r"/optimizer(/|$)"),
+    ("search", r"/search(/|$)"),  # a search's own work: top-K, reordering beams and caches
 )
 
 
-def part_of(op_name: str) -> tuple[str, str]:
-    """(pass, part) of an operation from its `op_name`: pass "forward" (under `jvp`),
-    "backward" (`transpose`) or "update" (neither: the optimizer, the step's bookkeeping);
-    part one of `_PARTS`' names, or "other" (dropout keys, gradient sums, casts, ...)."""
-    where = "backward" if "transpose(" in op_name else "forward" if "jvp(" in op_name \
-        else "update"
+def part_of(op_name: str, *, training: bool = True) -> tuple[str, str]:
+    """(pass, part) of an operation from its `op_name`: pass "forward" (under `jvp`, or any
+    operation of a program that is not `training`), "backward" (`transpose`) or "update"
+    (neither, in a train step: the optimizer, the step's bookkeeping); part one of
+    `_PARTS`' names, or "other" (dropout keys, gradient sums, casts, ...)."""
+    where = "backward" if "transpose(" in op_name else "forward" \
+        if "jvp(" in op_name or not training else "update"
     part = next((name for name, pattern in _PARTS if re.search(pattern, op_name)), "other")
     return where, part
 
 
-def op_names(hlo_text: str) -> dict[str, str]:
-    """{instruction: op_name} of a compiled program's HLO text (`compiled.as_text()`)."""
-    return dict(re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?metadata=\{[^}]*?op_name=\"([^\"]*)\"",
-                           hlo_text, flags=re.MULTILINE))
+# Instructions whose spans enclose other operations' (a loop's body, a branch).
+_CONTROL_FLOW = ("while", "conditional", "call")
+
+
+def op_names(hlo_text: str) -> dict[str, str | None]:
+    """{instruction: op_name} of a compiled program's HLO text (`compiled.as_text()`); None
+    for a loop or a branch, whose time is its body's."""
+    lines = re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = (.*?)metadata=\{[^}]*?op_name=\"([^\"]*)\"",
+                       hlo_text, flags=re.MULTILINE)
+    flow = re.compile(rf"\s({'|'.join(_CONTROL_FLOW)})\(")
+    return {name: None if flow.search(f" {body}") else op_name for name, body, op_name in lines}
 
 
 def summarize_parts(trace_dir: str, hlo_text: str) -> list[dict]:
     """The time of the traced operations of one program (`hlo_text`, its compiled HLO) by
     `part_of` their op_name, largest first: what a step spends on its layer norms, its
-    dropout, its optimizer, forward and backward. An event names its instruction in
+    dropout, its optimizer, forward and backward; what a search spends in the decoder and
+    in its own work. An event names its instruction in
     `args["hlo_op"]` (XLA's annotation) or in its name ("loop_add_fusion_3" for
     "loop_add_fusion.3", a GPU's kernel); one whose instruction the program does not hold
     (another program's, a library's kernel) counts as ("?", its kind)."""
     names = op_names(hlo_text)
+    training = any("transpose(" in op_name for op_name in names.values() if op_name)
     micros, count = collections.Counter(), collections.Counter()
     events, on_gpu = _op_events(trace_dir)
     for event in events:
         annotated = event.get("args", {}).get("hlo_op")
         op = annotated or event["name"]
-        op_name = names.get(op) or names.get(re.sub(r"_(\d+)$", r".\1", op))
+        op = op if op in names else re.sub(r"_(\d+)$", r".\1", op)  # a kernel's name
+        if op in names and names[op] is None:
+            continue  # a loop's span: its body's operations are counted
+        op_name = names.get(op)
         if op_name is None and not annotated and not on_gpu:
             continue  # a host runtime's span (a CPU's XLA operations are all annotated)
-        key = part_of(op_name) if op_name is not None else ("?", re.sub(r"[._]\d+$", "", op))
+        key = part_of(op_name, training=training) if op_name is not None \
+            else ("?", re.sub(r"[._]\d+$", "", op))
         micros[key] += event.get("dur", 0)
         count[key] += 1
     total = sum(micros.values()) or 1

@@ -16,7 +16,7 @@ import tqdm
 from jax import lax
 
 from transformer_jax.benchmark.model import model_configs, synthetic_batch
-from transformer_jax.benchmark.timing import compile_seconds, median_seconds
+from transformer_jax.benchmark.timing import compile_seconds, median_seconds, traced_as
 from transformer_jax.token_ids import EOS_ID, PAD_ID
 from transformer_jax.decoding import beam_search, greedy_search
 from transformer_jax.model import Transformer
@@ -98,11 +98,12 @@ def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick
     params = _params(name)
     kwargs = dict(model=model, beam_size=beam_size, max_length=max_length, cached=cached)
     compiled, compile_s = compile_seconds(search, params, inputs_BS, **kwargs)
-    seconds = median_seconds(lambda: compiled(params, inputs_BS).block_until_ready(),
-                             warmup=1, iters=3 if quick else 5)
-    return {"model": name, "dtype": dtype,
-            "search": "greedy" if beam_size == 1 else f"beam{beam_size}",
-            "cache": "cached" if cached else "uncached", "batch": batch,
+    kind = "greedy" if beam_size == 1 else f"beam{beam_size}"
+    cache = "cached" if cached else "uncached"
+    with traced_as(f"{name}-{dtype}-{kind}-{cache}-{batch}x{max_length}", compiled):
+        seconds = median_seconds(lambda: compiled(params, inputs_BS).block_until_ready(),
+                                 warmup=1, iters=3 if quick else 5)
+    return {"model": name, "dtype": dtype, "search": kind, "cache": cache, "batch": batch,
             "source_len": source_len, "output_len": max_length, "ms": seconds * 1e3,
             "tokens_per_sec": batch * max_length / seconds, "sentences_per_sec": batch / seconds,
             "compile_s": compile_s}

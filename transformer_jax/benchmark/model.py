@@ -13,7 +13,6 @@ and without the FLOPs of softmax(Q Kᵀ) V itself.
 import dataclasses
 import functools
 import itertools
-import os
 
 import jax
 import tqdm
@@ -23,7 +22,6 @@ from transformer_jax.benchmark.flops import train_step_flops
 from transformer_jax.benchmark.machine import peak_tflops
 from transformer_jax.benchmark.timing import (back_to_back, compile_seconds, median_seconds,
                                                memory_bytes, traced_as)
-from transformer_jax import profiling
 from transformer_jax.layer_norm import add_layer_norm
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig, get_model_config
@@ -140,12 +138,9 @@ def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
     queued = queued_steps(quick)
     label = "-".join([case.name, dtype, strategy, f"loss_chunk={loss_chunk_size}"]
                      + [f"{name}={value}" for name, value in fields.items()])
-    with traced_as(label) as folder:  # --profile: each case's trace beside its program
+    with traced_as(label, step):  # --profile: each case's trace beside its program
         seconds = median_seconds(back_to_back(one_step, queued), warmup=1 if quick else 2,
                                  iters=3 if quick else 10) / queued
-    if folder:
-        with open(os.path.join(folder, profiling.PROGRAM_FILE), "w") as f:
-            f.write(step.as_text())
     flops = train_step_flops(config, case.batch, case.length, case.length)
     matmuls = train_step_flops(config, case.batch, case.length, case.length, attention=False)
     peak, _ = peak_tflops(dtype, quick=quick)

@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import jax
 
+from transformer_jax import profiling
+
 _trace_dir = None  # set by trace_timed_calls
 
 
@@ -19,15 +21,19 @@ def trace_timed_calls(directory: str | None) -> None:
 
 
 @contextlib.contextmanager
-def traced_as(name: str):
+def traced_as(name: str, compiled):
     """The timed calls inside are traced into the subfolder `name` of the trace directory,
-    one program's trace (`profiling.summarize_parts` reads it beside the program's HLO);
-    yields that folder, or None when nothing is traced."""
+    beside `compiled`'s HLO (`profiling.PROGRAM_FILE`, which `profiling.summarize_parts`
+    reads with the trace); nothing is written when nothing is traced."""
     global _trace_dir
     outer = _trace_dir
-    _trace_dir = None if outer is None else os.path.join(outer, name)
+    if outer is not None:
+        _trace_dir = os.path.join(outer, name)
+        os.makedirs(_trace_dir, exist_ok=True)
+        with open(os.path.join(_trace_dir, profiling.PROGRAM_FILE), "w") as f:
+            f.write(compiled.as_text())
     try:
-        yield _trace_dir
+        yield
     finally:
         _trace_dir = outer
 
