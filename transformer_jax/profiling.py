@@ -109,11 +109,26 @@ _CONTROL_FLOW = ("while", "conditional", "call")
 
 def op_names(hlo_text: str) -> dict[str, str | None]:
     """{instruction: op_name} of a compiled program's HLO text (`compiled.as_text()`); None
-    for a loop or a branch, whose time is its body's."""
-    lines = re.findall(r"^\s*(?:ROOT )?%?([\w.-]+) = (.*?)metadata=\{[^}]*?op_name=\"([^\"]*)\"",
-                       hlo_text, flags=re.MULTILINE)
+    for a loop or a branch, whose time is its body's. A fusion that XLA left without a path
+    takes its fused computation's: its root's, or else its first operation's with one."""
     flow = re.compile(rf"\s({'|'.join(_CONTROL_FLOW)})\(")
-    return {name: None if flow.search(f" {body}") else op_name for name, body, op_name in lines}
+    paths, fused, loops, of_computation = {}, {}, set(), {}
+    for block in re.split(r"\n(?=\S)", hlo_text):  # computations start at column 0
+        computation = re.match(r"(?:ENTRY )?%?([\w.-]*)", block).group(1)
+        for root, name, body in re.findall(r"^\s+(ROOT )?%?([\w.-]+) = (.*)$", block,
+                                           flags=re.MULTILINE):
+            path = re.search(r"op_name=\"([^\"]*)\"", body)
+            if flow.search(f" {body}"):
+                loops.add(name)
+            elif path:
+                paths[name] = path.group(1)
+                if root or computation not in of_computation:
+                    of_computation[computation] = path.group(1)
+            elif called := re.search(r"calls=%?([\w.-]+)", body):
+                fused[name] = called.group(1)
+    paths.update((name, of_computation[called]) for name, called in fused.items()
+                 if called in of_computation)
+    return {**paths, **dict.fromkeys(loops)}
 
 
 def summarize_parts(trace_dir: str, hlo_text: str) -> list[dict]:
