@@ -151,25 +151,33 @@ PROGRAM = "\n".join([
                 LAYER_0.format("transpose(jvp", ")") + "ffn_norm/LayerNorm_0/add"),
     instruction("gemm_fusion_dot.1", LAYER_0.format("jvp", "") + "ffn/wi/dot_general"),
     instruction("multiply_fusion", "jit(train_step)/optimizer/mul"),
+    instruction("dynamic-update-slice_fusion.2", LAYER_0.format("jvp", "") + "dropout/mul"),
     "  ROOT %while.2 = (s32[], f32[4]{0}) while(%t), condition=%c, body=%b, "
     'metadata={op_name="jit(train_step)/while"}', "}"])
 
 
 def test_parts_of_a_gpu_trace_by_instruction_and_kernel_name(tmp_path):
-    """Kernels name their instruction in args["hlo_op"] or in their own name ("_3" for
-    ".3"); a kernel the program does not name (cuBLAS's, here) is ("?", its kind). With a
-    GPU in the trace the host's ops do not count."""
+    """Kernels name their instruction in args["hlo_op"] or in their own name (every "." and
+    "-" an "_"); a kernel the program does not name (cuBLAS's, here) is ("?", its kind), and
+    another program's ("other program", its module). With a GPU in the trace the host's ops
+    do not count."""
     gpu = {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}}
-    annotated = dict(op("sm90_xmma_gemm", 0, 30, pid=7), args={"hlo_op": "gemm_fusion_dot.1"})
+    annotated = dict(op("sm90_xmma_gemm", 0, 30, pid=7),
+                     args={"hlo_op": "gemm_fusion_dot.1", "hlo_module": "jit_train_step"})
+    evaluation = dict(op("loop_add_fusion_3", 60, 4, pid=7),
+                      args={"hlo_op": "loop_add_fusion.3", "hlo_module": "jit_eval_step"})
     write_trace(tmp_path, [gpu, op("host_fusion", 0, 100), annotated,
                            op("loop_add_fusion_3", 30, 10, pid=7),
-                           op("multiply_fusion", 40, 5, pid=7), op("nvjet_tst_1", 45, 5, pid=7)])
+                           op("multiply_fusion", 40, 5, pid=7), op("nvjet_tst_1", 45, 5, pid=7),
+                           op("dynamic_update_slice_fusion_2", 50, 6, pid=7), evaluation])
     rows = profiling.summarize_parts(str(tmp_path), PROGRAM)
     assert [(r["pass"], r["part"], r["calls"]) for r in rows] == [
         ("forward", "feed-forward", 1), ("backward", "layer norm", 1),
-        ("update", "optimizer", 1), ("?", "nvjet_tst", 1)]
-    assert [r["ms"] for r in rows] == pytest.approx([0.030, 0.010, 0.005, 0.005])
-    assert [r["share"] for r in rows] == pytest.approx([0.6, 0.2, 0.1, 0.1])
+        ("forward", "dropout", 1), ("update", "optimizer", 1), ("?", "nvjet_tst", 1),
+        ("other program", "jit_eval_step", 1)]
+    assert [r["ms"] for r in rows] == pytest.approx([0.030, 0.010, 0.006, 0.005, 0.005, 0.004])
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+    assert rows[0]["share"] == pytest.approx(0.5)
 
 
 def test_parts_of_a_cpu_trace_leave_out_the_runtimes_and_the_loops_spans(tmp_path):
@@ -179,7 +187,9 @@ def test_parts_of_a_cpu_trace_leave_out_the_runtimes_and_the_loops_spans(tmp_pat
     ours = dict(op("multiply_fusion", 1, 8), args={"hlo_op": "multiply_fusion"})
     theirs = dict(op("dot.4", 9, 2), args={"hlo_op": "dot.4"})
     loop = dict(op("while.2", 0, 12), args={"hlo_op": "while.2"})
-    write_trace(tmp_path, [loop, ours, theirs, op("PythonRefManager::CollectGarbage", 10, 50)])
+    other_loop = dict(op("while.7", 20, 12), args={"hlo_op": "while.7"})
+    write_trace(tmp_path, [loop, ours, theirs, other_loop,
+                           op("PythonRefManager::CollectGarbage", 10, 50)])
     rows = profiling.summarize_parts(str(tmp_path), PROGRAM)
     assert [(r["pass"], r["part"], r["ms"]) for r in rows] == [
         ("update", "optimizer", pytest.approx(0.008)), ("?", "dot", pytest.approx(0.002))]

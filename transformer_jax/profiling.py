@@ -2,7 +2,7 @@
 device's busy and idle time.
 
     python -m transformer_jax.benchmark model --profile=runs/profile
-    python train.py --config=... --workdir=W --config.profile_steps=20   # W/profile/
+    python train.py --config=... --workdir=W --config.profile_steps=20   # W/plugins/profile/
 
 The benchmark suites trace every timed call (not the warm-up, so no compilation); train.py
 traces `profile_steps` steps of the run itself after its first `PROFILE_AFTER_STEPS`, with
@@ -96,7 +96,8 @@ def part_of(op_name: str, *, training: bool = True) -> tuple[str, str]:
     """(pass, part) of an operation from its `op_name`: pass "forward" (under `jvp`, or any
     operation of a program that is not `training`), "backward" (`transpose`) or "update"
     (neither, in a train step: the optimizer, the step's bookkeeping); part one of
-    `_PARTS`' names, or "other" (dropout keys, gradient sums, casts, ...)."""
+    `_PARTS`' names (dropout's keys count as dropout), or "other" (gradient sums, casts,
+    ...)."""
     where = "backward" if "transpose(" in op_name else "forward" \
         if "jvp(" in op_name or not training else "update"
     part = next((name for name, pattern in _PARTS if re.search(pattern, op_name)), "other")
@@ -135,25 +136,30 @@ def summarize_parts(trace_dir: str, hlo_text: str) -> list[dict]:
     """The time of the traced operations of one program (`hlo_text`, its compiled HLO) by
     `part_of` their op_name, largest first: what a step spends on its layer norms, its
     dropout, its optimizer, forward and backward; what a search spends in the decoder and
-    in its own work. An event names its instruction in
-    `args["hlo_op"]` (XLA's annotation) or in its name ("loop_add_fusion_3" for
-    "loop_add_fusion.3", a GPU's kernel); one whose instruction the program does not hold
-    (another program's, a library's kernel) counts as ("?", its kind)."""
+    in its own work. An event names its instruction in `args["hlo_op"]` (XLA's
+    annotation) or in its name (a GPU's kernel: "loop_add_fusion_3" for
+    "loop_add_fusion.3"); one the program does not hold (a library's kernel) counts as
+    ("?", its kind), and another program's (`args["hlo_module"]`: an evaluation inside
+    train.py's traced steps) as ("other program", its module)."""
     names = op_names(hlo_text)
+    module = re.match(r"HloModule ([\w.-]+)", hlo_text)
+    kernels = {re.sub(r"\W", "_", name): name for name in names}  # "." and "-" become "_"
     training = any("transpose(" in op_name for op_name in names.values() if op_name)
     micros, count = collections.Counter(), collections.Counter()
     events, on_gpu = _op_events(trace_dir)
     for event in events:
-        annotated = event.get("args", {}).get("hlo_op")
-        op = annotated or event["name"]
-        op = op if op in names else re.sub(r"_(\d+)$", r".\1", op)  # a kernel's name
-        if op in names and names[op] is None:
-            continue  # a loop's span: its body's operations are counted
-        op_name = names.get(op)
-        if op_name is None and not annotated and not on_gpu:
+        args = event.get("args", {})
+        op = args.get("hlo_op") or event["name"]
+        if re.sub(r"[._]\d+$", "", op) in _CONTROL_FLOW:
+            continue  # a loop's span (any program's): its body's operations are counted
+        if module and args.get("hlo_module") not in (None, module.group(1)):
+            key = ("other program", args["hlo_module"])
+        elif (op_name := names.get(op, names.get(kernels.get(op)))) is not None:
+            key = part_of(op_name, training=training)
+        elif args.get("hlo_op") or on_gpu:
+            key = ("?", re.sub(r"[._]\d+$", "", op))
+        else:
             continue  # a host runtime's span (a CPU's XLA operations are all annotated)
-        key = part_of(op_name, training=training) if op_name is not None \
-            else ("?", re.sub(r"[._]\d+$", "", op))
         micros[key] += event.get("dur", 0)
         count[key] += 1
     total = sum(micros.values()) or 1
@@ -202,7 +208,9 @@ class StepTrace:
     """Traces `steps` steps of a training loop, after its first `PROFILE_AFTER_STEPS`, into
     `logdir`/plugins/profile/RUN/ (where TensorBoard's profiler looks: the run's TensorBoard
     folder shows it), and writes RUN/summary.json: the steps, their wall time, the device's
-    `timeline` per step and the top operations over all the traced steps (`summarize`).
+    `timeline` per step, the top operations over all the traced steps (`summarize`) and,
+    given the step's program, their time by part of the model (`summarize_parts`; the
+    program kept as RUN/program.hlo.txt).
     A trace that cannot be taken (another one is running) or summarized (a full disk) is
     a ProfileError, after which the loop goes on untraced.
 
@@ -254,7 +262,11 @@ class StepTrace:
                        "idle_ms_per_step": device["idle_ms"] / steps,
                        "idle_share": device["idle_share"], "operations": summarize(folder)}
             if program is not None:
-                text = program()
+                try:
+                    text = program()
+                except Exception as error:  # noqa: BLE001  # JAX's errors, lowering again
+                    raise ProfileError(f"the program of steps {self.start_step + 1}-{step} "
+                                       f"could not be read for the trace: {error}") from None
                 with atomic_write(os.path.join(folder, PROGRAM_FILE), "w") as f:
                     f.write(text)
                 summary["parts"] = summarize_parts(folder, text)

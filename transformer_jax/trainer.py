@@ -30,7 +30,8 @@ Watching the speed: each training record has `steps_per_sec` beside `tokens_per_
 steps below), the first step's line says how long the start took (data, compiling), and
 `config.profile_steps=N` traces N steps of the run (after its first 10) into
 DIR/plugins/profile/ (TensorBoard's profile tab) with a summary: the device's busy and
-idle time per step and the operations that took it (`profiling.StepTrace`).
+idle time per step, the operations that took it, and their time by part of the model
+(`profiling.StepTrace`).
 """
 
 import contextlib
@@ -356,7 +357,8 @@ class _Loop:
                 profiled = self._watch(
                     log, trace.after, step, metrics,
                     last=stopped or step == self.config.num_train_steps,
-                    # The step's program, from the compilation just run (not compiled again).
+                    # The step's program: under jit from JAX's cache of the compilation just
+                    # run; pmap compiles it again (WORKDIR/compilation_cache may hold it).
                     program=lambda: self.p_train.lower(placed, batch).compile().as_text())
                 if profiled:
                     log.message(_profile_line(profiled))

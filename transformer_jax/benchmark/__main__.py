@@ -129,7 +129,8 @@ def main(argv=None) -> int:
             folder = os.path.dirname(program)
             with open(program) as f:
                 parts = profiling.summarize_parts(folder, f.read())
-            print(f"\n{os.path.basename(folder)}: the step's operations by part of the model")
+            print(f"\n{os.path.basename(folder)}: the program's operations by part of the "
+                  f"model")
             print(report.table(parts))
     if args.json:
         name = "decode --peers" if args.peers else args.suite
