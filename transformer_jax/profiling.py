@@ -104,24 +104,21 @@ def part_of(op_name: str, *, training: bool = True) -> tuple[str, str]:
     return where, part
 
 
-# Instructions whose spans enclose other operations' (a loop's body, a branch).
+# Kinds of instructions whose spans enclose other operations' (a loop's body, a branch).
 _CONTROL_FLOW = ("while", "conditional", "call")
 
 
-def op_names(hlo_text: str) -> dict[str, str | None]:
-    """{instruction: op_name} of a compiled program's HLO text (`compiled.as_text()`); None
-    for a loop or a branch, whose time is its body's. A fusion that XLA left without a path
-    takes its fused computation's: its root's, or else its first operation's with one."""
-    flow = re.compile(rf"\s({'|'.join(_CONTROL_FLOW)})\(")
-    paths, fused, loops, of_computation = {}, {}, set(), {}
+def op_names(hlo_text: str) -> dict[str, str]:
+    """{instruction: op_name} of a compiled program's HLO text (`compiled.as_text()`). A
+    fusion that XLA left without a path takes its fused computation's: its root's, or else
+    its first operation's with one."""
+    paths, fused, of_computation = {}, {}, {}
     for block in re.split(r"\n(?=\S)", hlo_text):  # computations start at column 0
         computation = re.match(r"(?:ENTRY )?%?([\w.-]*)", block).group(1)
         for root, name, body in re.findall(r"^\s+(ROOT )?%?([\w.-]+) = (.*)$", block,
                                            flags=re.MULTILINE):
             path = re.search(r"op_name=\"([^\"]*)\"", body)
-            if flow.search(f" {body}"):
-                loops.add(name)
-            elif path:
+            if path:
                 paths[name] = path.group(1)
                 if root or computation not in of_computation:
                     of_computation[computation] = path.group(1)
@@ -129,7 +126,7 @@ def op_names(hlo_text: str) -> dict[str, str | None]:
                 fused[name] = called.group(1)
     paths.update((name, of_computation[called]) for name, called in fused.items()
                  if called in of_computation)
-    return {**paths, **dict.fromkeys(loops)}
+    return paths
 
 
 def summarize_parts(trace_dir: str, hlo_text: str) -> list[dict]:
@@ -144,20 +141,21 @@ def summarize_parts(trace_dir: str, hlo_text: str) -> list[dict]:
     names = op_names(hlo_text)
     module = re.match(r"HloModule ([\w.-]+)", hlo_text)
     kernels = {re.sub(r"\W", "_", name): name for name in names}  # "." and "-" become "_"
-    training = any("transpose(" in op_name for op_name in names.values() if op_name)
+    training = any("transpose(" in op_name for op_name in names.values())
     micros, count = collections.Counter(), collections.Counter()
     events, on_gpu = _op_events(trace_dir)
     for event in events:
         args = event.get("args", {})
         op = args.get("hlo_op") or event["name"]
-        if re.sub(r"[._]\d+$", "", op) in _CONTROL_FLOW:
+        kind = re.sub(r"[._]\d+$", "", op)
+        if kind in _CONTROL_FLOW:
             continue  # a loop's span (any program's): its body's operations are counted
         if module and args.get("hlo_module") not in (None, module.group(1)):
             key = ("other program", args["hlo_module"])
         elif (op_name := names.get(op, names.get(kernels.get(op)))) is not None:
             key = part_of(op_name, training=training)
         elif args.get("hlo_op") or on_gpu:
-            key = ("?", re.sub(r"[._]\d+$", "", op))
+            key = ("?", kind)
         else:
             continue  # a host runtime's span (a CPU's XLA operations are all annotated)
         micros[key] += event.get("dur", 0)
