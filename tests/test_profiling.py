@@ -241,7 +241,7 @@ def test_the_model_suites_profile_splits_the_step_by_part(tmp_path):
     assert ("update", "optimizer") in found
     assert sum(r["share"] for r in rows) == pytest.approx(1.0)
     # Most of the time is the program's own, named operations (XLA's copies carry no path).
-    assert sum(r["share"] for r in rows if r["pass"] != "?") > 0.6, rows
+    assert sum(r["share"] for r in rows if r["pass"] != "?") > 0.5, rows
 
 
 def test_the_decode_suites_profile_splits_a_search_into_the_decoder_and_its_own_work(
@@ -261,5 +261,8 @@ def test_the_decode_suites_profile_splits_a_search_into_the_decoder_and_its_own_
     assert {("forward", "search"), ("forward", "attention"), ("forward", "feed-forward"),
             ("forward", "output layer and loss")} <= found, found
     assert {r["pass"] for r in rows} <= {"forward", "?"}
-    # The loop's own span (its whole time) is not counted beside its body's operations.
-    assert sum(r["share"] for r in rows if r["pass"] != "?") > 0.8, rows
+    # The loop's own span (its whole time) is not counted beside its body's operations: it
+    # is no row, and the named parts keep most of the time (counted twice, the loop would
+    # hold at least half; XLA's copies, without a path, took 5-24 % in runs here).
+    assert not {r["part"] for r in rows} & {"while", "conditional", "call"}, rows
+    assert sum(r["share"] for r in rows if r["pass"] != "?") > 0.5, rows
