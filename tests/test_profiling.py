@@ -64,15 +64,18 @@ def test_train_profiles_its_steps_after_the_first_ten(tmp_path, capsys):
     assert summary["idle_ms_per_step"] >= 0 and 0 <= summary["idle_share"] < 1
     assert sum(o["share"] for o in summary["operations"]) <= 1 + 1e-9
     # The model's matmuls are in the trace (not always among the summary's top 15: on 8
-    # simulated devices of a loaded CPU, the all-reduce's waits can fill it).
+    # simulated devices of a loaded CPU, the all-reduce's waits can fill it): XLA's "dot" or
+    # YNNPACK's on a CPU, a GEMM fusion or cuBLAS's "nvjet" kernels on a GPU.
     traced = {o["operation"] for o in profiling.summarize(
         str(tmp_path / "plugins" / "profile" / runs[0]), top=None)}
-    assert traced & {"dot", "ynn_fusion"}, traced
+    assert any(re.match(r"dot$|ynn_fusion|gemm_fusion_dot|nvjet", kind) for kind in traced), \
+        traced
     # The same time by part of the model, from the step's program kept beside the trace.
     assert (tmp_path / "plugins" / "profile" / runs[0] / profiling.PROGRAM_FILE).exists()
     parts = {(p["pass"], p["part"]) for p in summary["parts"]}
     assert {("forward", "feed-forward"), ("backward", "feed-forward"),
             ("update", "optimizer")} <= parts, parts
+    assert ("?", "command buffer") not in parts  # on a GPU: the step compiled with TRACEABLE
     assert sum(p["share"] for p in summary["parts"]) == pytest.approx(1.0)
     printed = "".join(capsys.readouterr())
     assert printed.count("profiled steps 11-13 into") == 1
@@ -180,6 +183,64 @@ def test_parts_of_a_gpu_trace_by_instruction_and_kernel_name(tmp_path):
     assert rows[0]["share"] == pytest.approx(0.5)
 
 
+SCHEDULED = "\n".join([  # a scheduled GPU program: a layer norm, cuBLAS, top-K, Adam, a copy
+    "HloModule jit_train_step, is_scheduled=true", "ENTRY %main {",
+    "  %p = f32[4]{0} parameter(0)",
+    instruction("loop_add_fusion.3",
+                LAYER_0.format("transpose(jvp", ")") + "self_attention_norm/LayerNorm_0/add"),
+    "  %custom-call.2 = (f32[4]{0}, s8[16]{0}) custom-call(%loop_add_fusion.3), "
+    'custom_call_target="__cublas$lt$matmul", '
+    f'metadata={{op_name="{LAYER_0.format("jvp", "")}ffn/wi/dot_general"}}',
+    "  %get-tuple-element.1 = f32[4]{0} get-tuple-element(%custom-call.2), index=0",
+    "  %custom-call.6 = (f32[4]{0}, s32[4]{0}) custom-call(%get-tuple-element.1), "
+    'custom_call_target="__gpu$TopK", metadata={scheduling_name="custom-call.6"}',
+    instruction("multiply_fusion", "jit(train_step)/optimizer/mul"),
+    '  ROOT %copy.5 = f32[4]{0} copy(%multiply_fusion), metadata={scheduling_name="copy.5"}',
+    "}"])
+
+
+def test_parts_of_a_gpu_trace_inside_a_command_buffer_are_not_guessed(tmp_path):
+    """A kernel in a CUDA graph names the graph, not its instruction, even when its own
+    name is an instruction's (XLA gives identical fusions one kernel): it counts as ("?",
+    "command buffer"). Instructions without a path count by opcode or custom call target."""
+    gpu = {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}}
+    events, now = [gpu], 0
+    for name, hlo_op, duration in [("loop_add_fusion_3", "command_buffer_1", 10),
+                                   ("nvjet_sm90_tst", "custom-call.2", 20),
+                                   ("void stream_executor::cuda::Run<4ul, float>",
+                                    "custom-call.6", 5),
+                                   ("memcpy128", "copy.5", 2), ("memcpy128", "copy.5", 1)]:
+        events.append(dict(op(name, now, duration, pid=7),
+                           args={"hlo_op": hlo_op, "hlo_module": "jit_train_step"}))
+        now += duration + 1
+    write_trace(tmp_path, events)
+    rows = profiling.summarize_parts(str(tmp_path), SCHEDULED)
+    assert [(r["pass"], r["part"], r["calls"]) for r in rows] == [
+        ("forward", "feed-forward", 1), ("?", "command buffer", 1), ("?", "__gpu$TopK", 1),
+        ("?", "copy", 2)]
+    assert [r["ms"] for r in rows] == pytest.approx([0.020, 0.010, 0.005, 0.003])
+
+
+def test_a_traced_benchmark_is_compiled_to_be_profiled_by_part():
+    """While the suites trace their calls, their programs compile with
+    `profiling.TRACEABLE` (on a GPU, no CUDA graphs); otherwise with XLA's defaults."""
+    from transformer_jax.benchmark import timing
+
+    class Jitted:
+        def lower(self, *args):
+            return self
+
+        def compile(self, compiler_options=None):
+            return compiler_options
+
+    assert timing.compile_seconds(Jitted())[0] is None
+    timing.trace_timed_calls("unused")
+    try:
+        assert timing.compile_seconds(Jitted())[0] == {"xla_gpu_enable_command_buffer": ""}
+    finally:
+        timing.trace_timed_calls(None)
+
+
 def test_parts_of_a_cpu_trace_leave_out_the_runtimes_and_the_loops_spans(tmp_path):
     """On a CPU every XLA operation is annotated: a span without an instruction is the
     runtime's and is left out; another program's operation is ("?", its kind). A loop's
@@ -239,6 +300,7 @@ def test_the_model_suites_profile_splits_the_step_by_part(tmp_path):
                  "dropout", "output layer and loss"):
         assert {("forward", part), ("backward", part)} <= found, (part, found)
     assert ("update", "optimizer") in found
+    assert ("?", "command buffer") not in found  # on a GPU: compiled with TRACEABLE
     assert sum(r["share"] for r in rows) == pytest.approx(1.0)
     # Most of the time is the program's own, named operations (XLA's copies carry no path).
     assert sum(r["share"] for r in rows if r["pass"] != "?") > 0.5, rows

@@ -79,12 +79,15 @@ class Parallel:
         return jax.tree.map(
             lambda x: jax.make_array_from_process_local_data(self._split, x), batch)
 
-    def compile_train_step(self, step_fn):
-        """`step_fn(state, batch, axis_name=...)` compiled; the state's buffers are donated."""
+    def compile_train_step(self, step_fn, compiler_options: dict | None = None):
+        """`step_fn(state, batch, axis_name=...)` compiled; the state's buffers are donated.
+        `compiler_options` (XLA's, e.g. `profiling.TRACEABLE`) apply under jit; pmap takes
+        none."""
         if self.strategy == "pmap":
             return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS,
                             devices=self._pmap_devices(), donate_argnums=(0,))
-        return jax.jit(functools.partial(step_fn, axis_name=None), donate_argnums=(0,))
+        return jax.jit(functools.partial(step_fn, axis_name=None), donate_argnums=(0,),
+                       compiler_options=compiler_options)
 
     def compile_eval_step(self, step_fn):
         """`step_fn(params, batch, axis_name=...)` compiled; returns summed metrics."""

@@ -37,6 +37,11 @@ import jax
 from transformer_jax.atomic_file import atomic_write
 
 PROGRAM_FILE = "program.hlo.txt"  # a traced program's HLO, beside its trace (benchmarks)
+# Compiler options for a program profiled by part: no command buffers (CUDA graphs). Inside
+# one a kernel's trace event names only the graph, and identical fusions share one kernel
+# named for the first, so its time cannot be given to its instruction. A program compiled so
+# launches each kernel itself: its times are not the graph's. Nothing changes on a CPU.
+TRACEABLE = {"xla_gpu_enable_command_buffer": ""}
 PROFILE_AFTER_STEPS = 10  # train.py's trace starts after this many steps (compiling, warm-up)
 
 # Events that are not XLA operations: the Python side and the runtime's own spans.
@@ -129,33 +134,51 @@ def op_names(hlo_text: str) -> dict[str, str]:
     return paths
 
 
+def _kinds(hlo_text: str) -> dict[str, str]:
+    """{instruction: what it is called in `summarize_parts` without a path} of a program's
+    HLO text: a custom call's target ("__gpu$TopK"), else its name without its number
+    ("copy", "wrapped_concatenate")."""
+    return {name: target.group(1) if (target := re.search(r'custom_call_target="([^"]+)"', rest))
+            else re.sub(r"[._]\d+$", "", name)
+            for name, rest in re.findall(r"^\s+(?:ROOT )?%?([\w.-]+) = (.*)$", hlo_text,
+                                         re.MULTILINE)}
+
+
 def summarize_parts(trace_dir: str, hlo_text: str) -> list[dict]:
     """The time of the traced operations of one program (`hlo_text`, its compiled HLO) by
     `part_of` their op_name, largest first: what a step spends on its layer norms, its
     dropout, its optimizer, forward and backward; what a search spends in the decoder and
     in its own work. An event names its instruction in `args["hlo_op"]` (XLA's
-    annotation) or in its name (a GPU's kernel: "loop_add_fusion_3" for
-    "loop_add_fusion.3"); one the program does not hold (a library's kernel) counts as
-    ("?", its kind), and another program's (`args["hlo_module"]`: an evaluation inside
-    train.py's traced steps) as ("other program", its module)."""
-    names = op_names(hlo_text)
+    annotation), or, without one, in its name (a GPU's kernel: "loop_add_fusion_3" for
+    "loop_add_fusion.3"). An instruction without a path (a copy XLA added, top-K) counts as
+    ("?", its `_kinds`), a kernel the program does not name (a library's) as ("?", its
+    kind), another program's (`args["hlo_module"]`: an evaluation inside train.py's traced
+    steps) as ("other program", its module), and a kernel inside a CUDA graph as ("?",
+    "command buffer"): there `hlo_op` names only the graph, and XLA gives identical fusions
+    one kernel, named for the first, so the program must be compiled with `TRACEABLE` for
+    its kernels to be told apart."""
+    names, kinds = op_names(hlo_text), _kinds(hlo_text)
     module = re.match(r"HloModule ([\w.-]+)", hlo_text)
-    kernels = {re.sub(r"\W", "_", name): name for name in names}  # "." and "-" become "_"
+    kernels = {re.sub(r"\W", "_", name): name for name in kinds}  # "." and "-" become "_"
     training = any("transpose(" in op_name for op_name in names.values())
     micros, count = collections.Counter(), collections.Counter()
     events, on_gpu = _op_events(trace_dir)
     for event in events:
         args = event.get("args", {})
-        op = args.get("hlo_op") or event["name"]
+        op = args.get("hlo_op") or kernels.get(event["name"], event["name"])
         kind = re.sub(r"[._]\d+$", "", op)
         if kind in _CONTROL_FLOW:
             continue  # a loop's span (any program's): its body's operations are counted
         if module and args.get("hlo_module") not in (None, module.group(1)):
             key = ("other program", args["hlo_module"])
-        elif (op_name := names.get(op, names.get(kernels.get(op)))) is not None:
-            key = part_of(op_name, training=training)
+        elif op in names:
+            key = part_of(names[op], training=training)
+        elif op in kinds:
+            key = ("?", kinds[op])
+        elif kind == "command_buffer":
+            key = ("?", "command buffer")
         elif args.get("hlo_op") or on_gpu:
-            key = ("?", kind)
+            key = ("?", re.sub(r"[._]\d+$", "", event["name"]))
         else:
             continue  # a host runtime's span (a CPU's XLA operations are all annotated)
         micros[key] += event.get("dur", 0)

@@ -57,7 +57,7 @@ from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
 from transformer_jax import processes, provenance
-from transformer_jax.profiling import ProfileError, StepTrace
+from transformer_jax.profiling import TRACEABLE, ProfileError, StepTrace
 from transformer_jax.resume_checks import changed_settings, refuse_other_model, refuse_other_run
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
@@ -196,7 +196,9 @@ class _Loop:
             label_smoothing=config.optim.label_smoothing,
             learning_rate_fn=optimizer.learning_rate_fn,
             accumulation_steps=config.accumulation_steps,
-            loss_chunk_size=config.loss_chunk_size))
+            loss_chunk_size=config.loss_chunk_size),
+            # A profiled run's kernels each name their operation (no CUDA graphs).
+            compiler_options=TRACEABLE if config.profile_steps else None)
         self.p_eval = parallel.compile_eval_step(functools.partial(
             eval_step, model=self.model, loss_chunk_size=config.loss_chunk_size))
         self.rows = batch_rows(config, parallel.num_local_devices)

@@ -76,9 +76,12 @@ def back_to_back(call: Callable[[], jax.Array], calls: int) -> Callable[[], None
 
 
 def compile_seconds(jitted, *args, **static):
-    """(compiled executable, seconds to trace, lower and compile `jitted` for these args)."""
+    """(compiled executable, seconds to trace, lower and compile `jitted` for these args);
+    while calls are traced (`trace_timed_calls`), compiled to be profiled by part
+    (`profiling.TRACEABLE`: on a GPU, without command buffers)."""
     start = time.perf_counter()
-    compiled = jitted.lower(*args, **static).compile()
+    options = profiling.TRACEABLE if _trace_dir is not None else None
+    compiled = jitted.lower(*args, **static).compile(compiler_options=options)
     return compiled, time.perf_counter() - start
 
 
