@@ -287,8 +287,8 @@ def test_a_signal_while_the_first_step_compiles_stops_at_once(trained_run, tmp_p
     shutil.copytree(trained_run.workdir, workdir)
     compile_train_step = Parallel.compile_train_step
 
-    def signalling(self, step_fn):
-        compiled = compile_train_step(self, step_fn)
+    def signalling(self, step_fn, compiler_options=None):
+        compiled = compile_train_step(self, step_fn, compiler_options)
 
         def call(*args):
             os.kill(os.getpid(), signal.SIGTERM)
