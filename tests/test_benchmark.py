@@ -16,13 +16,14 @@ from transformer_jax.benchmark import SUITES, decode, flops, machine, report
 from transformer_jax.benchmark.__main__ import main, parse_args
 from transformer_jax.benchmark.model import model_configs, synthetic_batch
 from transformer_jax.benchmark.pipeline import _counts
+from transformer_jax.decoding import UNROLL
 from transformer_jax.train_state import init_params
 
 # Fields each suite's JSON rows must hold with positive values.
 POSITIVE = {
     "attention": ("ms", "tflops", "peak_tflops", "peak_fraction", "memory_bytes"),
     "model": ("step_ms", "tokens_per_sec", "compile_s", "tflops", "mfu", "memory_bytes"),
-    "decode": ("ms", "tokens_per_sec", "sentences_per_sec", "compile_s"),
+    "decode": ("ms", "tokens_per_sec", "sentences_per_sec", "compile_s", "vs_unroll_1"),
     "pipeline": ("batches_per_sec", "examples_per_sec", "tokens_per_sec", "source_fill",
                  "target_fill", "first_batch_s", "resume_s", "prepare_s", "pairs_per_sec",
                  "threads_prepare_s", "threads_pairs_per_sec", "processes_over_threads"),
@@ -60,6 +61,10 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
     if suite == "model":
         assert {(row["loss_chunk"], row["dropout_bits"]) for row in result["results"]} == {
             (0, 8), (32, 8)}
+    if suite == "decode":  # beam search also at 1 step per loop iteration, beside its default
+        assert [(row["search"], row["cache"], row["unroll"]) for row in result["results"]] == [
+            ("greedy", "cached", 1), ("greedy", "uncached", 1), ("beam4", "cached", UNROLL),
+            ("beam4", "uncached", UNROLL), ("beam4", "cached", 1)]
     if suite == "loss":
         assert [row["method"] for row in result["results"]][:2] == ["whole", "chunks"]
         assert result["results"][0]["vs_whole"] == 1.0

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
-from transformer_jax.decoding import PerExample, beam_search, greedy_search, length_penalty
+from transformer_jax.decoding import (UNROLL, PerExample, beam_search, greedy_search,
+                                      length_penalty)
 
 PAD, EOS = 0, 1
 NEVER = -1e9  # a logit no search should pick
@@ -153,20 +154,57 @@ def test_beam_search_finds_the_brute_force_best_that_greedy_misses():
         assert_allclose(float(scores[0]), expected_score, atol=1e-5)
 
 
-def test_beam_search_terminates_early():
-    """After 3 steps the finished set {[3 4 EOS], [2 EOS]} beats the bound on every live one."""
+@pytest.mark.parametrize("unroll, calls_made", [(1, 3), (2, 4), (3, 3)])
+def test_beam_search_terminates_early(unroll, calls_made):
+    """After 3 steps the finished set {[3 4 EOS], [2 EOS]} beats the bound on every live one.
+    With 2 steps per iteration of the loop, the second iteration's second step runs and is
+    discarded: 4 calls of the model; with 1 or 3, exactly 3."""
     calls = []
 
     def counting_fn(ids_R1, cache):
         jax.debug.callback(lambda: calls.append(1))
         return markov_fn(TRAP_TABLE[None])(ids_R1, cache)
 
-    seqs, _ = beam_search(
-        counting_fn, markov_cache([0]), batch_size=1, beam_size=2, max_length=10, alpha=0.6
-    )
+    seqs, _ = beam_search(counting_fn, markov_cache([0]), batch_size=1, beam_size=2,
+                          max_length=10, alpha=0.6, unroll=unroll)
     jax.effects_barrier()
-    assert list(np.asarray(seqs[0, :3])) == [3, 4, EOS]
-    assert len(calls) == 3
+    assert list(np.asarray(seqs[0])) == [3, 4, EOS] + [PAD] * 7
+    assert len(calls) == calls_made
+
+
+@pytest.mark.parametrize("max_length, one_never_ends, steps", [
+    (1, True, 1), (4, True, 4), (5, True, 5), (12, False, 9)])
+def test_steps_per_loop_iteration_change_nothing_but_the_loop(max_length, one_never_ends,
+                                                              steps):
+    """1, 2 or 3 search steps per iteration of the loop: the same K hypotheses and scores,
+    where the search runs to `max_length` (even and odd; an example that cannot end keeps it
+    going) and where it stops early (after 9 steps of 12), examples finishing apart."""
+    tables = random_tables(seed=11, examples=4, vocab=7, eos_boost=2.5)
+    if one_never_ends:
+        tables[1, :, EOS] = NEVER
+    calls = []
+
+    def counting_fn(ids_R1, cache):
+        jax.debug.callback(lambda: calls.append(1))
+        return markov_fn(tables)(ids_R1, cache)
+
+    searches = {unroll: beam_search(counting_fn, markov_cache(np.arange(4)), batch_size=4,
+                                    beam_size=3, max_length=max_length, alpha=0.6,
+                                    return_all=True, unroll=unroll)
+                for unroll in (1, 2, 3)}
+    jax.effects_barrier()
+    assert len(calls) == steps + 2 * -(-steps // 2) + 3 * -(-steps // 3)  # whole iterations
+    seqs, scores = searches[1]
+    assert np.isfinite(np.asarray(scores)).all()
+    for unroll in (2, 3):
+        assert_array_equal(searches[unroll][0], seqs)
+        assert_array_equal(searches[unroll][1], scores)
+
+
+def test_an_unroll_below_one_step_is_refused():
+    with pytest.raises(ValueError, match="unroll must be at least 1 step per iteration, got 0"):
+        beam_search(markov_fn(TRAP_TABLE[None]), markov_cache([0]), batch_size=1, beam_size=2,
+                    max_length=4, alpha=0.6, unroll=0)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
@@ -284,7 +322,7 @@ def test_per_example_state_is_read_by_every_beam_unrepeated():
                      return_all=True)
     seqs, scores = search(shared_fn, {"tables": PerExample(jnp.asarray(tables, jnp.float32))})
     expected_seqs, expected_scores = search(markov_fn(tables), markov_cache(np.arange(3)))
-    assert seen == [(3, 12)]  # traced once, inside the loop
+    assert seen == [(3, 12)] * UNROLL  # traced once per step of the loop's body
     assert_array_equal(seqs, expected_seqs)
     assert_allclose(scores, expected_scores, rtol=1e-6)
     greedy = greedy_search(shared_fn, {"tables": PerExample(jnp.asarray(tables, jnp.float32))},

@@ -1,6 +1,7 @@
 """The searches driving the real model through its cache agree with the uncached decoder."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,10 +15,10 @@ CONFIG = get_model_config("tiny", vocab_size=30)
 MAX_LENGTH = 7
 
 
-def setup():
-    model = Transformer(CONFIG)
+def setup(config=CONFIG, seed=3):
+    model = Transformer(config)
     inputs_BS = jnp.array([[5, 6, 7, 8, 0], [9, 3, 0, 0, 0], [4, 4, 4, 4, 4]])
-    variables = model.init(jax.random.key(3), inputs_BS, inputs_BS)
+    variables = model.init(jax.random.key(seed), inputs_BS, inputs_BS)
     memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
     cache = model.apply(variables, memory_BSD, inputs_BS, MAX_LENGTH,
                         method=Transformer.init_cache)
@@ -91,3 +92,49 @@ def test_a_learned_position_table_bounds_the_output_length():
                         max_extra_length=50)
     assert output.shape == (12,)
 
+
+
+def test_steps_per_loop_iteration_give_the_same_search_through_the_cache():
+    """Beam 4 through the model's cache with 1, 2 or 3 steps per iteration of the loop: the
+    same hypotheses and scores. The learned position table has MAX_LENGTH rows, so at 2 steps
+    per iteration the discarded 8th step runs past the table (its logits NaN) and is left out."""
+    _, _, _, cache, step = setup(get_model_config(
+        "tiny", vocab_size=30, positional_encoding="learned", max_length=MAX_LENGTH), seed=5)
+    search = functools.partial(beam_search, step, cache, batch_size=3, beam_size=4,
+                               max_length=MAX_LENGTH, alpha=0.6, return_all=True)
+    seqs, scores = search(unroll=1)
+    assert np.isfinite(np.asarray(scores)).all()
+    assert (np.asarray(seqs) != 1).all(axis=-1).any()  # one without EOS: 7 steps were run
+    for unroll in (2, 3):
+        unrolled_seqs, unrolled_scores = search(unroll=unroll)
+        np.testing.assert_array_equal(unrolled_seqs, seqs)
+        np.testing.assert_array_equal(unrolled_scores, scores)
+
+
+def loop_body_copies(hlo_text: str, shape: str) -> int:
+    """Copies of arrays of `shape` (e.g. "f32[12,2,7,16]") in the bodies of the compiled
+    program's while loops."""
+    bodies = set(re.findall(r"body=(%[\w.-]+)", hlo_text))
+    count, inside = 0, False
+    for line in hlo_text.splitlines():
+        if line and not line.startswith(" "):  # a computation's first line, or its end
+            inside = line.split()[0] in bodies
+        count += inside and re.search(rf"= {re.escape(shape)}\S* copy\(", line) is not None
+    return count
+
+
+def test_two_steps_per_loop_iteration_leave_the_caches_uncopied():
+    """Why beam search unrolls its loop: with one step per iteration, XLA copies each layer's
+    reordered key and value cache back into the loop's buffers every step (float32 on the
+    CPU: 2 layers × keys and values); with 2, the copies are gone."""
+    _, _, _, cache, step = setup()
+    batch, heads, length, head_dim = cache.self_kv[0].key_BNCH.shape
+    shape = f"f32[{batch * 4},{heads},{length},{head_dim}]"  # beam 4
+
+    def copies(unroll):
+        search = jax.jit(lambda cache: beam_search(step, cache, batch_size=3, beam_size=4,
+                                                   max_length=MAX_LENGTH, alpha=0.6,
+                                                   unroll=unroll))
+        return loop_body_copies(search.lower(cache).compile().as_text(), shape)
+
+    assert (copies(1), copies(2)) == (4, 0)

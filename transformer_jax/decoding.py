@@ -14,7 +14,8 @@ counts the search's rows: B in greedy search, B·K in beam search. Beam search
 repeats the state K times per example and reorders it by the chosen beams, except
 the parts wrapped in `PerExample`.
 
-Both searches trace their step once: wrap the call in `jax.jit` (sizes
+Greedy search traces its step once, beam search `unroll` times (2 by default,
+to spare XLA a copy of the cache every step): wrap the call in `jax.jit` (sizes
 static) and it compiles once per input shape. The paper's setting is
 `beam_search(..., beam_size=4, alpha=0.6)` with `max_length` = input length
 + 50. Sequences hold generated tokens only: EOS included, 0 (padding) after.
@@ -32,6 +33,7 @@ from transformer_jax.token_ids import DECODER_START_ID, EOS_ID, PAD_ID
 TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
 _NEG_INF = float("-inf")
+UNROLL = 2  # beam search steps per iteration of its loop: see `beam_search`
 
 
 class PerExample(NamedTuple):
@@ -123,6 +125,7 @@ def beam_search(
     alpha: float,
     eos_id: int = EOS_ID,
     return_all: bool = False,
+    unroll: int = UNROLL,
 ):
     """Beam search with the GNMT length penalty (§6.1): best `(sequences, scores)`.
 
@@ -153,7 +156,18 @@ def beam_search(
     finished slots are filled and its worst finished score is at least that
     bound, or when no live hypothesis is left. Done examples are frozen; the
     loop stops when all are done or after `max_length` tokens.
+
+    `unroll` steps run per iteration of the loop, whose body traces `tokens_to_logits`
+    `unroll` times; the results are the same for any `unroll`. A while loop keeps its state
+    in place, and a gather cannot write over what it reads: with 1 step per iteration, XLA
+    gathers each reordered cache leaf into a temporary and copies it back every step; with
+    2 or more, the last step of an iteration gathers from the previous step's temporary
+    straight into the loop's buffer, and nothing is copied; the loop's condition is also
+    checked once per `unroll` steps. The search may run up to `unroll - 1` steps past its
+    end and discard them.
     """
+    if unroll < 1:
+        raise ValueError(f"unroll must be at least 1 step per iteration, got {unroll}")
     k = beam_size
     # The K slots start as the same empty prefix: one live, or step 0 would pick K copies.
     live_logp_1K = jnp.where(jnp.arange(k) == 0, 0.0, _NEG_INF)[None, :]
@@ -177,7 +191,16 @@ def beam_search(
         done_B = _done_B(state, max_penalty)
         return new._replace(**{f: _freeze(done_B, state, new, f) for f in _SEARCH_FIELDS})
 
-    state = lax.while_loop(not_done, advance, state)
+    def advance_unrolled(state):
+        state = advance(state)
+        for _ in range(unroll - 1):
+            new, go = advance(state), not_done(state)
+            # Past the end, the search is kept as it was; the cache is not read again.
+            state = new._replace(**{f: jnp.where(go, getattr(new, f), getattr(state, f))
+                                    for f in ("step",) + _SEARCH_FIELDS})
+        return state
+
+    state = lax.while_loop(not_done, advance_unrolled, state)
     seqs_BKT, scores_BK = _final_hypotheses(state, alpha)
     if return_all:
         return seqs_BKT, scores_BK

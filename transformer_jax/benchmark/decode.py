@@ -18,7 +18,7 @@ from jax import lax
 from transformer_jax.benchmark.model import model_configs, synthetic_batch
 from transformer_jax.benchmark.timing import compile_seconds, median_seconds, traced_as
 from transformer_jax.token_ids import EOS_ID, PAD_ID
-from transformer_jax.decoding import beam_search, greedy_search
+from transformer_jax.decoding import UNROLL, beam_search, greedy_search
 from transformer_jax.model import Transformer
 from transformer_jax.train_state import init_params
 
@@ -61,8 +61,10 @@ def _uncached_callback(model, variables, memory_BSD, inputs_BS, max_length):
     return tokens_to_logits, state
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_length", "cached"))
-def search(params, inputs_BS, *, model, beam_size: int, max_length: int, cached: bool):
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_length", "cached",
+                                              "unroll"))
+def search(params, inputs_BS, *, model, beam_size: int, max_length: int, cached: bool,
+           unroll: int = UNROLL):
     """Encode once, then greedy (beam_size 1) or beam search for `max_length` tokens."""
     variables = {"params": params}
     memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
@@ -72,7 +74,7 @@ def search(params, inputs_BS, *, model, beam_size: int, max_length: int, cached:
     if beam_size == 1:
         return greedy_search(tokens_to_logits, cache, batch_size=batch, max_length=max_length)
     return beam_search(tokens_to_logits, cache, batch_size=batch, beam_size=beam_size,
-                       max_length=max_length, alpha=0.6)[0]
+                       max_length=max_length, alpha=0.6, unroll=unroll)[0]
 
 
 def cases(quick: bool) -> list[tuple[str, int, int, int]]:
@@ -91,22 +93,25 @@ def dtypes(quick: bool) -> tuple[str, ...]:
 
 
 def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick,
-                dtype="float32") -> dict:
+                dtype="float32", unroll=UNROLL) -> dict:
     config = dataclasses.replace(model_configs()[name], dtype=dtype)
     model = Transformer(config)
     inputs_BS = jnp.asarray(synthetic_batch(config, batch, source_len)["inputs"])
     params = _params(name)
-    kwargs = dict(model=model, beam_size=beam_size, max_length=max_length, cached=cached)
+    kwargs = dict(model=model, beam_size=beam_size, max_length=max_length, cached=cached,
+                  unroll=unroll)
     compiled, compile_s = compile_seconds(search, params, inputs_BS, **kwargs)
     kind = "greedy" if beam_size == 1 else f"beam{beam_size}"
     cache = "cached" if cached else "uncached"
-    with traced_as(f"{name}-{dtype}-{kind}-{cache}-{batch}x{max_length}", compiled):
+    unroll = 1 if beam_size == 1 else unroll  # greedy search: one step per iteration
+    with traced_as(f"{name}-{dtype}-{kind}-{cache}-{batch}x{max_length}-unroll{unroll}",
+                   compiled):
         seconds = median_seconds(lambda: compiled(params, inputs_BS).block_until_ready(),
                                  warmup=1, iters=3 if quick else 5)
     return {"model": name, "dtype": dtype, "search": kind, "cache": cache, "batch": batch,
             "source_len": source_len, "output_len": max_length, "ms": seconds * 1e3,
             "tokens_per_sec": batch * max_length / seconds, "sentences_per_sec": batch / seconds,
-            "compile_s": compile_s}
+            "unroll": unroll, "compile_s": compile_s}
 
 
 @functools.cache
@@ -128,6 +133,13 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
                             cached=cached, quick=quick, dtype=dtype) for cached in (True, False)]
         pair[0]["speedup"] = pair[0]["tokens_per_sec"] / pair[1]["tokens_per_sec"]
         rows += pair
+        if beam_size > 1 and UNROLL > 1:  # the loop's unrolling beside one step per iteration
+            one = time_search(name, batch, source_len, max_length, beam_size=beam_size,
+                              cached=True, quick=quick, dtype=dtype, unroll=1)
+            pair[0]["vs_unroll_1"] = pair[0]["tokens_per_sec"] / one["tokens_per_sec"]
+            rows.append(one)
     return rows, ["tokens_per_sec: output tokens of the best hypothesis per second "
                   "(every sentence generates output_len tokens)",
-                  "speedup: cached tokens/s over uncached, same model and search"]
+                  "speedup: cached tokens/s over uncached, same model and search",
+                  "unroll: search steps per iteration of the loop (beam search's default: "
+                  f"{UNROLL}); vs_unroll_1: tokens/s over the same search at 1"]
