@@ -13,6 +13,7 @@ import pytest
 
 from run_configs import tiny_run
 from transformer_jax import profiling
+from transformer_jax.decoding import UNROLL
 from transformer_jax.trainer import train
 
 
@@ -317,7 +318,7 @@ def test_the_decode_suites_profile_splits_a_search_into_the_decoder_and_its_own_
         decode.time_search("tiny", 2, 8, 8, beam_size=4, cached=True, quick=True)
     finally:
         timing.trace_timed_calls(None)
-    folder = tmp_path / "tiny-float32-beam4-cached-2x8"
+    folder = tmp_path / f"tiny-float32-beam4-cached-2x8-unroll{UNROLL}"
     rows = profiling.summarize_parts(str(folder), (folder / profiling.PROGRAM_FILE).read_text())
     found = {(r["pass"], r["part"]) for r in rows}
     assert {("forward", "search"), ("forward", "attention"), ("forward", "feed-forward"),
