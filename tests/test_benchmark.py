@@ -66,7 +66,7 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
             ("greedy", "cached", 1), ("greedy", "uncached", 1), ("beam4", "cached", UNROLL),
             ("beam4", "uncached", UNROLL), ("beam4", "cached", 1)]
     if suite == "loss":
-        assert [row["method"] for row in result["results"]][:2] == ["whole", "chunks"]
+        assert [row["method"] for row in result["results"]][:3] == ["whole", "chunks", "optax"]
         assert result["results"][0]["vs_whole"] == 1.0
     assert "tflops" in capsys.readouterr().out or suite in ("decode", "pipeline")
 
@@ -514,6 +514,24 @@ def test_loss_suite_methods_compute_the_same_loss_and_gradients():
     assert chunks_correct == whole_correct
     for a, b in zip(chunks_grads, whole_grads):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_loss_suite_optax_is_the_smoothed_loss_of_its_own_target():
+    """The suite's optax method smooths with α/V on every token: §5.4's q (1 - ε on the
+    target, ε/(V - 1) elsewhere) at ε = α(V - 1)/V, less q's entropy, which ours subtracts
+    (`losses.label_smoothed_cross_entropy`); its accuracy is the same argmax count."""
+    from transformer_jax.benchmark import loss
+    from transformer_jax.losses import label_smoothed_cross_entropy, smoothed_target
+
+    found, _ = loss.methods(chunk=16)
+    x_RD, table_VD, targets_R = loss_inputs()
+    vocab = table_VD.shape[0]
+    eps = 0.1 * (vocab - 1) / vocab
+    value, correct = found["optax"](x_RD, table_VD, targets_R, jnp.float32)
+    ours, _ = label_smoothed_cross_entropy(x_RD @ table_VD.T, targets_R, label_smoothing=eps)
+    entropy = smoothed_target(eps, vocab)[2]
+    np.testing.assert_allclose(value, ours + targets_R.size * entropy, rtol=1e-5)
+    assert correct == found["whole"](x_RD, table_VD, targets_R, jnp.float32)[1]
 
 
 def test_loss_suite_tokamax_is_the_unsmoothed_loss():

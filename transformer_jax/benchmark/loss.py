@@ -5,9 +5,12 @@ backward, alone: what `config.loss_chunk_size` chooses between, and a library's 
              `losses.accuracy` of `features @ table.T` (`loss_chunk_size=0`)
     chunks   `output_loss.output_loss`, `chunk` rows at a time, with its hand-written
              gradient (`loss_chunk_size`: 4,096 on accelerators, 512 on CPUs, 16 in --quick)
+    optax    the logits whole, and the loss as one would write it without this package:
+             `optax.softmax_cross_entropy` against `optax.smooth_labels` (ε/V on every
+             token, a q slightly unlike §5.4's) and `jnp.argmax`'s accuracy
     tokamax  tokamax's `linear_softmax_cross_entropy_loss`, where tokamax is installed: no
-             label smoothing, no token weights, no accuracy, so less work than the two
-             above and no drop-in for them; it is here to measure what a well-kept kernel
+             label smoothing, no token weights, no accuracy, so less work than whole and
+             chunks and no drop-in for them; it is here to measure what a well-kept kernel
              does with the same matmuls. Its default implementation, and beside it
              "chunked_xla" (blocks of rows and of V, no (R, V) logits) where the installed
              version has it (0.0.17 does; 0.0.12 does not)
@@ -22,6 +25,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from transformer_jax.benchmark.timing import compile_seconds, median_seconds, memory_bytes
 from transformer_jax.losses import accuracy, label_smoothed_cross_entropy
@@ -43,6 +47,14 @@ def _whole(x_RD, table_VD, targets_R, dtype):
                            table_VD.astype(dtype)).astype(jnp.float32)
     loss, _ = label_smoothed_cross_entropy(logits_RV, targets_R, label_smoothing=0.1)
     return loss, accuracy(logits_RV, targets_R)[0]
+
+
+def _optax(x_RD, table_VD, targets_R, dtype):
+    logits_RV = jnp.einsum("RD,VD->RV", x_RD.astype(dtype),
+                           table_VD.astype(dtype)).astype(jnp.float32)
+    labels_RV = optax.smooth_labels(jax.nn.one_hot(targets_R, table_VD.shape[0]), 0.1)
+    correct = (jnp.argmax(logits_RV, axis=-1) == targets_R).sum(dtype=jnp.float32)
+    return optax.softmax_cross_entropy(logits_RV, labels_RV).sum(), correct
 
 
 def _chunks(x_RD, table_VD, targets_R, dtype, chunk):
@@ -69,7 +81,8 @@ def _tokamax_implementations() -> list[str]:
 
 def methods(chunk: int) -> tuple[dict, list[str]]:
     """{name: loss function}, and notes on what could not run here."""
-    found = {"whole": _whole, "chunks": functools.partial(_chunks, chunk=chunk)}
+    found = {"whole": _whole, "chunks": functools.partial(_chunks, chunk=chunk),
+             "optax": _optax}
     try:
         import tokamax  # noqa: F401
     except ImportError:
@@ -111,11 +124,12 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
                  for name, fn in found.items()]
         for row in timed:
             row["vs_whole"] = timed[0]["ms"] / row["ms"]
-            if row["method"] != "chunks":  # tokamax's blocks are its own
+            if row["method"] != "chunks":  # optax has none, tokamax's blocks are its own
                 row["chunk"] = None
         rows += timed
     return rows, notes + [
         "whole: the (R, V) logits whole; chunks: output_loss, the same loss and gradient; "
+        "optax: the whole logits, optax's smoothed cross-entropy and jnp.argmax; "
         "tokamax: no label smoothing, weights or accuracy",
         "tflops: the nominal 6·R·D·V of the logits and their two gradients",
         "vs_whole: the whole logits' time over this method's"]
