@@ -34,6 +34,7 @@ ARCHITECTURES = {
     "pre-LN": {"pre_layer_norm": True},
     "learned positions": {"positional_encoding": "learned"},
     "no positions": {"positional_encoding": "none"},
+    "no attention biases (the paper's projections)": {"attention_bias": False},
 }
 
 

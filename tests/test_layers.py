@@ -101,6 +101,20 @@ def test_mha_matches_flax_multi_head_dot_product_attention(num_heads, d_model, m
     np.testing.assert_allclose(ours_BTD, flax_BTD, atol=1e-5, rtol=1e-5)
 
 
+def test_mha_without_biases_matches_flax_without_them():
+    """`use_bias=False` (the paper's W^Q, W^K, W^V, W^O, §3.2.2): kernels only, and Flax's
+    attention with `use_bias=False` on the same variables gives our output."""
+    rng = np.random.default_rng(3)
+    q_BTD, kv_BSD = (jnp.asarray(rng.normal(size=(B, n, 15)), jnp.float32) for n in (T, S))
+    mha = MultiHeadAttention(num_heads=3, d_model=15, use_bias=False)
+    variables = mha.init(jax.random.key(2), q_BTD, kv_BSD)
+    assert {name for part in variables["params"].values() for name in part} == {"kernel"}
+    flax_mha = nn.MultiHeadDotProductAttention(num_heads=3, qkv_features=15, out_features=15,
+                                               use_bias=False)
+    np.testing.assert_allclose(mha.apply(variables, q_BTD, kv_BSD),
+                               flax_mha.apply(variables, q_BTD, kv_BSD), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_mha_matches_numpy_float64_reference(masked):
     """Projections, softmax(QKᵀ/√H)V per head, concat and W^O match NumPy float64."""

@@ -264,13 +264,16 @@ def test_parameter_count_matches_paper_and_formula(name, paper):
 
 
 def test_parameter_count_deltas_of_variants():
-    """Pre-LN adds two final norms (4D); learned positions add 2 * max_length * D."""
+    """Pre-LN adds two final norms (4D); learned positions add 2 * max_length * D; the
+    paper's attention without biases drops 4D per attention, 3 attentions per layer pair."""
     D, P = TINY.d_model, TINY.max_length
     base = count_parameters(TINY)["total"]
     assert base == _formula(TINY)
     assert count_parameters(get_model_config("tiny", pre_layer_norm=True))["total"] == base + 4 * D
     learned = count_parameters(get_model_config("tiny", positional_encoding="learned"))["total"]
     assert learned == base + 2 * P * D
+    unbiased = count_parameters(get_model_config("tiny", attention_bias=False))["total"]
+    assert unbiased == base - TINY.num_layers * 3 * 4 * D
 
 
 @pytest.mark.parametrize("name", ["base", "big"])

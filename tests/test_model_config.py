@@ -58,6 +58,8 @@ def test_config_is_frozen():
         ("vocab_size", 1),
         ("d_ff", 2048.0),
         ("num_layers", "6"),
+        ("attention_bias", 0),
+        ("pre_layer_norm", "yes"),
     ],
 )
 def test_bad_value_raises_value_error_naming_the_field(field, value):

@@ -29,6 +29,9 @@ class ModelConfig:
     positional_encoding: str = "sinusoidal"  # "sinusoidal" (§3.5), "learned" (Table 3 E), "none"
     max_length: int = 512  # rows of the "learned" position table
     pre_layer_norm: bool = False  # deviation: norm before each sublayer, one more at the end
+    # Biases on the attention projections Q, K, V and W^O: a deviation the paper's §3.2.2 does
+    # not make, kept by default as Flax's and torch's attention have them; False is the paper.
+    attention_bias: bool = True
     attention_implementation: str = "auto"  # see transformer_jax.attention
     # "xla" (flax's nn.LayerNorm of the residual sum), "pallas" (the add and the norm in one
     # kernel each way; d_model a power of two) or "tokamax" (its kernel, to time beside ours);
@@ -60,6 +63,9 @@ class ModelConfig:
                            ("attention_dropout_rate", DEFAULT_BITS)):
             if problem := rate_problem(getattr(self, name), bits):
                 raise ValueError(f"ModelConfig.{name} {problem}")
+        for name in ("pre_layer_norm", "attention_bias"):
+            _require(isinstance(getattr(self, name), bool), name, "must be True or False",
+                     getattr(self, name))
         _require_choice(self.positional_encoding, "positional_encoding", POSITIONAL_ENCODINGS)
         _require_choice(self.attention_implementation, "attention_implementation",
                         attention_implementations())

@@ -137,20 +137,20 @@ def _norm(spec, p) -> None:
 def _attention(spec, p, norm, *, fused: bool) -> None:
     """Multi-head attention (§3.2.2): self-attention's Q, K, V projections are fused into
     one `(3D, D)` linear, encoder-decoder attention's K and V into one `(2D, D)`."""
-    D = p["out"]["bias"].size
+    D = p["out"]["kernel"].shape[-1]
 
     def kernel(name):  # (D, N, H) -> (D, D)
         return p[name]["kernel"].reshape(D, D)
 
-    def bias(name):
-        return p[name]["bias"].reshape(D)
+    def bias(name):  # zeros where the model has none (ModelConfig.attention_bias False)
+        return p[name]["bias"].reshape(D) if "bias" in p[name] else np.zeros(D, np.float32)
 
     names = ("query", "key", "value") if fused else ("key", "value")
     if not fused:
         _linear(spec.linear[0], kernel("query"), bias("query"))
     _linear(spec.linear[0 if fused else 1], np.concatenate([kernel(n) for n in names], 1),
             np.concatenate([bias(n) for n in names]))
-    _linear(spec.linear[-1], p["out"]["kernel"], p["out"]["bias"])  # W^O: (N, H, D)
+    _linear(spec.linear[-1], p["out"]["kernel"], bias("out"))  # W^O: (N, H, D)
     _norm(spec.layer_norm, norm)
 
 
