@@ -157,29 +157,13 @@ def beam_search(
     bound, or when no live hypothesis is left. Done examples are frozen; the
     loop stops when all are done or after `max_length` tokens.
 
-    `unroll` steps run per iteration of the loop, whose body traces `tokens_to_logits`
-    `unroll` times; the results are the same for any `unroll`. A while loop keeps its state
-    in place, and a gather cannot write over what it reads: with 1 step per iteration, XLA
-    gathers each reordered cache leaf into a temporary and copies it back every step; with
-    2 or more, the last step of an iteration gathers from the previous step's temporary
-    straight into the loop's buffer, and nothing is copied; the loop's condition is also
-    checked once per `unroll` steps. The search may run up to `unroll - 1` steps past its
-    end and discard them.
+    `unroll` steps run per iteration of the loop (`_unrolled_while_loop`: with 2 or more
+    XLA copies no cache back every step); the results are the same for any `unroll`, and
+    the body traces `tokens_to_logits` `unroll` times.
     """
     if unroll < 1:
         raise ValueError(f"unroll must be at least 1 step per iteration, got {unroll}")
-    k = beam_size
-    # The K slots start as the same empty prefix: one live, or step 0 would pick K copies.
-    live_logp_1K = jnp.where(jnp.arange(k) == 0, 0.0, _NEG_INF)[None, :]
-    state = _BeamState(
-        step=jnp.int32(0),
-        live_seqs_BKT=jnp.full((batch_size, k, max_length), PAD_ID, jnp.int32),
-        live_logp_BK=jnp.broadcast_to(live_logp_1K, (batch_size, k)).astype(jnp.float32),
-        finished_seqs_BKT=jnp.full((batch_size, k, max_length), PAD_ID, jnp.int32),
-        finished_scores_BK=jnp.full((batch_size, k), _NEG_INF, jnp.float32),
-        finished_BK=jnp.zeros((batch_size, k), bool),
-        cache=_per_beam(lambda x: jnp.repeat(x, k, axis=0), cache),
-    )
+    state = _initial_state(cache, batch_size, beam_size, max_length)
     max_penalty = length_penalty(max_length, alpha)
 
     def not_done(state):
@@ -191,20 +175,48 @@ def beam_search(
         done_B = _done_B(state, max_penalty)
         return new._replace(**{f: _freeze(done_B, state, new, f) for f in _SEARCH_FIELDS})
 
-    def advance_unrolled(state):
-        state = advance(state)
-        for _ in range(unroll - 1):
-            new, go = advance(state), not_done(state)
-            # Past the end, the search is kept as it was; the cache is not read again.
-            state = new._replace(**{f: jnp.where(go, getattr(new, f), getattr(state, f))
-                                    for f in ("step",) + _SEARCH_FIELDS})
-        return state
-
-    state = lax.while_loop(not_done, advance_unrolled, state)
+    state = _unrolled_while_loop(not_done, advance, state, unroll)
     seqs_BKT, scores_BK = _final_hypotheses(state, alpha)
     if return_all:
         return seqs_BKT, scores_BK
     return seqs_BKT[:, 0], scores_BK[:, 0]
+
+
+def _initial_state(cache, batch_size: int, k: int, max_length: int) -> _BeamState:
+    """No hypothesis yet: the caller's `cache` repeated K times per example (but its
+    `PerExample` parts)."""
+    # The K slots start as the same empty prefix: one live, or step 0 would pick K copies.
+    live_logp_1K = jnp.where(jnp.arange(k) == 0, 0.0, _NEG_INF)[None, :]
+    return _BeamState(
+        step=jnp.int32(0),
+        live_seqs_BKT=jnp.full((batch_size, k, max_length), PAD_ID, jnp.int32),
+        live_logp_BK=jnp.broadcast_to(live_logp_1K, (batch_size, k)).astype(jnp.float32),
+        finished_seqs_BKT=jnp.full((batch_size, k, max_length), PAD_ID, jnp.int32),
+        finished_scores_BK=jnp.full((batch_size, k), _NEG_INF, jnp.float32),
+        finished_BK=jnp.zeros((batch_size, k), bool),
+        cache=_per_beam(lambda x: jnp.repeat(x, k, axis=0), cache),
+    )
+
+
+def _unrolled_while_loop(not_done, advance, state: _BeamState, unroll: int) -> _BeamState:
+    """`lax.while_loop(not_done, advance, state)` with `unroll` steps per iteration.
+
+    A while loop keeps its state in place, and a gather cannot write over what it reads:
+    with 1 step per iteration, XLA gathers each reordered cache leaf into a temporary and
+    copies it back every step; with 2 or more, the last step of an iteration gathers from
+    the previous step's temporary straight into the loop's buffer, and nothing is copied.
+    The condition is checked once per `unroll` steps; steps past the end keep the search
+    as it was (their cache, garbage, is not read again): up to `unroll - 1` are discarded.
+    """
+    def body(state):
+        state = advance(state)
+        for _ in range(unroll - 1):
+            new, go = advance(state), not_done(state)
+            state = new._replace(**{f: jnp.where(go, getattr(new, f), getattr(state, f))
+                                    for f in ("step",) + _SEARCH_FIELDS})
+        return state
+
+    return lax.while_loop(not_done, body, state)
 
 
 def _done_B(state: _BeamState, max_penalty) -> jax.Array:
