@@ -13,9 +13,11 @@ import pytest
 
 from transformer_jax import Transformer, count_parameters, get_model_config
 from transformer_jax.benchmark import SUITES, decode, flops, machine, report
+from transformer_jax.benchmark import model as model_suite
 from transformer_jax.benchmark.__main__ import main, parse_args
 from transformer_jax.benchmark.model import model_configs, synthetic_batch
 from transformer_jax.benchmark.pipeline import _counts
+from transformer_jax.benchmark.timing import compile_seconds
 from transformer_jax.decoding import UNROLL
 from transformer_jax.train_state import init_params
 
@@ -199,19 +201,88 @@ def test_compare_has_torch_and_flax_peers(tmp_path):
     (["model", "--vary", "pre_layer_norm=yes"], "pre_layer_norm= takes true or false"),
     (["model", "--vary", "d_model=wide"], "d_model= takes int values, got 'wide'"),
     (["model", "--vary", "dtype=bfloat16"], "a ModelConfig field other than dtype"),
-    (["attention", "--models=base"], "--models, --vary and --loss-chunks are for the model"),
-    (["decode", "--loss-chunks=0"], "--models, --vary and --loss-chunks are for the model"),
+    (["attention", "--models=base"], "--models and --loss-chunks are for the model suite"),
+    (["decode", "--loss-chunks=0"], "--models and --loss-chunks are for the model suite"),
+    (["attention", "--vary", "xla_gpu_enable_cublaslt=true"],
+     "--vary is for the model and decode suites"),
+    (["decode", "--peers", "--vary", "xla_gpu_enable_cublaslt=true"],
+     "--vary is for the model and decode suites"),
+    (["decode", "--vary", "dropout_bits=8"],
+     "decode: --vary takes XLA's options only (xla_...), got dropout_bits=8"),
     (["model", "--loss-chunks=0,-4"], "--loss-chunks takes integers 0 or more"),
     (["model", "--loss-chunks=whole"], "--loss-chunks takes integers 0 or more"),
     (["model", "--models=bse,tiny"], "no model bse here; this backend times tiny"),
     (["model", "--vary", "dropout_bits=8", "--vary", "dropout_bits=16"], "given twice"),
     (["model", "--quick", "--vary", "dropout_bits=8", "--vary", "dropout_rate=0.001"],
      "tiny with {'dropout_bits': 8, 'dropout_rate': 0.001}: ModelConfig.dropout_rate 0.001"),
+    (["model", "--vary", "xla_gpu_enable_cublasltt=true"],
+     "xla_gpu_enable_cublasltt=true: XLA refuses it: INVALID_ARGUMENT: No such compile option"),
+    (["model", "--vary", "xla_gpu_enable_cublaslt=1"], "'1' is not a valid bool value"),
+    (["model", "--vary", "xla_gpu_autotune_level=high"], "'high' is not a valid int32 value"),
 ])
 def test_model_suite_options_are_checked_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_xla_options_in_vary_take_the_type_xla_gives_them():
+    """XLA refuses "true" for a bool and 1 for a float: each value gets the type its option
+    has, and text stays text."""
+    vary = model_suite.parse_vary([
+        "xla_gpu_enable_cublaslt=false,true", "xla_gpu_autotune_level=0,4",
+        "xla_gpu_autotune_gemm_rtol=1,0.5", "xla_dump_to=/tmp/x", "dropout_bits=8,16"])
+    assert vary == {"xla_gpu_enable_cublaslt": (False, True), "xla_gpu_autotune_level": (0, 4),
+                    "xla_gpu_autotune_gemm_rtol": (1.0, 0.5), "xla_dump_to": ("/tmp/x",),
+                    "dropout_bits": (8, 16)}
+    assert [type(v) for v in vary["xla_gpu_autotune_gemm_rtol"]] == [float, float]
+    assert model_suite.split_fields({"dropout_bits": 8, "xla_gpu_autotune_level": 0}) == (
+        {"dropout_bits": 8}, {"xla_gpu_autotune_level": 0})
+
+
+def test_values_that_hold_commas_are_separated_by_semicolons():
+    """XLA's command buffer option is a list: `;` separates the values where one has a
+    comma, and each is checked whole."""
+    vary = model_suite.parse_vary(["xla_gpu_enable_command_buffer=;FUSION,CUBLAS;FUSION"])
+    assert vary == {"xla_gpu_enable_command_buffer": ("", "FUSION,CUBLAS", "FUSION")}
+    with pytest.raises(ValueError, match="'fusion' is not a valid enum value"):
+        model_suite.parse_vary(["xla_gpu_enable_command_buffer=FUSION;fusion,CUBLAS"])
+
+
+def test_the_decode_suite_compiles_each_search_with_each_xla_option(monkeypatch):
+    """`decode --vary xla_...`: every search of the suite once per value, compiled with it,
+    and a column for it."""
+    seen = []
+
+    def spy(jitted, *args, compiler_options=None, **static):
+        seen.append(compiler_options)
+        return compile_seconds(jitted, *args, compiler_options=compiler_options, **static)
+
+    monkeypatch.setattr(decode, "compile_seconds", spy)
+    rows, _ = decode.run(quick=True, vary={"xla_cpu_use_fusion_emitters": (True, False)})
+    plain, _ = decode.run(quick=True)
+    assert len(rows) == 2 * len(plain)
+    for value in (True, False):
+        picked = [row for row in rows if row["xla_cpu_use_fusion_emitters"] is value]
+        assert [(r["search"], r["cache"], r["unroll"]) for r in picked] == \
+            [(r["search"], r["cache"], r["unroll"]) for r in plain]
+    assert seen[:len(rows)] == [{"xla_cpu_use_fusion_emitters": row[
+        "xla_cpu_use_fusion_emitters"]} for row in rows]
+
+
+def test_an_xla_option_in_vary_reaches_the_compiled_step():
+    """`--vary xla_cpu_use_fusion_emitters=false`: the step compiled with it has fewer of
+    XLA's loop fusions than the default's (the CPU backend then leaves more to its
+    element-wise emitter), and the row names the option."""
+    case = next(c for c in model_suite.cases(quick=True) if c.name == "tiny")
+    batch = model_suite.synthetic_batch(case.config, case.batch, case.length)
+    loops = [model_suite.train_setup(case.config, "sharded", batch, xla_options=options)[0]
+             .as_text().count("kind=kLoop")
+             for options in (None, {"xla_cpu_use_fusion_emitters": False})]
+    assert loops[1] < loops[0]
+    row = model_suite.time_train_step(case, "float32", "sharded", quick=True,
+                                fields={"xla_cpu_use_fusion_emitters": False})
+    assert row["xla_cpu_use_fusion_emitters"] is False and row["step_ms"] > 0
 
 
 def test_a_tokamax_layer_norm_that_cannot_run_stops_the_model_suite_first(monkeypatch, capsys):

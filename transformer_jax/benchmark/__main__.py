@@ -1,6 +1,7 @@
 """python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png] [--markdown] [--profile=DIR]
 python -m transformer_jax.benchmark model [--models=base,big] [--vary FIELD=V1,V2 ...]
                                          [--loss-chunks=0,4096]
+python -m transformer_jax.benchmark decode [--vary xla_OPTION=V1,V2 ...]
 python -m transformer_jax.benchmark decode --peers [--workdir=DIR]"""
 
 import argparse
@@ -10,7 +11,7 @@ import os
 import sys
 
 from transformer_jax.benchmark import SUITES, machine, report, timing
-from transformer_jax.benchmark.model import chosen_cases, parse_vary
+from transformer_jax.benchmark.model import XLA_PREFIX, chosen_cases, parse_vary
 
 
 def parse_args(argv):
@@ -37,7 +38,10 @@ def parse_args(argv):
                         help="model: time only these of its models (comma-separated)")
     parser.add_argument("--vary", metavar="FIELD=V1,V2", action="append", default=[],
                         help="model: time the step with each value of this ModelConfig "
-                             "field, e.g. --vary dropout_bits=32,16,8 (repeatable)")
+                             "field, e.g. --vary dropout_bits=32,16,8, or of one of XLA's "
+                             "options, e.g. --vary xla_gpu_enable_cublaslt=false,true "
+                             "(model and decode; repeatable: every combination; values "
+                             "separated by ; where one holds a comma)")
     parser.add_argument("--loss-chunks", metavar="N1,N2",
                         help="model: time the step with each of these loss_chunk_size "
                              "values (target tokens per chunk of the output layer and loss; "
@@ -45,8 +49,13 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.peers and args.suite != "decode":
         parser.error("--peers is for the decode suite")
-    if (args.models or args.vary or args.loss_chunks) and args.suite != "model":
-        parser.error("--models, --vary and --loss-chunks are for the model suite")
+    if (args.models or args.loss_chunks) and args.suite != "model":
+        parser.error("--models and --loss-chunks are for the model suite")
+    if args.vary and (args.suite not in ("model", "decode") or args.peers):
+        parser.error("--vary is for the model and decode suites")
+    if args.suite == "decode" and not all(text.startswith(XLA_PREFIX) for text in args.vary):
+        parser.error(f"decode: --vary takes XLA's options only ({XLA_PREFIX}...), got "
+                     f"{' '.join(args.vary)}")
     if args.workdir is not None and not args.peers:
         parser.error("--workdir is for decode --peers")
     if args.workdir is not None and args.quick:
@@ -115,7 +124,7 @@ def main(argv=None) -> int:
     else:
         suite = importlib.import_module(f"transformer_jax.benchmark.{args.suite}")
         options = dict(models=args.models, vary=args.vary, loss_chunks=args.loss_chunks) \
-            if args.suite == "model" else {}
+            if args.suite == "model" else dict(vary=args.vary) if args.suite == "decode" else {}
         rows, notes = suite.run(quick=args.quick, **options)
     print(report.markdown(rows) if args.markdown else report.table(rows))
     for note in notes:

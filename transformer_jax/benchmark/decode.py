@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import tqdm
 from jax import lax
 
-from transformer_jax.benchmark.model import model_configs, synthetic_batch
+from transformer_jax.benchmark.model import combinations, model_configs, synthetic_batch
 from transformer_jax.benchmark.timing import compile_seconds, median_seconds, traced_as
 from transformer_jax.token_ids import EOS_ID, PAD_ID
 from transformer_jax.decoding import UNROLL, beam_search, greedy_search
@@ -93,25 +93,29 @@ def dtypes(quick: bool) -> tuple[str, ...]:
 
 
 def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick,
-                dtype="float32", unroll=UNROLL) -> dict:
+                dtype="float32", unroll=UNROLL, xla_options: dict | None = None) -> dict:
+    """One row: the search compiled (with XLA's options `xla_options`, which are also columns
+    of the row) and timed."""
     config = dataclasses.replace(model_configs()[name], dtype=dtype)
     model = Transformer(config)
     inputs_BS = jnp.asarray(synthetic_batch(config, batch, source_len)["inputs"])
     params = _params(name)
     kwargs = dict(model=model, beam_size=beam_size, max_length=max_length, cached=cached,
                   unroll=unroll)
-    compiled, compile_s = compile_seconds(search, params, inputs_BS, **kwargs)
+    compiled, compile_s = compile_seconds(search, params, inputs_BS,
+                                          compiler_options=xla_options, **kwargs)
     kind = "greedy" if beam_size == 1 else f"beam{beam_size}"
     cache = "cached" if cached else "uncached"
     unroll = 1 if beam_size == 1 else unroll  # greedy search: one step per iteration
-    with traced_as(f"{name}-{dtype}-{kind}-{cache}-{batch}x{max_length}-unroll{unroll}",
-                   compiled):
+    options = "".join(f"-{option}={value}" for option, value in (xla_options or {}).items())
+    with traced_as(f"{name}-{dtype}-{kind}-{cache}-{batch}x{max_length}-unroll{unroll}"
+                   + options, compiled):
         seconds = median_seconds(lambda: compiled(params, inputs_BS).block_until_ready(),
                                  warmup=1, iters=3 if quick else 5)
     return {"model": name, "dtype": dtype, "search": kind, "cache": cache, "batch": batch,
             "source_len": source_len, "output_len": max_length, "ms": seconds * 1e3,
             "tokens_per_sec": batch * max_length / seconds, "sentences_per_sec": batch / seconds,
-            "unroll": unroll, "compile_s": compile_s}
+            "unroll": unroll, **(xla_options or {}), "compile_s": compile_s}
 
 
 @functools.cache
@@ -123,19 +127,23 @@ def _params(name: str) -> dict:
     return jax.jit(functools.partial(init_params, model))(jax.random.key(0))
 
 
-def run(quick: bool = False) -> tuple[list[dict], list[str]]:
+def run(quick: bool = False, vary: dict | None = None) -> tuple[list[dict], list[str]]:
+    """The rows of every case, dtype and search; `vary` maps XLA's options to the values to
+    compile the searches with, e.g. {"xla_gpu_enable_command_buffer": ("", "FUSION")}: every
+    combination, one after another in this process."""
     rows = []
-    grid = [(case, dtype, beam_size) for case in cases(quick) for dtype in dtypes(quick)
-            for beam_size in (1, 4)]
-    for (name, batch, source_len, max_length), dtype, beam_size in tqdm.tqdm(
+    grid = [(case, dtype, beam_size, options) for case in cases(quick) for dtype in dtypes(quick)
+            for beam_size in (1, 4) for options in combinations(vary)]
+    for (name, batch, source_len, max_length), dtype, beam_size, options in tqdm.tqdm(
             grid, desc="decode", disable=quick):
-        pair = [time_search(name, batch, source_len, max_length, beam_size=beam_size,
-                            cached=cached, quick=quick, dtype=dtype) for cached in (True, False)]
+        run_search = functools.partial(time_search, name, batch, source_len, max_length,
+                                       beam_size=beam_size, quick=quick, dtype=dtype,
+                                       xla_options=options)
+        pair = [run_search(cached=cached) for cached in (True, False)]
         pair[0]["speedup"] = pair[0]["tokens_per_sec"] / pair[1]["tokens_per_sec"]
         rows += pair
         if beam_size > 1 and UNROLL > 1:  # the loop's unrolling beside one step per iteration
-            one = time_search(name, batch, source_len, max_length, beam_size=beam_size,
-                              cached=True, quick=quick, dtype=dtype, unroll=1)
+            one = run_search(cached=True, unroll=1)
             pair[0]["vs_unroll_1"] = pair[0]["tokens_per_sec"] / one["tokens_per_sec"]
             rows.append(one)
     return rows, ["tokens_per_sec: output tokens of the best hypothesis per second "

@@ -30,6 +30,8 @@ from transformer_jax.parallel import STRATEGIES, Parallel
 from transformer_jax.steps import train_step
 from transformer_jax.train_state import create_train_state
 
+XLA_PREFIX = "xla_"  # --vary's names of XLA's options, as XLA_FLAGS names them
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -103,8 +105,10 @@ def packed_batch(config: ModelConfig, batch: int, length: int, seed: int = 0) ->
             "inputs_positions": positions, "targets_positions": positions}
 
 
-def train_setup(config: ModelConfig, strategy: str, batch: dict, loss_chunk_size: int = 0):
-    """(compiled step, placed state, placed batch, compile seconds) as the trainer runs them."""
+def train_setup(config: ModelConfig, strategy: str, batch: dict, loss_chunk_size: int = 0,
+                xla_options: dict | None = None):
+    """(compiled step, placed state, placed batch, compile seconds) as the trainer runs them;
+    `xla_options` are XLA's compiler options for this step alone."""
     parallel = Parallel(strategy)
     model = Transformer(config)
     optimizer = make_optimizer(d_model=config.d_model)
@@ -113,7 +117,8 @@ def train_setup(config: ModelConfig, strategy: str, batch: dict, loss_chunk_size
                                 learning_rate_fn=optimizer.learning_rate_fn,
                                 loss_chunk_size=loss_chunk_size)
     placed = parallel.put_batch(batch)
-    step, seconds = compile_seconds(parallel.compile_train_step(step_fn), state, placed)
+    step, seconds = compile_seconds(parallel.compile_train_step(step_fn), state, placed,
+                                    compiler_options=xla_options)
     return step, state, placed, seconds
 
 
@@ -122,13 +127,16 @@ def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
                     fields: dict | None = None) -> dict:
     """One row; `packed` rows by default on accelerators, full rows on CPUs;
     `loss_chunk_size` as `train_step`'s (0: the whole logits); `fields` replace the case's
-    `ModelConfig` fields (and are columns of the row)."""
+    `ModelConfig` fields, or set XLA's options where named `xla_...` (and are columns of the
+    row)."""
     fields = fields or {}
-    config = dataclasses.replace(case.config, dtype=dtype, **fields)
+    model_fields, xla_options = split_fields(fields)
+    config = dataclasses.replace(case.config, dtype=dtype, **model_fields)
     packed = jax.default_backend() != "cpu" if packed is None else packed
     make = packed_batch if packed else synthetic_batch
     batch = make(config, case.batch, case.length)
-    step, state, placed, compile_s = train_setup(config, strategy, batch, loss_chunk_size)
+    step, state, placed, compile_s = train_setup(config, strategy, batch, loss_chunk_size,
+                                                 xla_options)
     holder = [state]
 
     def one_step():
@@ -166,7 +174,10 @@ def queued_steps(quick: bool) -> int:
 
 def parse_vary(texts) -> dict[str, tuple]:
     """{"dropout_bits": (32, 16)} from ["dropout_bits=32,16"] (the CLI's --vary): each a
-    `ModelConfig` field and values of its type; a ValueError names what is wrong."""
+    `ModelConfig` field and values of its type, or one of XLA's options (a name that starts
+    with `xla_`, as XLA_FLAGS names it: true/false, a number or text); values are separated
+    by semicolons instead where one holds a comma ("xla_gpu_enable_command_buffer=;FUSION,
+    CUBLAS"). A ValueError names what is wrong."""
     types = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
     vary = {}
     for text in texts:
@@ -174,12 +185,46 @@ def parse_vary(texts) -> dict[str, tuple]:
         if name in vary:
             raise ValueError(f"--vary {name} is given twice; give its values once: "
                              f"{name}=V1,V2,...")
+        separator = ";" if ";" in values else ","  # for values that hold commas
+        if name.startswith(XLA_PREFIX) and values:
+            vary[name] = tuple(xla_option(name, v) for v in values.split(separator))
+            continue
         if name not in types or name in ("dtype", "vocab_size") or not values:
             raise ValueError(f"--vary takes FIELD=V1,V2,... with a ModelConfig field other than "
-                             f"dtype and vocab_size, got {text!r}; fields: "
+                             f"dtype and vocab_size, or one of XLA's options (xla_...), got "
+                             f"{text!r}; fields: "
                              f"{', '.join(n for n in types if n not in ('dtype', 'vocab_size'))}")
-        vary[name] = tuple(_field_value(types[name], name, v) for v in values.split(","))
+        vary[name] = tuple(_field_value(types[name], name, v) for v in values.split(separator))
     return vary  # `chosen_cases` checks each combination against ModelConfig's own rules
+
+
+def split_fields(fields: dict) -> tuple[dict, dict]:
+    """(`ModelConfig` fields, XLA's options) of one variant of `--vary`."""
+    xla = {name: value for name, value in fields.items() if name.startswith(XLA_PREFIX)}
+    return {name: value for name, value in fields.items() if name not in xla}, xla
+
+
+def xla_option(name: str, text: str):
+    """`text` as the value XLA's option `name` takes, checked by compiling a one-line program
+    with it: XLA types each value strictly (it refuses "true" for a bool and 1 for a float),
+    so the first of true/false, an integer, a float and the text itself that XLA accepts;
+    else a ValueError in XLA's words (an option it does not have, a value of another type)."""
+    candidates = [text.lower() == "true"] if text.lower() in ("true", "false") else []
+    for kind in (int, float):
+        try:
+            candidates.append(kind(text))
+        except ValueError:
+            pass
+    for value in candidates + [text]:
+        try:
+            jax.jit(lambda x: x + 1).lower(np.float32(0)).compile(
+                compiler_options={name: value})
+            return value
+        except jax.errors.JaxRuntimeError as error:
+            refused = str(error)
+            if "No such compile option" in refused:
+                break
+    raise ValueError(f"--vary {name}={text}: XLA refuses it: {refused}")
 
 
 def _field_value(kind: type, name: str, text: str):
@@ -208,16 +253,21 @@ def chosen_cases(quick: bool, models=None, vary: dict | None = None):
         raise ValueError(f"no model {', '.join(unknown)} here; this backend times "
                          f"{', '.join(names)}")
     chosen = [case for case in cases(quick) if models is None or case.name in models]
-    variants = [dict(zip(vary, values)) for values in itertools.product(*vary.values())] \
-        if vary else [{}]
+    variants = combinations(vary)
     for case, fields in itertools.product(chosen, variants):
         try:
-            dataclasses.replace(case.config, **fields)
+            dataclasses.replace(case.config, **split_fields(fields)[0])
         except ValueError as error:
             raise ValueError(f"{case.name} with {fields}: {error}") from None
     if any(fields.get("layer_norm_implementation") == "tokamax" for fields in variants):
         _run_tokamax_layer_norm()
     return chosen, variants
+
+
+def combinations(vary: dict | None) -> list[dict]:
+    """Every combination of `vary`'s values, one dict each ([{}] without `vary`)."""
+    vary = vary or {}
+    return [dict(zip(vary, values)) for values in itertools.product(*vary.values())]
 
 
 def _run_tokamax_layer_norm() -> None:

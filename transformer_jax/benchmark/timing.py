@@ -75,13 +75,16 @@ def back_to_back(call: Callable[[], jax.Array], calls: int) -> Callable[[], None
     return run_once
 
 
-def compile_seconds(jitted, *args, **static):
+def compile_seconds(jitted, *args, compiler_options: dict | None = None, **static):
     """(compiled executable, seconds to trace, lower and compile `jitted` for these args);
-    while calls are traced (`trace_timed_calls`), compiled to be profiled by part
-    (`profiling.TRACEABLE`: on a GPU, without command buffers)."""
+    `compiler_options` are XLA's (`{"xla_gpu_enable_cublaslt": True}`, as XLA_FLAGS would
+    set them, for this program alone). While calls are traced (`trace_timed_calls`),
+    compiled to be profiled by part (`profiling.TRACEABLE`: on a GPU, without command
+    buffers)."""
     start = time.perf_counter()
-    options = profiling.TRACEABLE if _trace_dir is not None else None
-    compiled = jitted.lower(*args, **static).compile(compiler_options=options)
+    options = dict(profiling.TRACEABLE if _trace_dir is not None else {},
+                   **(compiler_options or {}))
+    compiled = jitted.lower(*args, **static).compile(compiler_options=options or None)
     return compiled, time.perf_counter() - start
 
 
