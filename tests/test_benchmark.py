@@ -68,7 +68,8 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
             ("greedy", "cached", 1), ("greedy", "uncached", 1), ("beam4", "cached", UNROLL),
             ("beam4", "uncached", UNROLL), ("beam4", "cached", 1)]
     if suite == "loss":
-        assert [row["method"] for row in result["results"]][:3] == ["whole", "chunks", "optax"]
+        assert [row["method"] for row in result["results"]][:4] == [
+            "whole", "chunks", "2 passes", "optax"]
         assert result["results"][0]["vs_whole"] == 1.0
     assert "tflops" in capsys.readouterr().out or suite in ("decode", "pipeline")
 
@@ -570,21 +571,21 @@ def loss_inputs(rows=40, width=16, vocab=50):
 
 
 def test_loss_suite_methods_compute_the_same_loss_and_gradients():
-    """The suite's whole and chunked methods (chunks of 16 here) give the same smoothed loss,
-    accuracy and gradients, so the suite times the same work two ways."""
+    """The suite's whole, chunked (chunks of 16 here) and two-pass methods give the same
+    smoothed loss, accuracy and gradients, so the suite times the same work three ways."""
     from transformer_jax.benchmark import loss
 
     found, _ = loss.methods(chunk=16)
     x_RD, table_VD, targets_R = loss_inputs()
-    results = [jax.value_and_grad(lambda x, t: found[name](x, t, targets_R, jnp.float32),
-                                  argnums=(0, 1), has_aux=True)(x_RD, table_VD)
-               for name in ("whole", "chunks")]
-    (whole, whole_correct), whole_grads = results[0]
-    (chunks, chunks_correct), chunks_grads = results[1]
-    np.testing.assert_allclose(chunks, whole, rtol=1e-5)
-    assert chunks_correct == whole_correct
-    for a, b in zip(chunks_grads, whole_grads):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    results = {name: jax.value_and_grad(lambda x, t: found[name](x, t, targets_R, jnp.float32),
+                                        argnums=(0, 1), has_aux=True)(x_RD, table_VD)
+               for name in ("whole", "chunks", "2 passes")}
+    (whole, whole_correct), whole_grads = results.pop("whole")
+    for name, ((value, correct), grads) in results.items():
+        np.testing.assert_allclose(value, whole, rtol=1e-5, err_msg=name)
+        assert correct == whole_correct
+        for a, b in zip(grads, whole_grads):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 def test_loss_suite_optax_is_the_smoothed_loss_of_its_own_target():

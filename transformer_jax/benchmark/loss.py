@@ -5,6 +5,9 @@ backward, alone: what `config.loss_chunk_size` chooses between, and a library's 
              `losses.accuracy` of `features @ table.T` (`loss_chunk_size=0`)
     chunks   `output_loss.output_loss`, `chunk` rows at a time, with its hand-written
              gradient (`loss_chunk_size`: 4,096 on accelerators, 512 on CPUs, 16 in --quick)
+    2 passes the logits whole, and the same loss and accuracy from one call of
+             `two_pass_terms.logit_terms`: its reductions over V in two passes by
+             construction, with a hand-written gradient (a candidate for `losses`)
     optax    the logits whole, and the loss as one would write it without this package:
              `optax.softmax_cross_entropy` against `optax.smooth_labels` (ε/V on every
              token, a q slightly unlike §5.4's) and `jnp.argmax`'s accuracy
@@ -28,7 +31,9 @@ import numpy as np
 import optax
 
 from transformer_jax.benchmark.timing import compile_seconds, median_seconds, memory_bytes
-from transformer_jax.losses import accuracy, label_smoothed_cross_entropy
+from transformer_jax.benchmark import two_pass_terms
+from transformer_jax.losses import (accuracy, is_correct, label_smoothed_cross_entropy,
+                                    smoothed_loss)
 from transformer_jax.output_loss import output_loss
 
 
@@ -47,6 +52,14 @@ def _whole(x_RD, table_VD, targets_R, dtype):
                            table_VD.astype(dtype)).astype(jnp.float32)
     loss, _ = label_smoothed_cross_entropy(logits_RV, targets_R, label_smoothing=0.1)
     return loss, accuracy(logits_RV, targets_R)[0]
+
+
+def _two_passes(x_RD, table_VD, targets_R, dtype):
+    logits_RV = jnp.einsum("RD,VD->RV", x_RD.astype(dtype),
+                           table_VD.astype(dtype)).astype(jnp.float32)
+    terms = two_pass_terms.logit_terms(logits_RV, targets_R)
+    loss_R = smoothed_loss(terms, table_VD.shape[0], 0.1)
+    return loss_R.sum(), is_correct(terms, targets_R).sum()
 
 
 def _optax(x_RD, table_VD, targets_R, dtype):
@@ -82,7 +95,7 @@ def _tokamax_implementations() -> list[str]:
 def methods(chunk: int) -> tuple[dict, list[str]]:
     """{name: loss function}, and notes on what could not run here."""
     found = {"whole": _whole, "chunks": functools.partial(_chunks, chunk=chunk),
-             "optax": _optax}
+             "2 passes": _two_passes, "optax": _optax}
     try:
         import tokamax  # noqa: F401
     except ImportError:
@@ -124,11 +137,12 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
                  for name, fn in found.items()]
         for row in timed:
             row["vs_whole"] = timed[0]["ms"] / row["ms"]
-            if row["method"] != "chunks":  # optax has none, tokamax's blocks are its own
+            if row["method"] != "chunks":  # the others have none, tokamax's are its own
                 row["chunk"] = None
         rows += timed
     return rows, notes + [
         "whole: the (R, V) logits whole; chunks: output_loss, the same loss and gradient; "
+        "2 passes: the whole logits, their reductions in two passes (two_pass_terms.py); "
         "optax: the whole logits, optax's smoothed cross-entropy and jnp.argmax; "
         "tokamax: no label smoothing, weights or accuracy",
         "tflops: the nominal 6·R·D·V of the logits and their two gradients",

@@ -1,0 +1,90 @@
+"""The loss suite's two-pass `logit_terms` candidate: `losses.logit_terms`' values and
+gradients, against the library's reductions and float64 NumPy."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from transformer_jax import losses
+from transformer_jax.benchmark.two_pass_terms import first_largest, logit_terms
+
+
+def test_the_terms_at_the_papers_vocabulary_size():
+    """V = 37,000 (the shared BPE vocabulary, §5.1): log Σ exp as jax.nn.logsumexp gives it,
+    the argmax as jnp.argmax, the target's logit exactly, the sum within 1e-5 relative of
+    float64 (one reduction adds a row in another order than jnp.sum); and the loss as
+    `losses.logit_terms` gives it."""
+    rng = np.random.default_rng(11)
+    x_NV = (rng.standard_normal((16, 37_000)) * 4 + 2).astype(np.float32)
+    targets_N = rng.integers(0, 37_000, 16)
+    terms = jax.jit(logit_terms)(x_NV, targets_N)
+    assert_allclose(terms.logsumexp, jax.nn.logsumexp(x_NV, axis=-1), rtol=1e-7)
+    np.testing.assert_array_equal(terms.argmax, np.argmax(x_NV, axis=-1))
+    np.testing.assert_array_equal(terms.target, x_NV[np.arange(16), targets_N])
+    assert_allclose(terms.total, x_NV.astype(np.float64).sum(-1), rtol=1e-5)
+    loss = losses.smoothed_loss(terms, 37_000, 0.1)
+    expected = losses.smoothed_loss(losses.logit_terms(x_NV, targets_N), 37_000, 0.1)
+    assert_allclose(loss, expected, rtol=1e-5)
+
+
+def test_rows_with_infinities_and_nans_are_jax_nns():
+    """Rows of -inf (a masked vocabulary), +inf and NaN: log Σ exp is jax.nn.logsumexp's and
+    the argmax jnp.argmax's (a NaN, else the first of the largest)."""
+    inf, nan = np.inf, np.nan
+    x_NV = np.array([[-inf, -inf, -inf, -inf], [1.0, -inf, 3.0, 3.0], [inf, 2.0, inf, 0.0],
+                     [1.0, 2.0, 5.0, nan], [nan, 1.0, 2.0, 3.0], [-inf, 0.5, -inf, 0.5]],
+                    np.float32)
+    terms = logit_terms(x_NV, np.array([1, 2, 0, 3, 0, 3]))
+    np.testing.assert_array_equal(terms.logsumexp, jax.nn.logsumexp(x_NV, axis=-1))
+    np.testing.assert_array_equal(terms.argmax, jnp.argmax(x_NV, axis=-1))
+    np.testing.assert_array_equal(terms.argmax, [0, 2, 0, 3, 0, 1])
+
+
+def test_the_argmax_combination_does_not_depend_on_the_order():
+    """XLA may combine partial results in any order (a GPU's reduction combines trees of
+    them): choosing between two (value, index) pairs gives the same pair either way round,
+    the one np.argmax picks from the two values at those indices (but for two NaNs, whose
+    index is unspecified, as in jnp.argmax)."""
+    values = [-np.inf, -1.0, 0.0, 2.0, np.inf, np.nan]
+    for a_value, b_value, (a_index, b_index) in itertools.product(values, values,
+                                                                  [(0, 1), (1, 0)]):
+        a = (jnp.float32(a_value), jnp.int32(a_index))
+        b = (jnp.float32(b_value), jnp.int32(b_index))
+        row = np.zeros(2, np.float32)
+        row[[a_index, b_index]] = a_value, b_value
+        for value, index in (first_largest(a, b), first_largest(b, a)):
+            if np.isnan(row).all():
+                assert np.isnan(value)
+                continue
+            assert int(index) == int(np.argmax(row)), (a_value, b_value, a_index)
+            np.testing.assert_array_equal(value, row[int(np.argmax(row))])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_gradient_is_the_library_reductions(dtype):
+    """The hand-written gradient of log Σ exp, the target's logit and the sum, for any
+    cotangents, is JAX's own of jax.nn.logsumexp, a masked sum and jnp.sum, in the logits'
+    dtype."""
+    rng = np.random.default_rng(12)
+    logits_BTV = jnp.asarray(rng.standard_normal((2, 3, 7)) * 3, dtype)
+    targets_BT = jnp.asarray(rng.integers(0, 7, (2, 3)))
+    cotangents = tuple(rng.standard_normal((3, 2, 3)).astype(np.float32))
+
+    def library(x):
+        x32 = x.astype(jnp.float32)
+        target = jnp.where(jax.nn.one_hot(targets_BT, 7) > 0, x32, 0.0).sum(-1)
+        return jax.nn.logsumexp(x32, axis=-1), target, x32.sum(-1)
+
+    def ours(x):
+        terms = logit_terms(x, targets_BT)
+        return terms.logsumexp, terms.target, terms.total
+
+    (grad,) = jax.vjp(ours, logits_BTV)[1](cotangents)
+    (expected,) = jax.vjp(library, logits_BTV)[1](cotangents)
+    assert grad.dtype == dtype
+    assert_allclose(np.asarray(grad, np.float32), np.asarray(expected, np.float32),
+                    rtol=1e-5 if dtype == jnp.float32 else 1e-2, atol=1e-6)
