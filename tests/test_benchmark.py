@@ -208,8 +208,8 @@ def test_compare_has_torch_and_flax_peers(tmp_path):
      "--vary is for the model and decode suites"),
     (["decode", "--peers", "--vary", "xla_gpu_enable_cublaslt=true"],
      "--vary is for the model and decode suites"),
-    (["decode", "--vary", "dropout_bits=8"],
-     "decode: --vary takes XLA's options only (xla_...), got dropout_bits=8"),
+    (["decode", "--vary", "xla_gpu_enable_cublaslt=true", "--vary", "dropout_bits=8"],
+     "decode: --vary takes XLA's options only (xla_...), got dropout_bits=8\n"),
     (["model", "--loss-chunks=0,-4"], "--loss-chunks takes integers 0 or more"),
     (["model", "--loss-chunks=whole"], "--loss-chunks takes integers 0 or more"),
     (["model", "--models=bse,tiny"], "no model bse here; this backend times tiny"),
@@ -227,14 +227,14 @@ def test_model_suite_options_are_checked_before_anything_runs(argv, message, cap
     assert message in capsys.readouterr().err
 
 
-def test_xla_options_in_vary_take_the_type_xla_gives_them():
+def test_xla_options_in_vary_take_the_type_xla_gives_them(tmp_path):
     """XLA refuses "true" for a bool and 1 for a float: each value gets the type its option
     has, and text stays text."""
     vary = model_suite.parse_vary([
-        "xla_gpu_enable_cublaslt=false,true", "xla_gpu_autotune_level=0,4",
-        "xla_gpu_autotune_gemm_rtol=1,0.5", "xla_dump_to=/tmp/x", "dropout_bits=8,16"])
+        "xla_gpu_enable_cublaslt=false, true", "xla_gpu_autotune_level=0,4",
+        "xla_gpu_autotune_gemm_rtol=1,0.5", f"xla_dump_to={tmp_path}", "dropout_bits=8,16"])
     assert vary == {"xla_gpu_enable_cublaslt": (False, True), "xla_gpu_autotune_level": (0, 4),
-                    "xla_gpu_autotune_gemm_rtol": (1.0, 0.5), "xla_dump_to": ("/tmp/x",),
+                    "xla_gpu_autotune_gemm_rtol": (1.0, 0.5), "xla_dump_to": (str(tmp_path),),
                     "dropout_bits": (8, 16)}
     assert [type(v) for v in vary["xla_gpu_autotune_gemm_rtol"]] == [float, float]
     assert model_suite.split_fields({"dropout_bits": 8, "xla_gpu_autotune_level": 0}) == (
@@ -246,6 +246,10 @@ def test_values_that_hold_commas_are_separated_by_semicolons():
     comma, and each is checked whole."""
     vary = model_suite.parse_vary(["xla_gpu_enable_command_buffer=;FUSION,CUBLAS;FUSION"])
     assert vary == {"xla_gpu_enable_command_buffer": ("", "FUSION,CUBLAS", "FUSION")}
+    # One list alone ends with a semicolon; nothing after the = is the empty list.
+    for text, values in [("FUSION,CUBLAS;", ("FUSION,CUBLAS",)), ("", ("",))]:
+        assert model_suite.parse_vary([f"xla_gpu_enable_command_buffer={text}"]) == {
+            "xla_gpu_enable_command_buffer": values}
     with pytest.raises(ValueError, match="'fusion' is not a valid enum value"):
         model_suite.parse_vary(["xla_gpu_enable_command_buffer=FUSION;fusion,CUBLAS"])
 
@@ -271,18 +275,19 @@ def test_the_decode_suite_compiles_each_search_with_each_xla_option(monkeypatch)
         "xla_cpu_use_fusion_emitters"]} for row in rows]
 
 
-def test_an_xla_option_in_vary_reaches_the_compiled_step():
-    """`--vary xla_cpu_use_fusion_emitters=false`: the step compiled with it has fewer of
-    XLA's loop fusions than the default's (the CPU backend then leaves more to its
-    element-wise emitter), and the row names the option."""
+@pytest.mark.parametrize("strategy", ["pmap", "sharded"])
+def test_an_xla_option_in_vary_reaches_the_compiled_step(strategy):
+    """`--vary xla_cpu_use_fusion_emitters=false`: the step compiled with it, under either
+    strategy, has fewer of XLA's loop fusions than the default's (the CPU backend then
+    leaves more to its element-wise emitter), and the row names the option."""
     case = next(c for c in model_suite.cases(quick=True) if c.name == "tiny")
     batch = model_suite.synthetic_batch(case.config, case.batch, case.length)
-    loops = [model_suite.train_setup(case.config, "sharded", batch, xla_options=options)[0]
+    loops = [model_suite.train_setup(case.config, strategy, batch, xla_options=options)[0]
              .as_text().count("kind=kLoop")
              for options in (None, {"xla_cpu_use_fusion_emitters": False})]
     assert loops[1] < loops[0]
-    row = model_suite.time_train_step(case, "float32", "sharded", quick=True,
-                                fields={"xla_cpu_use_fusion_emitters": False})
+    row = model_suite.time_train_step(case, "float32", strategy, quick=True,
+                                      fields={"xla_cpu_use_fusion_emitters": False})
     assert row["xla_cpu_use_fusion_emitters"] is False and row["step_ms"] > 0
 
 
@@ -458,6 +463,36 @@ def test_profile_counts_only_the_timed_calls(tmp_path):
         assert [row["calls"] for row in rows if row["operation"] in ("dot", "ynn_fusion")] == [4]
     else:  # the GPU's kernels: the matmul's, once per timed call
         assert max(row["calls"] for row in rows) == 4
+
+
+def test_a_trace_named_with_a_path_stays_one_folder_deep(tmp_path):
+    """An XLA option's path in a case's name (`--vary xla_dump_to=/tmp/x`) does not nest
+    its trace: the folder is one level under the trace directory, where `--profile` looks
+    for each program (`DIR/*/program.txt`)."""
+    from transformer_jax import profiling
+    from transformer_jax.benchmark import timing
+
+    compiled = jax.jit(lambda x: x + 1).lower(jnp.ones(2)).compile()
+    timing.trace_timed_calls(str(tmp_path))
+    try:
+        with timing.traced_as("tiny-xla_dump_to=/tmp/x", compiled):
+            pass
+    finally:
+        timing.trace_timed_calls(None)
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.glob("*/*")] == [
+        f"tiny-xla_dump_to=_tmp_x/{profiling.PROGRAM_FILE}"]
+
+
+def test_profile_notes_an_xla_option_that_replaces_its_own(tmp_path, capsys):
+    """--profile compiles without command buffers (`profiling.TRACEABLE`); a --vary of that
+    option replaces it, and the command says so before it runs (and only then)."""
+    parse_args(["model", "--quick", f"--profile={tmp_path}",
+                "--vary", "xla_gpu_enable_command_buffer=FUSION;"])
+    assert "note: --vary xla_gpu_enable_command_buffer replaces what --profile compiles" in \
+        capsys.readouterr().err
+    parse_args(["model", "--quick", f"--profile={tmp_path}", "--vary", "dropout_bits=8"])
+    parse_args(["model", "--quick", "--vary", "xla_gpu_enable_command_buffer=FUSION;"])
+    assert "note:" not in capsys.readouterr().err
 
 
 def test_packed_batch_is_packed_as_the_pipeline_packs():

@@ -81,8 +81,9 @@ class Parallel:
 
     def compile_train_step(self, step_fn, compiler_options: dict | None = None):
         """`step_fn(state, batch, axis_name=...)` compiled; the state's buffers are donated.
-        `compiler_options` (XLA's, e.g. `profiling.TRACEABLE`) apply under jit; pmap takes
-        none."""
+        `compiler_options` (XLA's, e.g. `profiling.TRACEABLE`) apply under jit; `jax.pmap`
+        takes none when it is built (give them to its `.lower(...).compile(...)`, as the
+        benchmarks' `compile_seconds` does)."""
         if self.strategy == "pmap":
             return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS,
                             devices=self._pmap_devices(), donate_argnums=(0,))

@@ -10,6 +10,7 @@ import importlib
 import os
 import sys
 
+from transformer_jax import profiling
 from transformer_jax.benchmark import SUITES, machine, report, timing
 from transformer_jax.benchmark.model import XLA_PREFIX, chosen_cases, parse_vary
 
@@ -53,9 +54,10 @@ def parse_args(argv):
         parser.error("--models and --loss-chunks are for the model suite")
     if args.vary and (args.suite not in ("model", "decode") or args.peers):
         parser.error("--vary is for the model and decode suites")
-    if args.suite == "decode" and not all(text.startswith(XLA_PREFIX) for text in args.vary):
+    if args.suite == "decode" and (fields := [text for text in args.vary
+                                              if not text.startswith(XLA_PREFIX)]):
         parser.error(f"decode: --vary takes XLA's options only ({XLA_PREFIX}...), got "
-                     f"{' '.join(args.vary)}")
+                     f"{' '.join(fields)}")
     if args.workdir is not None and not args.peers:
         parser.error("--workdir is for decode --peers")
     if args.workdir is not None and args.quick:
@@ -70,6 +72,10 @@ def parse_args(argv):
         chosen_cases(args.quick, args.models, args.vary)
     except ValueError as error:
         parser.error(str(error))
+    if args.profile and (replaced := sorted(set(args.vary) & set(profiling.TRACEABLE))):
+        print(f"note: --vary {', '.join(replaced)} replaces what --profile compiles with "
+              f"({profiling.TRACEABLE}): on a GPU, its profile by part may then show CUDA "
+              f"graphs rather than the model's parts", file=sys.stderr)
     if args.plot and not args.plot.lower().endswith(".png"):
         parser.error(f"--plot needs a .png file name, got {args.plot!r}")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
@@ -130,8 +136,6 @@ def main(argv=None) -> int:
     for note in notes:
         print(f"  {note}")
     if args.profile:
-        from transformer_jax import profiling
-
         print(f"\nwhere the timed calls spent their time (all threads; traces in {args.profile}):")
         print(report.table(profiling.summarize(args.profile)))
         for program in sorted(glob.glob(os.path.join(args.profile, "*", profiling.PROGRAM_FILE))):

@@ -176,26 +176,35 @@ def parse_vary(texts) -> dict[str, tuple]:
     """{"dropout_bits": (32, 16)} from ["dropout_bits=32,16"] (the CLI's --vary): each a
     `ModelConfig` field and values of its type, or one of XLA's options (a name that starts
     with `xla_`, as XLA_FLAGS names it: true/false, a number or text); values are separated
-    by semicolons instead where one holds a comma ("xla_gpu_enable_command_buffer=;FUSION,
-    CUBLAS"). A ValueError names what is wrong."""
+    by semicolons instead where one holds a comma (`_values`). A ValueError names what is
+    wrong."""
     types = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
     vary = {}
     for text in texts:
-        name, _, values = text.partition("=")
+        name, equals, values = text.partition("=")
         if name in vary:
             raise ValueError(f"--vary {name} is given twice; give its values once: "
                              f"{name}=V1,V2,...")
-        separator = ";" if ";" in values else ","  # for values that hold commas
-        if name.startswith(XLA_PREFIX) and values:
-            vary[name] = tuple(xla_option(name, v) for v in values.split(separator))
+        if name.startswith(XLA_PREFIX) and equals:
+            vary[name] = tuple(xla_option(name, v) for v in _values(values))
             continue
         if name not in types or name in ("dtype", "vocab_size") or not values:
             raise ValueError(f"--vary takes FIELD=V1,V2,... with a ModelConfig field other than "
                              f"dtype and vocab_size, or one of XLA's options (xla_...), got "
                              f"{text!r}; fields: "
                              f"{', '.join(n for n in types if n not in ('dtype', 'vocab_size'))}")
-        vary[name] = tuple(_field_value(types[name], name, v) for v in values.split(separator))
+        vary[name] = tuple(_field_value(types[name], name, v) for v in _values(values))
     return vary  # `chosen_cases` checks each combination against ModelConfig's own rules
+
+
+def _values(text: str) -> list[str]:
+    """The values of one --vary, stripped: "a,b" gives [a, b]; where there is a semicolon,
+    semicolons separate them, for values that hold commas ("A,B;C" gives ["A,B", "C"], and
+    "A,B;" the one value "A,B"); "" is the one value "" (an XLA option set to nothing)."""
+    if ";" not in text:
+        return [value.strip() for value in text.split(",")]
+    values = text.split(";")
+    return [value.strip() for value in (values[:-1] if not values[-1].strip() else values)]
 
 
 def split_fields(fields: dict) -> tuple[dict, dict]:
@@ -208,7 +217,10 @@ def xla_option(name: str, text: str):
     """`text` as the value XLA's option `name` takes, checked by compiling a one-line program
     with it: XLA types each value strictly (it refuses "true" for a bool and 1 for a float),
     so the first of true/false, an integer, a float and the text itself that XLA accepts;
-    else a ValueError in XLA's words (an option it does not have, a value of another type)."""
+    else a ValueError in XLA's words (an option it does not have, a value of another type).
+    The trial compilation does what the option does (`xla_dump_to` dumps the one-line
+    program); an option XLA reads only when its client starts is accepted and does nothing
+    per program."""
     candidates = [text.lower() == "true"] if text.lower() in ("true", "false") else []
     for kind in (int, float):
         try:
@@ -297,8 +309,8 @@ def default_loss_chunks(quick: bool) -> tuple[int, ...]:
 def run(quick: bool = False, *, models=None, dtypes=None, strategies=None,
         loss_chunks=None, vary: dict | None = None) -> tuple[list[dict], list[str]]:
     """(one row per model × dtype × strategy × loss chunk × varied fields, notes); `models`
-    picks among `cases(quick)`; `vary` maps `ModelConfig` fields to the values to time,
-    e.g. {"dropout_bits": (32, 16, 8)}, one after another in this process."""
+    picks among `cases(quick)`; `vary` maps `ModelConfig` fields, or XLA's options, to the
+    values to time, e.g. {"dropout_bits": (32, 16, 8)}, one after another in this process."""
     dtypes = dtypes or default_dtypes(quick)
     strategies = strategies or default_strategies()
     loss_chunks = loss_chunks or default_loss_chunks(quick)

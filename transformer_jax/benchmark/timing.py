@@ -24,11 +24,12 @@ def trace_timed_calls(directory: str | None) -> None:
 def traced_as(name: str, compiled):
     """The timed calls inside are traced into the subfolder `name` of the trace directory,
     beside `compiled`'s HLO (`profiling.PROGRAM_FILE`, which `profiling.summarize_parts`
-    reads with the trace); nothing is written when nothing is traced."""
+    reads with the trace); nothing is written when nothing is traced. A `/` in `name` (an
+    XLA option's path, in `--vary`) becomes `_`: the folder stays one level deep."""
     global _trace_dir
     outer = _trace_dir
     if outer is not None:
-        _trace_dir = os.path.join(outer, name)
+        _trace_dir = os.path.join(outer, name.replace(os.sep, "_"))
         os.makedirs(_trace_dir, exist_ok=True)
         with open(os.path.join(_trace_dir, profiling.PROGRAM_FILE), "w") as f:
             f.write(compiled.as_text())

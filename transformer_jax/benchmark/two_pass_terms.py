@@ -27,7 +27,8 @@ from transformer_jax.losses import LogitTerms, target_mask
 def logit_terms(logits, targets) -> LogitTerms:
     """`losses.logit_terms`, the same values (the sum to float32 rounding in another
     order), in two reductions over V. The gradient: d/dlogit_v = g_logsumexp · softmax_v +
-    g_total + g_target · [v = y]."""
+    g_total + g_target · [v = y]; reverse mode only (a `custom_vjp`: `jax.jvp` and
+    `jax.jacfwd` refuse it, where `losses.logit_terms` takes them)."""
     return _terms(logits, targets)
 
 
@@ -56,13 +57,14 @@ def _largest_total_target(x, targets):
 
 
 def first_largest(a, b):
-    """Of two (value, index) pairs, the larger value and, among equal values, the lower
-    index; a NaN before any number (which of two NaNs is unspecified): `jnp.argmax`'s
-    choice, whichever way round XLA combines them."""
+    """Of two (value, index) pairs, the larger value, a NaN before any number, and of equal
+    values (or two NaNs) the lower index: `jnp.argmax`'s choice, whichever way round XLA
+    combines them (a GPU's reduction combines trees of partial results)."""
     (a_value, a_index), (b_value, b_index) = a, b
-    take_a = (a_value > b_value) | jnp.isnan(a_value)
-    take_a_index = take_a | ((a_value == b_value) & (a_index < b_index))
-    return jnp.where(take_a, a_value, b_value), jnp.where(take_a_index, a_index, b_index)
+    a_nan, b_nan = jnp.isnan(a_value), jnp.isnan(b_value)
+    tied = (a_value == b_value) | (a_nan & b_nan)
+    take_a = (a_value > b_value) | (a_nan & ~b_nan) | (tied & (a_index < b_index))
+    return jnp.where(take_a, a_value, b_value), jnp.where(take_a, a_index, b_index)
 
 
 def _forward(logits, targets):
