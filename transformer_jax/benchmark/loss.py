@@ -46,25 +46,27 @@ def cases(quick: bool) -> list[tuple[int, int, int, str, int]]:
     return [(96 * 256, 512, 37_000, "bfloat16", 4096)]
 
 
+def _logits(x_RD, table_VD, dtype):
+    """The whole logits `(R, V)`: in the compute dtype, then float32, as
+    `Transformer.decode` makes the train step's."""
+    return jnp.einsum("RD,VD->RV", x_RD.astype(dtype),
+                      table_VD.astype(dtype)).astype(jnp.float32)
+
+
 def _whole(x_RD, table_VD, targets_R, dtype):
-    # In the compute dtype, then float32, as `Transformer.decode` makes the train step's.
-    logits_RV = jnp.einsum("RD,VD->RV", x_RD.astype(dtype),
-                           table_VD.astype(dtype)).astype(jnp.float32)
+    logits_RV = _logits(x_RD, table_VD, dtype)
     loss, _ = label_smoothed_cross_entropy(logits_RV, targets_R, label_smoothing=0.1)
     return loss, accuracy(logits_RV, targets_R)[0]
 
 
 def _two_passes(x_RD, table_VD, targets_R, dtype):
-    logits_RV = jnp.einsum("RD,VD->RV", x_RD.astype(dtype),
-                           table_VD.astype(dtype)).astype(jnp.float32)
-    terms = two_pass_terms.logit_terms(logits_RV, targets_R)
+    terms = two_pass_terms.logit_terms(_logits(x_RD, table_VD, dtype), targets_R)
     loss_R = smoothed_loss(terms, table_VD.shape[0], 0.1)
     return loss_R.sum(), is_correct(terms, targets_R).sum()
 
 
 def _optax(x_RD, table_VD, targets_R, dtype):
-    logits_RV = jnp.einsum("RD,VD->RV", x_RD.astype(dtype),
-                           table_VD.astype(dtype)).astype(jnp.float32)
+    logits_RV = _logits(x_RD, table_VD, dtype)
     labels_RV = optax.smooth_labels(jax.nn.one_hot(targets_R, table_VD.shape[0]), 0.1)
     correct = (jnp.argmax(logits_RV, axis=-1) == targets_R).sum(dtype=jnp.float32)
     return optax.softmax_cross_entropy(logits_RV, labels_RV).sum(), correct

@@ -44,7 +44,7 @@ def _largest_total_target(x, targets):
     """(max, first argmax, sum, the target's entry) over the last axis of float32 `x`, in
     one reduction."""
     vocab = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    at_target = jnp.where(vocab == targets[..., None], x, 0.0)
+    at_target = jnp.where(target_mask(targets, x.shape[-1]), x, 0.0)
 
     def combine(a, b):
         (a_max, a_arg, a_sum, a_target), (b_max, b_arg, b_sum, b_target) = a, b
