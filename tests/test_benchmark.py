@@ -670,3 +670,18 @@ def test_decode_cases_of_one_model_share_parameters_its_dtypes_would_draw_alike(
     assert jax.tree.structure(drawn) == jax.tree.structure(shared)
     jax.tree.map(np.testing.assert_array_equal, drawn, shared)
     assert {leaf.dtype for leaf in jax.tree.leaves(shared)} == {np.dtype(np.float32)}
+
+
+def test_the_decode_suite_times_a_bfloat16_search_cast_once_beside_each_step(monkeypatch):
+    """On an accelerator the suite adds bfloat16: each cached search again with the matrices
+    cast by the model at every step, and the ratio on the row cast once."""
+    monkeypatch.setattr(decode, "dtypes", lambda quick: ("bfloat16",))
+    rows, notes = decode.run(quick=True)
+    assert [(row["search"], row["cache"], row["unroll"], row["cast"]) for row in rows] == [
+        ("greedy", "cached", 1, "once"), ("greedy", "uncached", 1, "once"),
+        ("greedy", "cached", 1, "each step"), ("beam4", "cached", UNROLL, "once"),
+        ("beam4", "uncached", UNROLL, "once"), ("beam4", "cached", 1, "once"),
+        ("beam4", "cached", UNROLL, "each step")]
+    for once, each in ((rows[0], rows[2]), (rows[3], rows[6])):
+        assert once["vs_cast_each_step"] == once["tokens_per_sec"] / each["tokens_per_sec"]
+    assert any("vs_cast_each_step" in note for note in notes)

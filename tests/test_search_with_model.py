@@ -6,10 +6,13 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+import transformer_jax.steps as steps_module
 from transformer_jax.decoding import beam_search, greedy_search
-from transformer_jax.model import Transformer
+from transformer_jax.model import Transformer, cast_matmul_params
 from transformer_jax.model_config import get_model_config
+from transformer_jax.steps import predict_step
 
 CONFIG = get_model_config("tiny", vocab_size=30)
 MAX_LENGTH = 7
@@ -138,3 +141,71 @@ def test_two_steps_per_loop_iteration_leave_the_caches_uncopied():
         return loop_body_copies(search.lower(cache).compile().as_text(), shape)
 
     assert (copies(1), copies(2)) == (4, 0)
+
+
+BFLOAT16 = get_model_config("tiny", vocab_size=30, dtype="bfloat16")
+
+
+def test_matrices_cast_once_leave_a_bfloat16_search_unchanged_bit_for_bit():
+    """`cast_matmul_params`: the encoder's output, a cached step's logits and beam 4's
+    hypotheses and scores are those of the float32 parameters, bit for bit; casting the
+    layer norms' parameters too would change them (they scale in float32)."""
+    model, variables, inputs_BS, _, _ = setup(BFLOAT16)
+    # Layer norms start at scale 1 and bias 0, which bfloat16 holds exactly: perturbed.
+    leaves, tree = jax.tree.flatten(variables["params"])
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    params = jax.tree.unflatten(tree, [x + 0.1 * jax.random.normal(key, x.shape)
+                                       for x, key in zip(leaves, keys)])
+    cast = cast_matmul_params(params, jnp.bfloat16)
+    assert {str(x.dtype) for x in jax.tree.leaves(cast["decoder"]["layer_0"]["ffn_norm"])} == {
+        "float32"}
+    assert cast["decoder"]["layer_0"]["ffn"]["wi"]["bias"].dtype == jnp.bfloat16
+    assert cast["embedder"]["table"]["embedding"].dtype == jnp.bfloat16
+
+    def outputs(params):
+        model, variables = Transformer(BFLOAT16), {"params": params}
+        memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
+        cache = model.apply(variables, memory_BSD, inputs_BS, MAX_LENGTH,
+                            method=Transformer.init_cache)
+        step = functools.partial(model.apply, variables, method=Transformer.decode_step)
+        logits, _ = step(jnp.full((3, 1), 2), cache)
+        return memory_BSD, logits, *beam_search(step, cache, batch_size=3, beam_size=4,
+                                                 max_length=MAX_LENGTH, alpha=0.6,
+                                                 return_all=True)
+
+    for kept, changed in zip(outputs(params), outputs(cast)):
+        np.testing.assert_array_equal(changed, kept)
+    all_cast = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    assert not np.array_equal(outputs(all_cast)[1], outputs(params)[1])
+
+
+def loop_casts(jaxpr) -> int:
+    """Casts, in the first while loop's body of `jaxpr`, of the loop's invariant inputs."""
+    (loop,) = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "while"][:1]
+    body = loop.params["body_jaxpr"].jaxpr
+    invariant = set(body.invars[:loop.params["body_nconsts"]])
+    return sum(eqn.primitive.name == "convert_element_type" and eqn.invars[0] in invariant
+               for eqn in body.eqns)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_a_bfloat16_search_casts_no_parameter_inside_its_loop(beam_size):
+    """XLA does not hoist a cast out of a while loop (an H100 ran 49 casts of the matrices
+    every step): `predict_step` casts them before its loop; the model alone casts them in
+    it."""
+    model = Transformer(BFLOAT16)
+    inputs_BS = jnp.array([[5, 6, 7, 8, 0], [9, 3, 0, 0, 0]])
+    params = model.init(jax.random.key(0), inputs_BS, inputs_BS)["params"]
+
+    def casts():  # a new function each time: jax keeps the traces of one
+        search = functools.partial(predict_step, model=model, beam_size=beam_size,
+                                   max_length=MAX_LENGTH, alpha=0.6)
+        return loop_casts(jax.make_jaxpr(search)(params, inputs_BS).jaxpr)
+
+    assert casts() == 0
+    # Per traced step (beam search traces 2 per iteration), 2 decoder layers × 8 dense layers
+    # × (kernel, bias), and the table the logits are projected onto.
+    steps = 1 if beam_size == 1 else 2
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(steps_module, "cast_matmul_params", lambda params, dtype: params)
+        assert casts() == steps * (2 * 8 * 2 + 1)

@@ -7,6 +7,7 @@ the names of Flax's WMT example (`inputs`, `targets`, `encoded`, `inputs_positio
 `inputs_segmentation`, ...); the dimension key names the tensors inside.
 """
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -345,3 +346,23 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
               for name, tree in abstract_params(Transformer(config)).items()}
     counts["total"] = sum(counts.values())
     return counts
+
+
+def cast_matmul_params(params, dtype):
+    """`params` with what the model casts to `dtype` at every use cast once: each dense
+    layer's kernel and bias (Flax's `nn.Dense` casts both to its dtype) and the embedding
+    table (looked up, then cast; `attend` casts it whole). The layer norms' scale and bias
+    stay as they are: they scale in float32 statistics. The model's outputs do not change,
+    bit for bit (tests/test_search_with_model.py).
+
+    For a search: the casts of a step inside `lax.while_loop` are not hoisted out of it by
+    XLA, so a bfloat16 model cast every matrix at every step: on an H100, 49 kernels a step,
+    16 % of beam search's device time (BENCHMARKS.md, "Decoding in bfloat16, traced").
+    """
+    def cast(module):
+        dense = "kernel" in module
+        return {name: cast(value) if isinstance(value, Mapping)
+                else value.astype(dtype) if dense or name == "embedding" else value
+                for name, value in module.items()}
+
+    return cast(params)

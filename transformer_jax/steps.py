@@ -18,7 +18,7 @@ import optax
 
 from transformer_jax.decoding import beam_search, greedy_search
 from transformer_jax.losses import accuracy, label_smoothed_cross_entropy
-from transformer_jax.model import Transformer
+from transformer_jax.model import Transformer, cast_matmul_params
 from transformer_jax.token_ids import EOS_ID
 from transformer_jax.train_state import TrainState
 
@@ -131,9 +131,10 @@ def predict_step(params, inputs_BS, *, model, beam_size: int, max_length: int, a
     """Output ids `(B, max_length)`: greedy search (`beam_size` 1) or beam search (§6.1).
 
     Encodes once, projects the cross-attention keys and values once (`init_cache`),
-    then decodes one token per step with the cache.
+    then decodes one token per step with the cache; the matrices are cast to the compute
+    dtype once, before the loop (`cast_matmul_params`).
     """
-    variables = {"params": params}
+    variables = {"params": cast_matmul_params(params, model.config.compute_dtype)}
     memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
     cache = model.apply(variables, memory_BSD, inputs_BS, max_length,
                         method=Transformer.init_cache)

@@ -19,7 +19,7 @@ from transformer_jax.benchmark.model import combinations, model_configs, synthet
 from transformer_jax.benchmark.timing import compile_seconds, median_seconds, traced_as
 from transformer_jax.token_ids import EOS_ID, PAD_ID
 from transformer_jax.decoding import UNROLL, beam_search, greedy_search
-from transformer_jax.model import Transformer
+from transformer_jax.model import Transformer, cast_matmul_params
 from transformer_jax.train_state import init_params
 
 _LOWEST = jnp.finfo(jnp.float32).min
@@ -62,11 +62,14 @@ def _uncached_callback(model, variables, memory_BSD, inputs_BS, max_length):
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_length", "cached",
-                                              "unroll"))
+                                              "unroll", "cast_once"))
 def search(params, inputs_BS, *, model, beam_size: int, max_length: int, cached: bool,
-           unroll: int = UNROLL):
-    """Encode once, then greedy (beam_size 1) or beam search for `max_length` tokens."""
-    variables = {"params": params}
+           unroll: int = UNROLL, cast_once: bool = True):
+    """Encode once, then greedy (beam_size 1) or beam search for `max_length` tokens; the
+    matrices cast to the compute dtype before the loop, as `steps.predict_step` casts them
+    (`cast_once`), or by the model at every step."""
+    variables = {"params": cast_matmul_params(params, model.config.compute_dtype)
+                 if cast_once else params}
     memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
     make = _cached_callback if cached else _uncached_callback
     tokens_to_logits, cache = make(model, variables, memory_BSD, inputs_BS, max_length)
@@ -88,12 +91,14 @@ def cases(quick: bool) -> list[tuple[str, int, int, int]]:
 
 
 def dtypes(quick: bool) -> tuple[str, ...]:
-    """float32, and on accelerators bfloat16 beside it (parameters stay float32)."""
+    """float32, and on accelerators bfloat16 beside it (parameters stay float32; `search`
+    casts its matrices)."""
     return ("float32",) if quick or jax.default_backend() == "cpu" else ("float32", "bfloat16")
 
 
 def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick,
-                dtype="float32", unroll=UNROLL, xla_options: dict | None = None) -> dict:
+                dtype="float32", unroll=UNROLL, cast_once=True,
+                xla_options: dict | None = None) -> dict:
     """One row: the search compiled (with XLA's options `xla_options`, which are also columns
     of the row) and timed."""
     config = dataclasses.replace(model_configs()[name], dtype=dtype)
@@ -101,21 +106,22 @@ def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick
     inputs_BS = jnp.asarray(synthetic_batch(config, batch, source_len)["inputs"])
     params = _params(name)
     kwargs = dict(model=model, beam_size=beam_size, max_length=max_length, cached=cached,
-                  unroll=unroll)
+                  unroll=unroll, cast_once=cast_once)
     compiled, compile_s = compile_seconds(search, params, inputs_BS,
                                           compiler_options=xla_options, **kwargs)
     kind = "greedy" if beam_size == 1 else f"beam{beam_size}"
     cache = "cached" if cached else "uncached"
     unroll = 1 if beam_size == 1 else unroll  # greedy search: one step per iteration
     options = "".join(f"-{option}={value}" for option, value in (xla_options or {}).items())
+    cast = "once" if cast_once else "each step"
     with traced_as(f"{name}-{dtype}-{kind}-{cache}-{batch}x{max_length}-unroll{unroll}"
-                   + options, compiled):
+                   f"-cast {cast}{options}", compiled):
         seconds = median_seconds(lambda: compiled(params, inputs_BS).block_until_ready(),
                                  warmup=1, iters=3 if quick else 5)
     return {"model": name, "dtype": dtype, "search": kind, "cache": cache, "batch": batch,
             "source_len": source_len, "output_len": max_length, "ms": seconds * 1e3,
             "tokens_per_sec": batch * max_length / seconds, "sentences_per_sec": batch / seconds,
-            "unroll": unroll, **(xla_options or {}), "compile_s": compile_s}
+            "unroll": unroll, "cast": cast, **(xla_options or {}), "compile_s": compile_s}
 
 
 @functools.cache
@@ -146,8 +152,15 @@ def run(quick: bool = False, vary: dict | None = None) -> tuple[list[dict], list
             one = run_search(cached=True, unroll=1)
             pair[0]["vs_unroll_1"] = pair[0]["tokens_per_sec"] / one["tokens_per_sec"]
             rows.append(one)
+        if dtype != "float32":  # the matrices cast by the model at every step, beside once
+            each = run_search(cached=True, cast_once=False)
+            pair[0]["vs_cast_each_step"] = pair[0]["tokens_per_sec"] / each["tokens_per_sec"]
+            rows.append(each)
     return rows, ["tokens_per_sec: output tokens of the best hypothesis per second "
                   "(every sentence generates output_len tokens)",
                   "speedup: cached tokens/s over uncached, same model and search",
                   "unroll: search steps per iteration of the loop (beam search's default: "
-                  f"{UNROLL}); vs_unroll_1: tokens/s over the same search at 1"]
+                  f"{UNROLL}); vs_unroll_1: tokens/s over the same search at 1",
+                  "cast: the matrices cast to the compute dtype once, before the search's loop "
+                  "(as translate.py), or at each step; vs_cast_each_step: tokens/s over the "
+                  "same search cast at each step"]
