@@ -208,8 +208,9 @@ def test_compare_has_torch_and_flax_peers(tmp_path):
      "--vary is for the model and decode suites"),
     (["decode", "--peers", "--vary", "xla_gpu_enable_cublaslt=true"],
      "--vary is for the model and decode suites"),
-    (["decode", "--vary", "xla_gpu_enable_cublaslt=true", "--vary", "dropout_bits=8"],
-     "decode: --vary takes XLA's options only (xla_...), got dropout_bits=8\n"),
+    (["decode", "--quick", "--vary", "attention_implementation=auto,fast"],
+     "tiny with {'attention_implementation': 'fast'}: ModelConfig.attention_implementation "
+     "must be one of"),
     (["model", "--loss-chunks=0,-4"], "--loss-chunks takes integers 0 or more"),
     (["model", "--loss-chunks=whole"], "--loss-chunks takes integers 0 or more"),
     (["model", "--models=bse,tiny"], "no model bse here; this backend times tiny"),
@@ -663,13 +664,30 @@ def test_loss_suite_tokamax_is_the_unsmoothed_loss():
 def test_decode_cases_of_one_model_share_parameters_its_dtypes_would_draw_alike():
     """The suite draws a model's parameters once for all its cases: what a bfloat16 model
     would draw from the same key is the same float32 tree, value for value."""
-    shared = decode._params("tiny")
-    assert decode._params("tiny") is shared
+    shared = decode._params(model_configs()["tiny"])
+    assert decode._params(model_configs()["tiny"]) is shared
     half = Transformer(dataclasses.replace(model_configs()["tiny"], dtype="bfloat16"))
     drawn = jax.jit(lambda key: init_params(half, key))(jax.random.key(0))  # as it was drawn
     assert jax.tree.structure(drawn) == jax.tree.structure(shared)
     jax.tree.map(np.testing.assert_array_equal, drawn, shared)
     assert {leaf.dtype for leaf in jax.tree.leaves(shared)} == {np.dtype(np.float32)}
+
+
+def test_the_decode_suite_builds_each_search_with_each_model_field(monkeypatch):
+    """`decode --vary attention_bias=true,false`: every search of the suite once per value,
+    the model built with it (its parameters drawn for it: without biases), and a column."""
+    drawn = []
+    monkeypatch.setattr(decode, "_params", lambda config: drawn.append(config) or init_params(
+        Transformer(config), jax.random.key(0)))
+    rows, _ = decode.run(quick=True, vary={"attention_bias": (True, False)})
+    plain, _ = decode.run(quick=True)
+    for value in (True, False):
+        picked = [row for row in rows if row["attention_bias"] is value]
+        assert [(r["search"], r["cache"], r["unroll"]) for r in picked] == \
+            [(r["search"], r["cache"], r["unroll"]) for r in plain]
+    assert [config.attention_bias for config in drawn[:len(rows)]] == [
+        row["attention_bias"] for row in rows]
+    assert {config.dtype for config in drawn} == {"float32"}
 
 
 def test_the_decode_suite_times_a_bfloat16_search_cast_once_beside_each_step(monkeypatch):

@@ -1,7 +1,7 @@
 """python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png] [--markdown] [--profile=DIR]
 python -m transformer_jax.benchmark model [--models=base,big] [--vary FIELD=V1,V2 ...]
                                          [--loss-chunks=0,4096]
-python -m transformer_jax.benchmark decode [--vary xla_OPTION=V1,V2 ...]
+python -m transformer_jax.benchmark decode [--vary FIELD=V1,V2 ...]
 python -m transformer_jax.benchmark decode --peers [--workdir=DIR]"""
 
 import argparse
@@ -12,7 +12,7 @@ import sys
 
 from transformer_jax import profiling
 from transformer_jax.benchmark import SUITES, machine, report, timing
-from transformer_jax.benchmark.model import XLA_PREFIX, chosen_cases, parse_vary
+from transformer_jax.benchmark.model import chosen_cases, parse_vary
 
 
 def parse_args(argv):
@@ -38,11 +38,11 @@ def parse_args(argv):
     parser.add_argument("--models", metavar="NAMES",
                         help="model: time only these of its models (comma-separated)")
     parser.add_argument("--vary", metavar="FIELD=V1,V2", action="append", default=[],
-                        help="model: time the step with each value of this ModelConfig "
-                             "field, e.g. --vary dropout_bits=32,16,8, or of one of XLA's "
-                             "options, e.g. --vary xla_gpu_enable_cublaslt=false,true "
-                             "(model and decode; repeatable: every combination; values "
-                             "separated by ; where one holds a comma)")
+                        help="model and decode: time the step, or each search, with each "
+                             "value of this ModelConfig field, e.g. --vary "
+                             "dropout_bits=32,16,8, or of one of XLA's options, e.g. --vary "
+                             "xla_gpu_enable_cublaslt=false,true (repeatable: every "
+                             "combination; values separated by ; where one holds a comma)")
     parser.add_argument("--loss-chunks", metavar="N1,N2",
                         help="model: time the step with each of these loss_chunk_size "
                              "values (target tokens per chunk of the output layer and loss; "
@@ -54,10 +54,6 @@ def parse_args(argv):
         parser.error("--models and --loss-chunks are for the model suite")
     if args.vary and (args.suite not in ("model", "decode") or args.peers):
         parser.error("--vary is for the model and decode suites")
-    if args.suite == "decode" and (fields := [text for text in args.vary
-                                              if not text.startswith(XLA_PREFIX)]):
-        parser.error(f"decode: --vary takes XLA's options only ({XLA_PREFIX}...), got "
-                     f"{' '.join(fields)}")
     if args.workdir is not None and not args.peers:
         parser.error("--workdir is for decode --peers")
     if args.workdir is not None and args.quick:

@@ -15,11 +15,13 @@ import jax.numpy as jnp
 import tqdm
 from jax import lax
 
-from transformer_jax.benchmark.model import combinations, model_configs, synthetic_batch
+from transformer_jax.benchmark.model import (combinations, model_configs, split_fields,
+                                             synthetic_batch)
 from transformer_jax.benchmark.timing import compile_seconds, median_seconds, traced_as
 from transformer_jax.token_ids import EOS_ID, PAD_ID
 from transformer_jax.decoding import UNROLL, beam_search, greedy_search
 from transformer_jax.model import Transformer, cast_matmul_params
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.train_state import init_params
 
 _LOWEST = jnp.finfo(jnp.float32).min
@@ -98,13 +100,15 @@ def dtypes(quick: bool) -> tuple[str, ...]:
 
 def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick,
                 dtype="float32", unroll=UNROLL, cast_once=True,
-                xla_options: dict | None = None) -> dict:
-    """One row: the search compiled (with XLA's options `xla_options`, which are also columns
-    of the row) and timed."""
-    config = dataclasses.replace(model_configs()[name], dtype=dtype)
+                fields: dict | None = None) -> dict:
+    """One row: the search compiled and timed. `fields` replace the model's `ModelConfig`
+    fields, or set XLA's options where named `xla_...`; they are columns of the row."""
+    fields = fields or {}
+    model_fields, xla_options = split_fields(fields)
+    config = dataclasses.replace(model_configs()[name], dtype=dtype, **model_fields)
     model = Transformer(config)
     inputs_BS = jnp.asarray(synthetic_batch(config, batch, source_len)["inputs"])
-    params = _params(name)
+    params = _params(dataclasses.replace(config, dtype="float32"))
     kwargs = dict(model=model, beam_size=beam_size, max_length=max_length, cached=cached,
                   unroll=unroll, cast_once=cast_once)
     compiled, compile_s = compile_seconds(search, params, inputs_BS,
@@ -112,31 +116,31 @@ def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick
     kind = "greedy" if beam_size == 1 else f"beam{beam_size}"
     cache = "cached" if cached else "uncached"
     unroll = 1 if beam_size == 1 else unroll  # greedy search: one step per iteration
-    options = "".join(f"-{option}={value}" for option, value in (xla_options or {}).items())
+    options = "".join(f"-{field}={value}" for field, value in fields.items())
     cast = "once" if cast_once else "each step"
-    with traced_as(f"{name}-{dtype}-{kind}-{cache}-{batch}x{max_length}-unroll{unroll}"
-                   f"-cast {cast}{options}", compiled):
+    label = f"{name}-{dtype}-{kind}-{cache}-{batch}x{max_length}-unroll{unroll}"
+    with traced_as(label + ("" if cast_once else "-cast_each_step") + options, compiled):
         seconds = median_seconds(lambda: compiled(params, inputs_BS).block_until_ready(),
                                  warmup=1, iters=3 if quick else 5)
     return {"model": name, "dtype": dtype, "search": kind, "cache": cache, "batch": batch,
             "source_len": source_len, "output_len": max_length, "ms": seconds * 1e3,
             "tokens_per_sec": batch * max_length / seconds, "sentences_per_sec": batch / seconds,
-            "unroll": unroll, "cast": cast, **(xla_options or {}), "compile_s": compile_s}
+            "unroll": unroll, "cast": cast, **fields, "compile_s": compile_s}
 
 
 @functools.cache
-def _params(name: str) -> dict:
-    """Model `name`'s random float32 parameters, drawn once per process: the compute dtype
-    leaves them as they are, so the suite's cases of one model share one initialization
-    (compiled once, not once per case)."""
-    model = Transformer(model_configs()[name])
-    return jax.jit(functools.partial(init_params, model))(jax.random.key(0))
+def _params(config: ModelConfig) -> dict:
+    """Random float32 parameters of a model of `config`, drawn once per process: the compute
+    dtype leaves them as they are, so the suite's searches of one float32 `config` share one
+    initialization (compiled once, not once per search)."""
+    return jax.jit(functools.partial(init_params, Transformer(config)))(jax.random.key(0))
 
 
 def run(quick: bool = False, vary: dict | None = None) -> tuple[list[dict], list[str]]:
-    """The rows of every case, dtype and search; `vary` maps XLA's options to the values to
-    compile the searches with, e.g. {"xla_gpu_enable_command_buffer": ("", "FUSION")}: every
-    combination, one after another in this process."""
+    """The rows of every case, dtype and search; `vary` maps `ModelConfig` fields, or XLA's
+    options, to the values to build or compile the searches with, e.g.
+    {"attention_implementation": ("auto", "xla")} or {"xla_gpu_enable_command_buffer": ("",
+    "FUSION")}: every combination of a search, one after another in this process."""
     rows = []
     grid = [(case, dtype, beam_size, options) for case in cases(quick) for dtype in dtypes(quick)
             for beam_size in (1, 4) for options in combinations(vary)]
@@ -144,7 +148,7 @@ def run(quick: bool = False, vary: dict | None = None) -> tuple[list[dict], list
             grid, desc="decode", disable=quick):
         run_search = functools.partial(time_search, name, batch, source_len, max_length,
                                        beam_size=beam_size, quick=quick, dtype=dtype,
-                                       xla_options=options)
+                                       fields=options)
         pair = [run_search(cached=cached) for cached in (True, False)]
         pair[0]["speedup"] = pair[0]["tokens_per_sec"] / pair[1]["tokens_per_sec"]
         rows += pair
