@@ -162,6 +162,7 @@ def test_matrices_cast_once_leave_a_bfloat16_search_unchanged_bit_for_bit():
     assert cast["decoder"]["layer_0"]["ffn"]["wi"]["bias"].dtype == jnp.bfloat16
     assert cast["embedder"]["table"]["embedding"].dtype == jnp.bfloat16
 
+    @jax.jit
     def outputs(params):
         model, variables = Transformer(BFLOAT16), {"params": params}
         memory_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
