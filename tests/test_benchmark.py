@@ -280,16 +280,18 @@ def test_the_decode_suite_compiles_each_search_with_each_xla_option(monkeypatch)
 def test_an_xla_option_in_vary_reaches_the_compiled_step(strategy):
     """`--vary xla_cpu_use_fusion_emitters=false`: the step compiled with it, under either
     strategy, has fewer of XLA's loop fusions than the default's (the CPU backend then
-    leaves more to its element-wise emitter), and the row names the option."""
+    leaves more to its element-wise emitter), and the row names the option (one strategy's:
+    the other's is the same code)."""
     case = next(c for c in model_suite.cases(quick=True) if c.name == "tiny")
     batch = model_suite.synthetic_batch(case.config, case.batch, case.length)
     loops = [model_suite.train_setup(case.config, strategy, batch, xla_options=options)[0]
              .as_text().count("kind=kLoop")
              for options in (None, {"xla_cpu_use_fusion_emitters": False})]
     assert loops[1] < loops[0]
-    row = model_suite.time_train_step(case, "float32", strategy, quick=True,
-                                      fields={"xla_cpu_use_fusion_emitters": False})
-    assert row["xla_cpu_use_fusion_emitters"] is False and row["step_ms"] > 0
+    if strategy == "sharded":  # the row, once: its compilation is the one above again
+        row = model_suite.time_train_step(case, "float32", strategy, quick=True,
+                                          fields={"xla_cpu_use_fusion_emitters": False})
+        assert row["xla_cpu_use_fusion_emitters"] is False and row["step_ms"] > 0
 
 
 def test_a_tokamax_layer_norm_that_cannot_run_stops_the_model_suite_first(monkeypatch, capsys):
