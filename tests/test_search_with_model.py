@@ -210,3 +210,34 @@ def test_a_bfloat16_search_casts_no_parameter_inside_its_loop(beam_size):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(steps_module, "cast_matmul_params", lambda params, dtype: params)
         assert casts() == steps * (2 * 8 * 2 + 1)
+
+
+def test_predict_casts_the_matrices_once_for_all_its_batches(monkeypatch):
+    """`predict` of a bfloat16 model casts its matrices once and hands every batch's search
+    the cast ones (the layer norms float32), with the outputs of searches left to cast
+    them."""
+    from transformer_jax import predict as predict_module
+
+    model = Transformer(BFLOAT16)
+    sources = [[5, 6, 7, 8, 1], [9, 3, 1], [4, 4, 4, 4, 4, 4, 4, 4, 4, 1]]
+    params = model.init(jax.random.key(2), jnp.ones((1, 4), jnp.int32),
+                        jnp.ones((1, 4), jnp.int32))["params"]
+    calls, handed = [], []
+    cast, search = predict_module._cast_matmul_params, predict_module._predict_step
+    monkeypatch.setattr(predict_module, "_cast_matmul_params", lambda params, dtype: (
+        calls.append(dtype), cast(params, dtype=dtype))[1])
+    monkeypatch.setattr(predict_module, "_predict_step", lambda params, inputs_BS, **kw: (
+        handed.append(params), search(params, inputs_BS, **kw))[1])
+    def run():
+        return predict_module.predict(model, params, sources, beam_size=1, alpha=0.6,
+                                      max_extra_length=3, batch_size=2)
+
+    outputs = run()
+    assert calls == [jnp.bfloat16] and len(handed) == 2  # one cast, two batches
+    for matrices in handed:
+        assert matrices["embedder"]["table"]["embedding"].dtype == jnp.bfloat16
+        assert matrices["encoder"]["layer_0"]["ffn"]["wo"]["kernel"].dtype == jnp.bfloat16
+        assert matrices["encoder"]["layer_0"]["ffn_norm"]["scale"].dtype == jnp.float32
+    monkeypatch.setattr(predict_module, "_cast_matmul_params", lambda params, dtype: params)
+    for cast_once, uncast in zip(outputs, run(), strict=True):
+        np.testing.assert_array_equal(cast_once, uncast)

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import tqdm
 
+from transformer_jax.model import cast_matmul_params
 from transformer_jax.steps import predict_step
 from transformer_jax.token_ids import EOS_ID, PAD_ID
 
@@ -19,6 +20,7 @@ BUCKET = 8  # source lengths are rounded up to a multiple of this: fewer compila
 
 _predict_step = jax.jit(predict_step,
                         static_argnames=("model", "beam_size", "max_length", "alpha"))
+_cast_matmul_params = jax.jit(cast_matmul_params, static_argnames="dtype")
 
 
 def _padded_batch(rows: list[list[int]], batch_size: int) -> np.ndarray:
@@ -44,7 +46,12 @@ def predict(model, params, source_ids: list[list[int]], *, beam_size: int, alpha
     than a learned position table has rows (`output_length`). `beam_size` 1 is greedy
     search. Each output is a 1-D array that `Tokenizer.decode` reads up
     to its first EOS. Sources of EOS alone are not searched (`skip_empty`).
+
+    The matrices are cast to the model's compute dtype once for all the batches
+    (`cast_matmul_params`), not once per batch.
     """
+    params = _cast_matmul_params(params, dtype=model.config.compute_dtype)
+
     def search(rows):
         return _search_sorted(model, params, rows, beam_size=beam_size, alpha=alpha,
                               max_extra_length=max_extra_length, batch_size=batch_size,
