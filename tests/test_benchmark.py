@@ -255,26 +255,6 @@ def test_values_that_hold_commas_are_separated_by_semicolons():
         model_suite.parse_vary(["xla_gpu_enable_command_buffer=FUSION;fusion,CUBLAS"])
 
 
-def test_the_decode_suite_compiles_each_search_with_each_xla_option(monkeypatch):
-    """`decode --vary xla_...`: every search of the suite once per value, compiled with it,
-    and a column for it."""
-    seen = []
-
-    def spy(jitted, *args, compiler_options=None, **static):
-        seen.append(compiler_options)
-        return compile_seconds(jitted, *args, compiler_options=compiler_options, **static)
-
-    monkeypatch.setattr(decode, "compile_seconds", spy)
-    rows, _ = decode.run(quick=True, vary={"xla_cpu_use_fusion_emitters": (True, False)})
-    plain, _ = decode.run(quick=True)
-    assert len(rows) == 2 * len(plain)
-    for value in (True, False):
-        picked = [row for row in rows if row["xla_cpu_use_fusion_emitters"] is value]
-        assert [(r["search"], r["cache"], r["unroll"]) for r in picked] == \
-            [(r["search"], r["cache"], r["unroll"]) for r in plain]
-    assert seen[:len(rows)] == [{"xla_cpu_use_fusion_emitters": row[
-        "xla_cpu_use_fusion_emitters"]} for row in rows]
-
 
 @pytest.mark.parametrize("strategy", ["pmap", "sharded"])
 def test_an_xla_option_in_vary_reaches_the_compiled_step(strategy):
@@ -675,33 +655,70 @@ def test_decode_cases_of_one_model_share_parameters_its_dtypes_would_draw_alike(
     assert {leaf.dtype for leaf in jax.tree.leaves(shared)} == {np.dtype(np.float32)}
 
 
-def test_the_decode_suite_builds_each_search_with_each_model_field(monkeypatch):
-    """`decode --vary attention_bias=true,false`: every search of the suite once per value,
-    the model built with it (its parameters drawn for it: without biases), and a column."""
-    drawn = []
+def test_the_decode_suite_times_each_search_once_per_variant_and_bfloat16_cast_two_ways(
+        monkeypatch):
+    """`decode --vary`: every search of the suite once per combination of values, one after
+    another; on an accelerator's bfloat16 each cached search again with its matrices cast by
+    the model at every step, with the ratios on the default rows (`time_search` faked: the
+    grid alone)."""
+    calls = []
+
+    def fake(name, batch, source_len, max_length, *, beam_size, cached, quick, dtype,
+             fields, unroll=UNROLL, cast_once=True):
+        calls.append(fields)
+        seconds = 1.0 + 0.5 * (not cached) + 0.25 * (unroll == 1) + 0.125 * (not cast_once)
+        return {"search": "greedy" if beam_size == 1 else f"beam{beam_size}",
+                "cache": "cached" if cached else "uncached", "dtype": dtype,
+                "unroll": 1 if beam_size == 1 else unroll,
+                "cast": "once" if cast_once else "each step", **fields,
+                "tokens_per_sec": 1 / seconds}
+
+    monkeypatch.setattr(decode, "time_search", fake)
+    monkeypatch.setattr(decode, "dtypes", lambda quick: ("float32", "bfloat16"))
+    vary = {"attention_bias": (True, False), "xla_cpu_use_fusion_emitters": (False,)}
+    rows, notes = decode.run(quick=True, vary=vary)
+    searches = [("greedy", "cached", 1, "once"), ("greedy", "uncached", 1, "once"),
+                ("beam4", "cached", UNROLL, "once"), ("beam4", "uncached", UNROLL, "once"),
+                ("beam4", "cached", 1, "once")]
+    each = {"greedy": ("greedy", "cached", 1, "each step"),
+            "beam4": ("beam4", "cached", UNROLL, "each step")}
+    expected = []
+    for dtype in ("float32", "bfloat16"):
+        for search in ("greedy", "beam4"):
+            for bias in (True, False):
+                group = [s for s in searches if s[0] == search]
+                expected += [(dtype, bias, *s) for s in group
+                             + ([each[search]] if dtype == "bfloat16" else [])]
+    assert [(r["dtype"], r["attention_bias"], r["search"], r["cache"], r["unroll"], r["cast"])
+            for r in rows] == expected
+    assert all(fields == {"attention_bias": fields["attention_bias"],
+                          "xla_cpu_use_fusion_emitters": False} for fields in calls)
+    default = [r for r in rows if r["cache"] == "cached" and r["cast"] == "once"
+               and r["unroll"] == (1 if r["search"] == "greedy" else UNROLL)]
+    assert {r["speedup"] for r in default} == {1.5}
+    assert {r["vs_unroll_1"] for r in default if r["search"] == "beam4"} == {1.25}
+    assert [r.get("vs_cast_each_step") for r in default] == [None] * 4 + [1.125] * 4
+    assert any("vs_cast_each_step" in note for note in notes)
+
+
+def test_a_decode_search_is_built_and_compiled_with_its_fields(monkeypatch):
+    """`time_search` with `fields`: the model built with its `ModelConfig` fields (its
+    parameters drawn for them, in float32), the search compiled with its XLA options, the
+    matrices cast at each step where asked, and all of them columns of the row."""
+    drawn, options = [], []
+
+    def spy(jitted, *args, compiler_options=None, **static):
+        options.append((compiler_options, static["cast_once"]))
+        return compile_seconds(jitted, *args, compiler_options=compiler_options, **static)
+
+    monkeypatch.setattr(decode, "compile_seconds", spy)
     monkeypatch.setattr(decode, "_params", lambda config: drawn.append(config) or init_params(
         Transformer(config), jax.random.key(0)))
-    rows, _ = decode.run(quick=True, vary={"attention_bias": (True, False)})
-    for value in (True, False):
-        picked = [row for row in rows if row["attention_bias"] is value]
-        assert [(r["search"], r["cache"], r["unroll"]) for r in picked] == [
-            ("greedy", "cached", 1), ("greedy", "uncached", 1), ("beam4", "cached", UNROLL),
-            ("beam4", "uncached", UNROLL), ("beam4", "cached", 1)]
-    assert [config.attention_bias for config in drawn[:len(rows)]] == [
-        row["attention_bias"] for row in rows]
-    assert {config.dtype for config in drawn} == {"float32"}
-
-
-def test_the_decode_suite_times_a_bfloat16_search_cast_once_beside_each_step(monkeypatch):
-    """On an accelerator the suite adds bfloat16: each cached search again with the matrices
-    cast by the model at every step, and the ratio on the row cast once."""
-    monkeypatch.setattr(decode, "dtypes", lambda quick: ("bfloat16",))
-    rows, notes = decode.run(quick=True)
-    assert [(row["search"], row["cache"], row["unroll"], row["cast"]) for row in rows] == [
-        ("greedy", "cached", 1, "once"), ("greedy", "uncached", 1, "once"),
-        ("greedy", "cached", 1, "each step"), ("beam4", "cached", UNROLL, "once"),
-        ("beam4", "uncached", UNROLL, "once"), ("beam4", "cached", 1, "once"),
-        ("beam4", "cached", UNROLL, "each step")]
-    for once, each in ((rows[0], rows[2]), (rows[3], rows[6])):
-        assert once["vs_cast_each_step"] == once["tokens_per_sec"] / each["tokens_per_sec"]
-    assert any("vs_cast_each_step" in note for note in notes)
+    fields = {"attention_bias": False, "xla_cpu_use_fusion_emitters": False}
+    row = decode.time_search("tiny", 2, 8, 8, beam_size=1, cached=True, quick=True,
+                             dtype="bfloat16", cast_once=False, fields=fields)
+    assert [(config.attention_bias, config.dtype) for config in drawn] == [(False, "float32")]
+    assert options == [({"xla_cpu_use_fusion_emitters": False}, False)]
+    assert {key: row[key] for key in (*fields, "cast", "dtype")} == {
+        **fields, "cast": "each step", "dtype": "bfloat16"}
+    assert row["tokens_per_sec"] > 0
