@@ -176,6 +176,8 @@ def test_matrices_cast_once_leave_a_bfloat16_search_unchanged_bit_for_bit():
 
     for kept, changed in zip(outputs(params), outputs(cast)):
         np.testing.assert_array_equal(changed, kept)
+    assert all(a is b for a, b in zip(jax.tree.leaves(cast_matmul_params(params, jnp.float32)),
+                                      jax.tree.leaves(params)))  # float32: no copy
     all_cast = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
     assert not np.array_equal(outputs(all_cast)[1], outputs(params)[1])
 
@@ -223,9 +225,9 @@ def test_predict_casts_the_matrices_once_for_all_its_batches(monkeypatch):
     params = model.init(jax.random.key(2), jnp.ones((1, 4), jnp.int32),
                         jnp.ones((1, 4), jnp.int32))["params"]
     calls, handed = [], []
-    cast, search = predict_module._cast_matmul_params, predict_module._predict_step
-    monkeypatch.setattr(predict_module, "_cast_matmul_params", lambda params, dtype: (
-        calls.append(dtype), cast(params, dtype=dtype))[1])
+    cast, search = predict_module.cast_matmul_params, predict_module._predict_step
+    monkeypatch.setattr(predict_module, "cast_matmul_params", lambda params, dtype: (
+        calls.append(dtype), cast(params, dtype))[1])
     monkeypatch.setattr(predict_module, "_predict_step", lambda params, inputs_BS, **kw: (
         handed.append(params), search(params, inputs_BS, **kw))[1])
     def run():
@@ -238,6 +240,6 @@ def test_predict_casts_the_matrices_once_for_all_its_batches(monkeypatch):
         assert matrices["embedder"]["table"]["embedding"].dtype == jnp.bfloat16
         assert matrices["encoder"]["layer_0"]["ffn"]["wo"]["kernel"].dtype == jnp.bfloat16
         assert matrices["encoder"]["layer_0"]["ffn_norm"]["scale"].dtype == jnp.float32
-    monkeypatch.setattr(predict_module, "_cast_matmul_params", lambda params, dtype: params)
+    monkeypatch.setattr(predict_module, "cast_matmul_params", lambda params, dtype: params)
     for cast_once, uncast in zip(outputs, run(), strict=True):
         np.testing.assert_array_equal(cast_once, uncast)

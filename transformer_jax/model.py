@@ -353,7 +353,8 @@ def cast_matmul_params(params, dtype):
     layer's kernel and bias (Flax's `nn.Dense` casts both to its dtype) and the embedding
     table (looked up, then cast; `attend` casts it whole). The layer norms' scale and bias
     stay as they are: they scale in float32 statistics. The model's outputs do not change,
-    bit for bit (tests/test_search_with_model.py).
+    bit for bit (tests/test_search_with_model.py). Arrays already in `dtype` are returned
+    as they are (no copy).
 
     For a search: the casts of a step inside `lax.while_loop` are not hoisted out of it by
     XLA, so a bfloat16 model cast every matrix at every step: on an H100, 49 kernels a step,
@@ -362,7 +363,8 @@ def cast_matmul_params(params, dtype):
     def cast(module):
         dense = "kernel" in module
         return {name: cast(value) if isinstance(value, Mapping)
-                else value.astype(dtype) if dense or name == "embedding" else value
+                else value.astype(dtype) if (dense or name == "embedding")
+                and value.dtype != dtype else value
                 for name, value in module.items()}
 
     return cast(params)

@@ -20,7 +20,6 @@ BUCKET = 8  # source lengths are rounded up to a multiple of this: fewer compila
 
 _predict_step = jax.jit(predict_step,
                         static_argnames=("model", "beam_size", "max_length", "alpha"))
-_cast_matmul_params = jax.jit(cast_matmul_params, static_argnames="dtype")
 
 
 def _padded_batch(rows: list[list[int]], batch_size: int) -> np.ndarray:
@@ -50,7 +49,7 @@ def predict(model, params, source_ids: list[list[int]], *, beam_size: int, alpha
     The matrices are cast to the model's compute dtype once for all the batches
     (`cast_matmul_params`), not once per batch.
     """
-    params = _cast_matmul_params(params, dtype=model.config.compute_dtype)
+    params = cast_matmul_params(params, model.config.compute_dtype)
 
     def search(rows):
         return _search_sorted(model, params, rows, beam_size=beam_size, alpha=alpha,
