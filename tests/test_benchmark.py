@@ -257,21 +257,27 @@ def test_values_that_hold_commas_are_separated_by_semicolons():
 
 
 @pytest.mark.parametrize("strategy", ["pmap", "sharded"])
-def test_an_xla_option_in_vary_reaches_the_compiled_step(strategy):
-    """`--vary xla_cpu_use_fusion_emitters=false`: the step compiled with it, under either
-    strategy, has fewer of XLA's loop fusions than the default's (the CPU backend then
-    leaves more to its element-wise emitter), and the row names the option (one strategy's:
-    the other's is the same code)."""
+def test_an_xla_option_in_vary_reaches_the_compiled_step(strategy, monkeypatch):
+    """`--vary xla_disable_hlo_passes=fusion`: the row's step, compiled with the option
+    under either strategy, has more of XLA's loop fusions than the default step (without
+    its fusion pass, XLA's CPU backend wraps the elementwise operations one by one), and
+    the row names the option."""
     case = next(c for c in model_suite.cases(quick=True) if c.name == "tiny")
+    train_setup, compiled = model_suite.train_setup, []
+
+    def spy(*args, **kwargs):
+        setup = train_setup(*args, **kwargs)
+        compiled.append(setup[0])
+        return setup
+
     batch = model_suite.synthetic_batch(case.config, case.batch, case.length)
-    loops = [model_suite.train_setup(case.config, strategy, batch, xla_options=options)[0]
-             .as_text().count("kind=kLoop")
-             for options in (None, {"xla_cpu_use_fusion_emitters": False})]
-    assert loops[1] < loops[0]
-    if strategy == "sharded":  # the row, once: its compilation is the one above again
-        row = model_suite.time_train_step(case, "float32", strategy, quick=True,
-                                          fields={"xla_cpu_use_fusion_emitters": False})
-        assert row["xla_cpu_use_fusion_emitters"] is False and row["step_ms"] > 0
+    default = train_setup(case.config, strategy, batch)[0]
+    monkeypatch.setattr(model_suite, "train_setup", spy)
+    option = {"xla_disable_hlo_passes": "fusion"}
+    row = model_suite.time_train_step(case, "float32", strategy, quick=True, fields=option)
+    assert row["xla_disable_hlo_passes"] == "fusion" and row["step_ms"] > 0
+    loops = [step.as_text().count("kind=kLoop") for step in (default, *compiled)]
+    assert len(loops) == 2 and loops[1] > loops[0]
 
 
 def test_a_tokamax_layer_norm_that_cannot_run_stops_the_model_suite_first(monkeypatch, capsys):
