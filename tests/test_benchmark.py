@@ -201,7 +201,13 @@ def test_compare_has_torch_and_flax_peers(tmp_path):
     (["model", "--vary", "dropout_bits=4"], "dropout_bits must be one of 8, 16, 32, got 4"),
     (["model", "--vary", "pre_layer_norm=yes"], "pre_layer_norm= takes true or false"),
     (["model", "--vary", "d_model=wide"], "d_model= takes int values, got 'wide'"),
-    (["model", "--vary", "dtype=bfloat16"], "a ModelConfig field other than dtype"),
+    (["model", "--vary", "dtype=bfloat16"], "a ModelConfig field other than dtype (--dtypes)"),
+    (["decode", "--dtypes=float32,bf16"], "--dtypes takes float32, bfloat16, float16, got 'bf16'"),
+    (["attention", "--dtypes=float32"], "--dtypes is for the model and decode suites"),
+    (["decode", "--searches=greedy,beam"], "--searches: a search is greedy or beamK"),
+    (["decode", "--searches=beam1"], "with a beam size K of 2 or more (beam4), got 'beam1'"),
+    (["model", "--searches=greedy"], "--searches is for the decode suite"),
+    (["decode", "--peers", "--searches=greedy"], "--searches is for the decode suite"),
     (["attention", "--models=base"], "--models and --loss-chunks are for the model suite"),
     (["decode", "--loss-chunks=0"], "--models and --loss-chunks are for the model suite"),
     (["attention", "--vary", "xla_gpu_enable_cublaslt=true"],
@@ -680,7 +686,7 @@ def test_the_decode_suite_times_each_search_once_per_variant_and_bfloat16_cast_t
                 "tokens_per_sec": 1 / seconds}
 
     monkeypatch.setattr(decode, "time_search", fake)
-    monkeypatch.setattr(decode, "dtypes", lambda quick: ("float32", "bfloat16"))
+    monkeypatch.setattr(decode, "default_dtypes", lambda quick: ("float32", "bfloat16"))
     vary = {"attention_bias": (True, False), "xla_cpu_use_fusion_emitters": (False,)}
     rows, notes = decode.run(quick=True, vary=vary)
     searches = [("greedy", "cached", 1, "once"), ("greedy", "uncached", 1, "once"),
@@ -705,6 +711,30 @@ def test_the_decode_suite_times_each_search_once_per_variant_and_bfloat16_cast_t
     assert {r["vs_unroll_1"] for r in default if r["search"] == "beam4"} == {1.25}
     assert [r.get("vs_cast_each_step") for r in default] == [None] * 4 + [1.125] * 4
     assert any("vs_cast_each_step" in note for note in notes)
+
+
+def test_dtypes_and_searches_choose_what_the_suites_time(monkeypatch, tmp_path):
+    """`decode --dtypes=bfloat16 --searches=beam8`: that search alone, with its comparisons
+    (uncached, one step per iteration, cast at each step), in bfloat16 alone, beam size 8;
+    `model --dtypes=float16,float32` times those dtypes in that order (both suites' timing
+    faked: the grid alone)."""
+    searches = []
+
+    def fake_search(name, batch, source_len, max_length, *, beam_size, cached, quick, dtype,
+                    fields, unroll=UNROLL, cast_once=True):
+        searches.append((dtype, beam_size, cached, unroll, cast_once))
+        return {"search": f"beam{beam_size}", "tokens_per_sec": 1.0}
+
+    monkeypatch.setattr(decode, "time_search", fake_search)
+    assert main(["decode", "--quick", "--dtypes=bfloat16", "--searches=beam8"]) == 0
+    assert searches == [("bfloat16", 8, True, UNROLL, True), ("bfloat16", 8, False, UNROLL, True),
+                        ("bfloat16", 8, True, 1, True), ("bfloat16", 8, True, UNROLL, False)]
+    steps = []
+    monkeypatch.setattr(model_suite, "time_train_step", lambda case, dtype, strategy, **kw: (
+        steps.append(dtype) or {"model": case.name, "dtype": dtype, "step_ms": 1.0}))
+    assert main(["model", "--quick", "--dtypes=float16,float32", "--loss-chunks=0"]) == 0
+    strategies = len(model_suite.default_strategies())
+    assert steps == ["float16"] * strategies + ["float32"] * strategies
 
 
 def test_a_decode_search_is_built_and_compiled_with_its_fields(monkeypatch):

@@ -1,7 +1,8 @@
 """python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png] [--markdown] [--profile=DIR]
-python -m transformer_jax.benchmark model [--models=base,big] [--vary FIELD=V1,V2 ...]
-                                         [--loss-chunks=0,4096]
-python -m transformer_jax.benchmark decode [--vary FIELD=V1,V2 ...]
+python -m transformer_jax.benchmark model [--models=base,big] [--dtypes=bfloat16]
+                                         [--vary FIELD=V1,V2 ...] [--loss-chunks=0,4096]
+python -m transformer_jax.benchmark decode [--dtypes=float32,bfloat16] [--searches=greedy,beam4]
+                                          [--vary FIELD=V1,V2 ...]
 python -m transformer_jax.benchmark decode --peers [--workdir=DIR]"""
 
 import argparse
@@ -12,7 +13,9 @@ import sys
 
 from transformer_jax import profiling
 from transformer_jax.benchmark import SUITES, machine, report, timing
+from transformer_jax.benchmark.decode import beam_size
 from transformer_jax.benchmark.model import chosen_cases, parse_vary
+from transformer_jax.model_config import DTYPES
 
 
 def parse_args(argv):
@@ -37,6 +40,12 @@ def parse_args(argv):
                                           "it translates (default: runs/default, if trained)")
     parser.add_argument("--models", metavar="NAMES",
                         help="model: time only these of its models (comma-separated)")
+    parser.add_argument("--dtypes", metavar="D1,D2",
+                        help="model and decode: time these compute dtypes, of "
+                             f"{', '.join(DTYPES)} (default: the suite's for this backend)")
+    parser.add_argument("--searches", metavar="S1,S2",
+                        help="decode: time these searches, greedy or beamK with beam size K "
+                             "(default: greedy,beam4)")
     parser.add_argument("--vary", metavar="FIELD=V1,V2", action="append", default=[],
                         help="model and decode: time the step, or each search, with each "
                              "value of this ModelConfig field, e.g. --vary "
@@ -52,8 +61,11 @@ def parse_args(argv):
         parser.error("--peers is for the decode suite")
     if (args.models or args.loss_chunks) and args.suite != "model":
         parser.error("--models and --loss-chunks are for the model suite")
-    if args.vary and (args.suite not in ("model", "decode") or args.peers):
-        parser.error("--vary is for the model and decode suites")
+    for flag in ("vary", "dtypes"):
+        if getattr(args, flag) and (args.suite not in ("model", "decode") or args.peers):
+            parser.error(f"--{flag} is for the model and decode suites")
+    if args.searches and (args.suite != "decode" or args.peers):
+        parser.error("--searches is for the decode suite")
     if args.workdir is not None and not args.peers:
         parser.error("--workdir is for decode --peers")
     if args.workdir is not None and args.quick:
@@ -61,6 +73,12 @@ def parse_args(argv):
     if args.workdir is not None and not os.path.isdir(os.path.join(args.workdir, "checkpoints")):
         parser.error(f"--workdir={args.workdir} has no checkpoints (a training run's --workdir)")
     args.models = args.models.split(",") if args.models else None
+    args.dtypes = _dtypes(parser, args.dtypes) if args.dtypes else None
+    try:
+        args.searches = tuple(args.searches.split(",")) if args.searches else None
+        [beam_size(search) for search in args.searches or ()]
+    except ValueError as error:
+        parser.error(f"--searches: {error}")
     if args.loss_chunks is not None:
         args.loss_chunks = _loss_chunks(parser, args.loss_chunks)
     try:
@@ -95,6 +113,14 @@ def _loss_chunks(parser, text: str) -> tuple[int, ...]:
     return chunks
 
 
+def _dtypes(parser, text: str) -> tuple[str, ...]:
+    """("float32", "bfloat16") from "float32,bfloat16": each one of ModelConfig's dtypes."""
+    dtypes = tuple(value.strip() for value in text.split(","))
+    if unknown := [dtype for dtype in dtypes if dtype not in DTYPES]:
+        parser.error(f"--dtypes takes {', '.join(DTYPES)}, got {', '.join(map(repr, unknown))}")
+    return dtypes
+
+
 def _unwritable(path: str) -> str:
     """Why a file cannot be written at `path` ("" if it can); makes its folder."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -125,8 +151,10 @@ def main(argv=None) -> int:
                                        workdir=args.workdir or "runs/default")
     else:
         suite = importlib.import_module(f"transformer_jax.benchmark.{args.suite}")
-        options = dict(models=args.models, vary=args.vary, loss_chunks=args.loss_chunks) \
-            if args.suite == "model" else dict(vary=args.vary) if args.suite == "decode" else {}
+        options = {"model": dict(models=args.models, dtypes=args.dtypes, vary=args.vary,
+                                 loss_chunks=args.loss_chunks),
+                   "decode": dict(dtypes=args.dtypes, searches=args.searches, vary=args.vary),
+                   }.get(args.suite, {})
         rows, notes = suite.run(quick=args.quick, **options)
     print(report.markdown(rows) if args.markdown else report.table(rows))
     for note in notes:

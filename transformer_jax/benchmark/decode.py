@@ -92,10 +92,25 @@ def cases(quick: bool) -> list[tuple[str, int, int, int]]:
     return [("base", 64, 32, 32)]
 
 
-def dtypes(quick: bool) -> tuple[str, ...]:
+def default_dtypes(quick: bool) -> tuple[str, ...]:
     """float32, and on accelerators bfloat16 beside it (parameters stay float32; `search`
     casts its matrices)."""
     return ("float32",) if quick or jax.default_backend() == "cpu" else ("float32", "bfloat16")
+
+
+SEARCHES = ("greedy", "beam4")  # the suite's, by the names of its rows' "search" column
+
+
+def beam_size(search: str) -> int:
+    """1 for "greedy", K for "beamK" (K at least 2): a search by its rows' name; a
+    ValueError names the forms it takes."""
+    if search == "greedy":
+        return 1
+    k = search.removeprefix("beam")
+    if k == search or not k.isdigit() or int(k) < 2:
+        raise ValueError(f"a search is greedy or beamK with a beam size K of 2 or more "
+                         f"(beam4), got {search!r}")
+    return int(k)
 
 
 def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick,
@@ -136,23 +151,26 @@ def _params(config: ModelConfig) -> dict:
     return jax.jit(functools.partial(init_params, Transformer(config)))(jax.random.key(0))
 
 
-def run(quick: bool = False, vary: dict | None = None) -> tuple[list[dict], list[str]]:
-    """The rows of every case, dtype and search; `vary` maps `ModelConfig` fields, or XLA's
-    options, to the values to build or compile the searches with, e.g.
-    {"attention_implementation": ("auto", "xla")} or {"xla_gpu_enable_command_buffer": ("",
-    "FUSION")}: every combination of a search, one after another in this process."""
+def run(quick: bool = False, vary: dict | None = None, dtypes=None,
+        searches=None) -> tuple[list[dict], list[str]]:
+    """The rows of every case, dtype and search (`dtypes` and `searches`, e.g. ("bfloat16",)
+    and ("beam4",), default `default_dtypes(quick)` and `SEARCHES`); `vary` maps
+    `ModelConfig` fields, or XLA's options, to the values to build or compile the searches
+    with, e.g. {"attention_implementation": ("auto", "xla")} or
+    {"xla_gpu_enable_command_buffer": ("", "FUSION")}: every combination of a search, one
+    after another in this process."""
     rows = []
-    grid = [(case, dtype, beam_size, options) for case in cases(quick) for dtype in dtypes(quick)
-            for beam_size in (1, 4) for options in combinations(vary)]
-    for (name, batch, source_len, max_length), dtype, beam_size, options in tqdm.tqdm(
+    grid = [(case, dtype, beam_size(search), options) for case in cases(quick)
+            for dtype in dtypes or default_dtypes(quick) for search in searches or SEARCHES
+            for options in combinations(vary)]
+    for (name, batch, source_len, max_length), dtype, k, options in tqdm.tqdm(
             grid, desc="decode", disable=quick):
         run_search = functools.partial(time_search, name, batch, source_len, max_length,
-                                       beam_size=beam_size, quick=quick, dtype=dtype,
-                                       fields=options)
+                                       beam_size=k, quick=quick, dtype=dtype, fields=options)
         pair = [run_search(cached=cached) for cached in (True, False)]
         pair[0]["speedup"] = pair[0]["tokens_per_sec"] / pair[1]["tokens_per_sec"]
         rows += pair
-        if beam_size > 1 and UNROLL > 1:  # the loop's unrolling beside one step per iteration
+        if k > 1 and UNROLL > 1:  # the loop's unrolling beside one step per iteration
             one = run_search(cached=True, unroll=1)
             pair[0]["vs_unroll_1"] = pair[0]["tokens_per_sec"] / one["tokens_per_sec"]
             rows.append(one)

@@ -190,7 +190,8 @@ def parse_vary(texts) -> dict[str, tuple]:
             continue
         if name not in types or name in ("dtype", "vocab_size") or not values:
             raise ValueError(f"--vary takes FIELD=V1,V2,... with a ModelConfig field other than "
-                             f"dtype and vocab_size, or one of XLA's options (xla_...), got "
+                             f"dtype (--dtypes) and vocab_size, or one of XLA's options "
+                             f"(xla_...), got "
                              f"{text!r}; fields: "
                              f"{', '.join(n for n in types if n not in ('dtype', 'vocab_size'))}")
         vary[name] = tuple(_field_value(types[name], name, v) for v in _values(values))
