@@ -309,6 +309,24 @@ def test_bfloat16_inputs(impl):
     assert_allclose(np.asarray(out.astype(jnp.float32)), expected, rtol=2e-2, atol=2e-2)
 
 
+def test_float16_under_jit_runs_where_xla_cannot_and_matches_numpy():
+    """float16, jitted, as a float16 model runs: "auto" compiles on every backend (on a CPU,
+    where XLA's attention cannot take float16, it is "reference") and is within float16's
+    precision of NumPy's float64; on a CPU "xla" says why it cannot, in one line."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(dtype=np.float16)
+    mask = causal_padding_mask_B1TS()
+    attend = jax.jit(partial(dot_product_attention, implementation="auto"))
+    out_BTNH = attend(q_BTNH, k_BSNH, v_BSNH, mask=mask)
+    assert out_BTNH.dtype == jnp.float16
+    want_BTNH = np_attention(*(x.astype(np.float64) for x in (q_BTNH, k_BSNH, v_BSNH)), mask)
+    assert relative_error(out_BTNH, want_BTNH) < 2e-3  # float16 keeps 11 bits: 4.9e-4 each
+    assert ("xla" in available_implementations(jnp.float16)) == (not ON_CPU)
+    if ON_CPU:
+        with pytest.raises(ValueError, match="^attention implementation 'xla' cannot run "
+                                             "float16 on a CPU .*; use 'auto' or 'reference'$"):
+            dot_product_attention(q_BTNH, k_BSNH, v_BSNH, implementation="xla")
+
+
 @pytest.mark.usefixtures("standard_dtype_promotion")
 def test_xla_bfloat16_gradients_with_a_bias_near_float64():
     """"xla" in bfloat16, differentiated for q, k, v and a bias under a mask (what "auto"
@@ -567,6 +585,10 @@ needs_gpu = pytest.mark.skipif(ON_CPU, reason="cuDNN attention needs an NVIDIA G
     (dict(query_len=47, masked=False), "cudnn", "fused"),
     (dict(dropout_rate=0.1), "reference", "dropout"),
     (dict(backend="cpu"), "xla", "needs an NVIDIA GPU"),
+    (dict(backend="cpu", dtype=jnp.float16), "reference",
+     "XLA's attention cannot run float16 on a CPU"),
+    (dict(dtype=jnp.float16), "cudnn", "fused"),
+    (dict(dtype=jnp.float16, head_dim=12), "xla", "multiple of 8"),  # a GPU's XLA takes it
 ])
 def test_auto_choice_and_its_reason(monkeypatch, case, expected, why):
     """cuDNN's rules, checked as if on an H100 (backend and compute capability pinned)."""
@@ -576,6 +598,8 @@ def test_auto_choice_and_its_reason(monkeypatch, case, expected, why):
     rules = {k: case.pop(k) for k in ("backend", "compute_capability")}
     monkeypatch.setattr(attention_module, "cudnn_unsupported",
                         partial(attention_module.cudnn_unsupported, **rules))
+    monkeypatch.setattr(attention_module, "xla_unsupported",
+                        partial(attention_module.xla_unsupported, backend=rules["backend"]))
     name, reason = attention_module.choose_implementation("auto", dtype, dropout, **case)
     assert (name, why in reason) == (expected, True), reason
 

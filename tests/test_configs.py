@@ -7,6 +7,7 @@ import pathlib
 import re
 import warnings
 
+import jax
 import pytest
 from absl import flags
 from ml_collections import config_flags
@@ -142,6 +143,21 @@ def test_optim_and_model_errors_name_the_full_key(key, value, message):
     with pytest.raises(ConfigError) as caught:
         check_config(config)
     assert str(caught.value) == message
+
+
+def test_xla_attention_in_float16_is_refused_where_it_cannot_compile():
+    """model.attention_implementation="xla" with model.dtype="float16": on a CPU, whose XLA
+    cannot compile it, one line naming the key before anything compiles; elsewhere it runs."""
+    config = tiny_run(**{"model.dtype": "float16", "model.attention_implementation": "xla"})
+    if jax.default_backend() != "cpu":
+        check_config(config)
+        return
+    with pytest.raises(ConfigError) as caught:
+        check_config(config)
+    assert str(caught.value).startswith(
+        "config.model.attention_implementation='xla' cannot run float16 on a CPU (")
+    assert str(caught.value).endswith("; use 'auto', which falls back where it cannot run")
+    check_config(tiny_run(**{"model.dtype": "float16"}))  # "auto": the reference attention
 
 
 def test_the_edges_of_the_optim_ranges_are_allowed():

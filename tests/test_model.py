@@ -212,9 +212,11 @@ def test_dropout_needs_deterministic_false_and_an_rng(variables, apply):
         apply(variables, inputs_BS, targets_BT, deterministic=False)
 
 
-def test_bfloat16_compute_keeps_float32_params_and_logits(variables, apply):
-    """dtype="bfloat16": float32 params and logits, close to the float32 model's logits."""
-    model = Transformer(get_model_config("tiny", dtype="bfloat16"))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_compute_keeps_float32_params_and_logits(variables, apply, dtype):
+    """dtype="bfloat16" or "float16", jitted: float32 params and logits, close to the float32
+    model's logits (float16 on a CPU too, where its attention cannot be XLA's)."""
+    model = Transformer(get_model_config("tiny", dtype=dtype))
     inputs_BS, targets_BT = _batch(14)
     shapes = jax.eval_shape(model.init, jax.random.key(0), inputs_BS, targets_BT)
     assert {p.dtype for p in jax.tree.leaves(shapes)} == {jnp.dtype(jnp.float32)}

@@ -109,6 +109,8 @@ def xla_attention(query, key, value, bias=None, mask=None, *, scale=None, is_cau
                   dropout_rate=0.0, dropout_rng=None):
     """jax.nn.dot_product_attention with XLA's own lowering."""
     _refuse_dropout("xla", dropout_rate)
+    if reason := xla_unsupported(query.dtype):
+        raise ValueError(f"attention implementation 'xla' {reason}; use 'auto' or 'reference'")
     # jax.nn promotes bfloat16 logits with float32 itself, which strict promotion refuses.
     with jax.numpy_dtype_promotion("standard"):
         return jax.nn.dot_product_attention(query, key, value, bias, mask, scale=scale,
@@ -196,6 +198,17 @@ def cudnn_unsupported(dtype, *, head_dim=None, query_len=None, key_len=None, mas
     return ""
 
 
+def xla_unsupported(dtype, *, backend=None) -> str:
+    """Why XLA's attention (jax.nn's) cannot take this dtype here, or "" when it can: its
+    float16 logits are a float16 matmul with float32 results, which XLA's CPU backend does
+    not compile (jax 0.10; eager calls run, jitted ones fail). `backend` defaults to this
+    machine's."""
+    if (backend or jax.default_backend()) == "cpu" and jnp.dtype(dtype) == jnp.float16:
+        return "cannot run float16 on a CPU (XLA's CPU backend has no float16 matmul with " \
+               "float32 results, which jax.nn's attention asks for)"
+    return ""
+
+
 def _compute_capability() -> tuple[int, ...]:
     version = getattr(jax.devices()[0], "compute_capability", "0.0")
     return tuple(int(x) for x in str(version).split("."))
@@ -208,7 +221,8 @@ def choose_implementation(name: str, dtype=jnp.float32, dropout_rate: float = 0.
 
     "auto" takes cuDNN's fused kernel wherever it can run (on an H100 it was 1.7x
     faster than XLA's on the base model's packed rows, BENCHMARKS.md); otherwise
-    XLA's, or "reference" when there is attention dropout, which only it implements.
+    XLA's, or "reference" when there is attention dropout, which only it implements,
+    or where XLA's cannot run (float16 on a CPU: `xla_unsupported`).
     """
     if name != "auto":
         if name not in _IMPLEMENTATIONS:
@@ -221,6 +235,8 @@ def choose_implementation(name: str, dtype=jnp.float32, dropout_rate: float = 0.
         return "reference", "attention dropout: only 'reference' implements it"
     reason = cudnn_unsupported(dtype, head_dim=head_dim, query_len=query_len, key_len=key_len,
                                masked=masked)
+    if reason and (xla_reason := xla_unsupported(dtype)):
+        return "reference", f"cuDNN {reason}, and XLA's attention {xla_reason}"
     if reason:
         return "xla", f"cuDNN {reason}"
     return "cudnn", "cuDNN's fused kernel"
@@ -235,7 +251,8 @@ def resolve_implementation(name: str, dtype=jnp.float32, dropout_rate: float = 0
 
 def available_implementations(dtype=jnp.float32) -> tuple[str, ...]:
     """Registered implementations that can run on this backend with `dtype`."""
-    return tuple(n for n in _IMPLEMENTATIONS if n != "cudnn" or not cudnn_unsupported(dtype))
+    unsupported = {"cudnn": cudnn_unsupported, "xla": xla_unsupported}
+    return tuple(n for n in _IMPLEMENTATIONS if not unsupported.get(n, lambda _: "")(dtype))
 
 
 def dot_product_attention(

@@ -8,7 +8,7 @@ import dataclasses
 import os
 import tempfile
 
-from transformer_jax.attention import cudnn_unsupported
+from transformer_jax.attention import cudnn_unsupported, xla_unsupported
 from transformer_jax.data.numbers import CONFIG_SIZES as NUMBERS_SIZES
 from transformer_jax.data.pipeline import BATCHING, TOO_LONG
 from transformer_jax.losses import smoothed_target
@@ -119,11 +119,12 @@ def _check_model_fits_the_run(model_config, data) -> None:
         raise ConfigError(f"config.model.max_length={model_config.max_length} (the learned "
                           f"position table) is shorter than the rows ({longest} tokens); raise "
                           f"it or lower config.data.max_source_length / max_target_length")
-    if model_config.attention_implementation == "cudnn":
-        reason = cudnn_unsupported(model_config.compute_dtype, head_dim=model_config.head_dim)
-        if reason:
-            raise ConfigError(f"config.model.attention_implementation='cudnn' {reason}; "
-                              f"use 'auto', which falls back where cuDNN cannot run")
+    implementation, dtype = model_config.attention_implementation, model_config.compute_dtype
+    reason = {"cudnn": lambda: cudnn_unsupported(dtype, head_dim=model_config.head_dim),
+              "xla": lambda: xla_unsupported(dtype)}.get(implementation, lambda: "")()
+    if reason:
+        raise ConfigError(f"config.model.attention_implementation={implementation!r} "
+                          f"{reason}; use 'auto', which falls back where it cannot run")
 
 
 def _lookup(config, key: str):
