@@ -303,7 +303,8 @@ def test_a_staged_export_replaces_the_old_one_only_when_done(tmp_path):
 
 def test_exports_lower_with_implementations_every_platform_has():
     """cuDNN's attention and the Pallas layer norm (Triton calls) become XLA's and Flax's,
-    which lower for every platform; an implementation that already does is kept."""
+    which lower for every platform (a float16 model's attention the reference einsums); an
+    implementation that already does is kept."""
     trained = get_model_config("tiny", attention_implementation="cudnn",
                                layer_norm_implementation="pallas")
     portable = portable_config(trained)
@@ -313,3 +314,7 @@ def test_exports_lower_with_implementations_every_platform_has():
         trained, attention_implementation="reference")).attention_implementation == "reference"
     assert dataclasses.replace(portable, attention_implementation="cudnn",
                                layer_norm_implementation="pallas") == trained
+    # float16: XLA's CPU backend cannot compile jax.nn's float16 attention; the reference can.
+    for name in ("auto", "cudnn", "xla", "reference"):
+        half = dataclasses.replace(trained, dtype="float16", attention_implementation=name)
+        assert portable_config(half).attention_implementation == "reference"

@@ -18,7 +18,9 @@ artifact), and another checkpoint of the same model is served by replacing param
 Attention: "auto" picks an implementation for the backend it is traced on, and "cudnn"
 lowers for NVIDIA GPUs only; the artifacts are lowered for several platforms at once, so
 both are replaced with "xla", which lowers everywhere ("auto" picks it for float32 models
-and on CPUs anyway). A GPU then runs XLA's attention, not cuDNN's fused kernel. Likewise a
+and on CPUs anyway), or, for a float16 model, with "reference", since XLA's CPU backend
+cannot compile jax.nn's float16 attention (`attention.xla_unsupported`). A GPU then runs
+XLA's attention (or the reference einsums), not cuDNN's fused kernel. Likewise a
 run trained with the Pallas layer norm (Triton calls, which `jax.export` cannot promise to
 load elsewhere) exports with Flax's, the same parameters and function.
 """
@@ -30,6 +32,7 @@ import jax
 import numpy as np
 import tqdm
 
+from transformer_jax.attention import xla_unsupported
 from transformer_jax.export.manifest import ExportError
 from transformer_jax.steps import predict_step
 
@@ -80,8 +83,10 @@ def export_stablehlo(trained, directory: str, *, search: dict, batch_sizes=(1, 8
 def portable_config(config):
     """`config` with attention and layer norm implementations that lower on every platform
     (above)."""
-    if config.attention_implementation in ("auto", "cudnn"):
-        config = dataclasses.replace(config, attention_implementation="xla")
+    everywhere = "reference" if xla_unsupported(config.compute_dtype, backend="cpu") else "xla"
+    if config.attention_implementation in ("auto", "cudnn") or (
+            config.attention_implementation == "xla" and everywhere == "reference"):
+        config = dataclasses.replace(config, attention_implementation=everywhere)
     return dataclasses.replace(config, layer_norm_implementation="xla")
 
 
