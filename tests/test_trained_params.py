@@ -23,14 +23,21 @@ def test_latest_a_step_and_the_last_n():
 
 @pytest.mark.parametrize("which, message", [
     ("3", r"checkpoint '3': use latest, a step \(2, 4, 6\) or average:N"),
-    ("average:4", r"average:4 needs 4 checkpoints; there are 3 \(2, 4, 6\)"),
-    ("average:0", "average:0 needs 0 checkpoints"),
+    ("average:4", r"^average:4 needs 4 checkpoints; there are 3 \(steps 2, 4, 6\)$"),
+    ("average:0", r"^checkpoint 'average:0': average:N averages the last N checkpoints, N 1 or "
+                  r"more, e.g. average:5$"),
     ("average:x", "average:N needs a number of checkpoints N"),
     ("newest", "use latest, a step"),
 ])
 def test_a_choice_naming_no_saved_step_is_refused(which, message):
     with pytest.raises(CheckpointChoiceError, match=message):
         chosen_steps(STEPS, which)
+
+
+def test_too_few_checkpoints_to_average_names_the_one_there_is():
+    with pytest.raises(CheckpointChoiceError, match=r"^average:2 needs 2 checkpoints; there "
+                                                    r"is 1 \(step 6\)$"):
+        chosen_steps([6], "average:2")
 
 
 def test_average_params_is_the_element_wise_mean():

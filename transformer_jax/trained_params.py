@@ -45,9 +45,13 @@ def chosen_steps(steps: list[int], which: str) -> list[int]:
             raise CheckpointChoiceError(f"checkpoint {which!r}: average:N needs a number of "
                                         f"checkpoints N, e.g. average:5")
         n = int(count)
-        if not 1 <= n <= len(steps):
-            raise CheckpointChoiceError(f"average:{n} needs {n} checkpoints; there are "
-                                        f"{len(steps)} ({', '.join(map(str, steps))})")
+        if n < 1:
+            raise CheckpointChoiceError(f"checkpoint {which!r}: average:N averages the last N "
+                                        f"checkpoints, N 1 or more, e.g. average:5")
+        if n > len(steps):
+            there = (f"there is 1 (step {steps[0]})" if len(steps) == 1 else
+                     f"there are {len(steps)} (steps {', '.join(map(str, steps))})")
+            raise CheckpointChoiceError(f"average:{n} needs {n} checkpoints; {there}")
         return steps[-n:]
     if which.isdigit() and int(which) in steps:
         return [int(which)]
