@@ -252,7 +252,7 @@ def resolve_implementation(name: str, dtype=jnp.float32, dropout_rate: float = 0
 def available_implementations(dtype=jnp.float32) -> tuple[str, ...]:
     """Registered implementations that can run on this backend with `dtype`."""
     unsupported = {"cudnn": cudnn_unsupported, "xla": xla_unsupported}
-    return tuple(n for n in _IMPLEMENTATIONS if not unsupported.get(n, lambda _: "")(dtype))
+    return tuple(n for n in _IMPLEMENTATIONS if n not in unsupported or not unsupported[n](dtype))
 
 
 def dot_product_attention(

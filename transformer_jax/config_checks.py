@@ -120,8 +120,9 @@ def _check_model_fits_the_run(model_config, data) -> None:
                           f"position table) is shorter than the rows ({longest} tokens); raise "
                           f"it or lower config.data.max_source_length / max_target_length")
     implementation, dtype = model_config.attention_implementation, model_config.compute_dtype
-    reason = {"cudnn": lambda: cudnn_unsupported(dtype, head_dim=model_config.head_dim),
-              "xla": lambda: xla_unsupported(dtype)}.get(implementation, lambda: "")()
+    reason = (cudnn_unsupported(dtype, head_dim=model_config.head_dim)
+              if implementation == "cudnn" else
+              xla_unsupported(dtype) if implementation == "xla" else "")
     if reason:
         raise ConfigError(f"config.model.attention_implementation={implementation!r} "
                           f"{reason}; use 'auto', which falls back where it cannot run")

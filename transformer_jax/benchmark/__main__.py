@@ -74,11 +74,12 @@ def parse_args(argv):
         parser.error(f"--workdir={args.workdir} has no checkpoints (a training run's --workdir)")
     args.models = args.models.split(",") if args.models else None
     args.dtypes = _dtypes(parser, args.dtypes) if args.dtypes else None
-    try:
-        args.searches = tuple(args.searches.split(",")) if args.searches else None
-        [beam_size(search) for search in args.searches or ()]
-    except ValueError as error:
-        parser.error(f"--searches: {error}")
+    args.searches = tuple(args.searches.split(",")) if args.searches else None
+    for search in args.searches or ():
+        try:
+            beam_size(search)
+        except ValueError as error:
+            parser.error(f"--searches: {error}")
     if args.loss_chunks is not None:
         args.loss_chunks = _loss_chunks(parser, args.loss_chunks)
     try:
