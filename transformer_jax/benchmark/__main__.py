@@ -19,6 +19,18 @@ from transformer_jax.model_config import DTYPES
 
 
 def parse_args(argv):
+    """The command line's arguments, each checked before any suite runs (a bad one is one
+    line from argparse, exit status 2): the flags fit the suite, their lists parse, and the
+    output files can be written."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_flags_fit_the_suite(parser, args)
+    _parse_lists(parser, args)
+    _check_outputs(parser, args)
+    return args
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m transformer_jax.benchmark",
         description="Time the compiled pieces of transformer_jax; see BENCHMARKS.md.")
@@ -56,7 +68,10 @@ def parse_args(argv):
                         help="model: time the step with each of these loss_chunk_size "
                              "values (target tokens per chunk of the output layer and loss; "
                              "0: the whole logits; default 0 on CPUs, 0,4096 on accelerators)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check_flags_fit_the_suite(parser, args) -> None:
     if args.peers and args.suite != "decode":
         parser.error("--peers is for the decode suite")
     if (args.models or args.loss_chunks) and args.suite != "model":
@@ -72,6 +87,11 @@ def parse_args(argv):
         parser.error("--workdir is not read with --quick, which times random weights only")
     if args.workdir is not None and not os.path.isdir(os.path.join(args.workdir, "checkpoints")):
         parser.error(f"--workdir={args.workdir} has no checkpoints (a training run's --workdir)")
+
+
+def _parse_lists(parser, args) -> None:
+    """--models, --dtypes, --searches, --loss-chunks and --vary as lists and values, in place;
+    the models and every combination of --vary checked against what the backend times."""
     args.models = args.models.split(",") if args.models else None
     args.dtypes = _dtypes(parser, args.dtypes) if args.dtypes else None
     args.searches = tuple(args.searches.split(",")) if args.searches else None
@@ -87,6 +107,11 @@ def parse_args(argv):
         chosen_cases(args.quick, args.models, args.vary)
     except ValueError as error:
         parser.error(str(error))
+
+
+def _check_outputs(parser, args) -> None:
+    """--plot's name, and --json's and --plot's folders (made now, not after the suite has
+    run for minutes); a note where --vary replaces what --profile compiles with."""
     if args.profile and (replaced := sorted(set(args.vary) & set(profiling.TRACEABLE))):
         print(f"note: --vary {', '.join(replaced)} replaces what --profile compiles with "
               f"({profiling.TRACEABLE}): on a GPU, its profile by part may then show CUDA "
@@ -94,11 +119,8 @@ def parse_args(argv):
     if args.plot and not args.plot.lower().endswith(".png"):
         parser.error(f"--plot needs a .png file name, got {args.plot!r}")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path:  # now, not after the suite has run for minutes
-            why = _unwritable(path)
-            if why:
-                parser.error(f"{flag}={path}: {why}")
-    return args
+        if path and (why := _unwritable(path)):
+            parser.error(f"{flag}={path}: {why}")
 
 
 def _loss_chunks(parser, text: str) -> tuple[int, ...]:
