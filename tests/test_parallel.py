@@ -2,6 +2,7 @@
 
 import contextlib
 import functools
+import os
 from typing import NamedTuple
 
 import jax
@@ -74,11 +75,11 @@ class ParallelRun(NamedTuple):
     compiles: list[int]
 
 
-def run_parallel(strategy) -> ParallelRun:
+def run_parallel(strategy, compiler_options=None) -> ParallelRun:
     model, state = initial_state()
     parallel = Parallel(strategy, CPUS)
     placed = parallel.put_state(state)
-    step = parallel.compile_train_step(step_fn(model))
+    step = parallel.compile_train_step(step_fn(model), compiler_options)
     with counted_compiles() as compiled:
         losses, compiles, params = [], [], None
         for batch in batches(4):
@@ -181,6 +182,19 @@ def test_no_recompilation_after_the_first_step(eight_devices):
     first, *later = eight_devices.compiles
     assert first >= 1
     assert later == [0, 0, 0]
+
+
+@pytest.mark.parametrize("strategy", ["pmap", "sharded"])
+def test_the_step_compiles_with_its_compiler_options(strategy, one_device, tmp_path):
+    """XLA's options reach the step's program under either strategy (a profiled run's
+    `profiling.TRACEABLE`: on a GPU, pmap's step ran in CUDA graphs without this), and the
+    step is the same: the losses of one device, one compilation. Here the option is
+    `xla_dump_to`, whose files show that the compiler had it."""
+    run = run_parallel(strategy, compiler_options={"xla_dump_to": str(tmp_path)})
+    np.testing.assert_allclose(run.losses, one_device[1], rtol=1e-5)
+    assert run.compiles[0] >= 1 and run.compiles[1:] == [0, 0, 0]
+    assert any(name.endswith("step.before_optimizations.txt") for name in os.listdir(tmp_path)), \
+        os.listdir(tmp_path)
 
 
 @pytest.mark.parametrize("strategy", ["pmap", "sharded"])

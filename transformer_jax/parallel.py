@@ -81,12 +81,23 @@ class Parallel:
 
     def compile_train_step(self, step_fn, compiler_options: dict | None = None):
         """`step_fn(state, batch, axis_name=...)` compiled; the state's buffers are donated.
-        `compiler_options` (XLA's, e.g. `profiling.TRACEABLE`) apply under jit; `jax.pmap`
-        takes none when it is built (give them to its `.lower(...).compile(...)`, as the
-        benchmarks' `compile_seconds` does)."""
+        `compiler_options` are XLA's, e.g. `profiling.TRACEABLE`. `jax.pmap` takes none, so
+        in one process its step runs under a jit that takes them: the same program, since
+        pmap's arguments there are already whole. In several processes pmap turns each
+        process's rows into global arrays outside its jit, so there its step compiles
+        without them."""
         if self.strategy == "pmap":
-            return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS,
-                            devices=self._pmap_devices(), donate_argnums=(0,))
+            pmapped = jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS,
+                               devices=self._pmap_devices(), donate_argnums=(0,))
+            if not compiler_options or jax.process_count() > 1:
+                return pmapped
+
+            # Not jax.jit(pmapped): its .lower() names another module than the one it
+            # runs, and a profile matches the trace's module to the program's text.
+            def step(state, batch):
+                return pmapped(state, batch)
+
+            return jax.jit(step, donate_argnums=(0,), compiler_options=compiler_options)
         return jax.jit(functools.partial(step_fn, axis_name=None), donate_argnums=(0,),
                        compiler_options=compiler_options)
 

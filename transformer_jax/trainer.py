@@ -359,8 +359,9 @@ class _Loop:
                 profiled = self._watch(
                     log, trace.after, step, metrics,
                     last=stopped or step == self.config.num_train_steps,
-                    # The step's program: under jit from JAX's cache of the compilation just
-                    # run; pmap compiles it again (WORKDIR/compilation_cache may hold it).
+                    # The step's program, from JAX's cache of the compilation just run (a
+                    # profiled pmap step runs under jit in one process; in several, pmap
+                    # compiles it again: WORKDIR/compilation_cache may hold it).
                     program=lambda: self.p_train.lower(placed, batch).compile().as_text())
                 if profiled:
                     log.message(_profile_line(profiled))
