@@ -12,7 +12,8 @@ one 32-bit threefry draw per element (JAX's partitionable threefry spends a whol
 each element even when asked for 8 or 16 bits). This one takes each 32-bit draw apart into
 2 (16 bits) or 4 (8 bits) decisions, so it runs threefry 2 or 4 times less. The train step
 of the small and base models on the 2-core CPU: 1.05 × faster with 16 bits than with 32,
-1.07 × with 8 (BENCHMARKS.md, "dropout"); `--config.model.dropout_bits` picks.
+1.07 × with 8 (BENCHMARKS.md, "dropout"); on an H200 the three are within 3 % ("GPU: H200,
+2026-11-27"). `--config.model.dropout_bits` picks.
 """
 
 import jax
