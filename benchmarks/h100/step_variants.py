@@ -1,0 +1,92 @@
+"""The `model` suite's base step in several variants, each compiled once, then timed in turns
+(round after round in one process), so that each ratio to the current code is side by side:
+
+    python benchmarks/h100/step_variants.py FILE.json [--quick] [--rounds=3]
+
+Variants: the current code; the logits' reductions in two passes (`losses.logit_terms`
+replaced by `benchmark/two_pass_terms.logit_terms` while the step is traced); the attention
+projections without biases (`attention_bias=False`, as §3.2.2 writes them); XLA with cuBLASLt
+(`xla_gpu_enable_cublaslt`). bfloat16, the default strategy, whole logits, packed rows.
+"""
+import contextlib
+import dataclasses
+import statistics
+import sys
+
+import jax
+
+from transformer_jax import losses
+from transformer_jax.benchmark import model as suite, report
+from transformer_jax.benchmark import two_pass_terms
+from transformer_jax.benchmark.flops import train_step_flops
+from transformer_jax.benchmark.machine import peak_tflops
+from transformer_jax.benchmark.timing import back_to_back, median_seconds, memory_bytes
+
+
+@contextlib.contextmanager
+def two_passes():
+    """`losses.logit_terms` replaced while a step is traced and compiled."""
+    current = losses.logit_terms
+    losses.logit_terms = two_pass_terms.logit_terms
+    try:
+        yield
+    finally:
+        losses.logit_terms = current
+
+
+VARIANTS = {  # name: (ModelConfig fields, XLA's options, context while compiling)
+    "current": ({}, {}, contextlib.nullcontext),
+    "two passes": ({}, {}, two_passes),
+    "no attention biases": ({"attention_bias": False}, {}, contextlib.nullcontext),
+    "cublaslt": ({}, {"xla_gpu_enable_cublaslt": True}, contextlib.nullcontext),
+}
+
+
+def compiled_variant(case, dtype, strategy, fields, options, context, quick):
+    config = dataclasses.replace(case.config, dtype=dtype, **fields)
+    make = suite.packed_batch if jax.default_backend() != "cpu" else suite.synthetic_batch
+    batch = make(config, case.batch, case.length)
+    with context():
+        step, state, placed, compile_s = suite.train_setup(config, strategy, batch, 0,
+                                                           options or None)
+    holder = [state]
+
+    def one_step():
+        holder[0], metrics = step(holder[0], placed)
+        return metrics
+
+    run = back_to_back(one_step, suite.queued_steps(quick))
+    return config, run, compile_s, memory_bytes(step)
+
+
+def main(path: str, quick: bool, rounds: int) -> None:
+    case = suite.cases(quick)[-1 if quick else 0]  # base on accelerators
+    dtype, strategy = "bfloat16", suite.default_strategies()[0]
+    built = {name: compiled_variant(case, dtype, strategy, *spec, quick)
+             for name, spec in VARIANTS.items()}
+    queued = suite.queued_steps(quick)
+    times = {name: [] for name in built}
+    for _ in range(rounds):
+        for name, (_, run, _, _) in built.items():
+            times[name].append(median_seconds(run, warmup=1 if quick else 2,
+                                              iters=3 if quick else 10) / queued)
+    peak, source = peak_tflops(dtype, quick=quick)
+    rows = []
+    for name, (config, _, compile_s, memory) in built.items():
+        seconds = statistics.median(times[name])
+        flops = train_step_flops(config, case.batch, case.length, case.length)
+        rows.append({"variant": name, "model": case.name, "dtype": dtype, "strategy": strategy,
+                     "batch": case.batch, "length": case.length,
+                     "step_ms": seconds * 1e3, "round_ms": [t * 1e3 for t in times[name]],
+                     "vs_current": statistics.median(times["current"]) / seconds,
+                     "mfu": flops / seconds / 1e12 / peak if peak else None,
+                     "compile_s": compile_s, "memory_bytes": memory})
+    notes = [f"peak: {source}", "step_ms: the median of the rounds' medians; round_ms: each "
+             "round's; vs_current: the current code's step_ms over this variant's"]
+    print(report.table([{k: v for k, v in row.items() if k != "round_ms"} for row in rows]))
+    report.write_json(path, report.document("model", rows, quick=quick, notes=notes))
+
+
+if __name__ == "__main__":
+    rounds = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--rounds=")), 3)
+    main(sys.argv[1], "--quick" in sys.argv, rounds)
