@@ -194,7 +194,7 @@ def test_relative_links_resolve(page):
 def test_links_are_found():
     """The link finder sees the README's links, anchors included."""
     links = relative_links(ROOT / "README.md")
-    assert "docs/curves-default.png" in links and "BENCHMARKS.md#gpu-h100-2026-11-26" in links
+    assert "docs/curves-default.png" in links and "BENCHMARKS.md#gpu-h100-2026-11-27" in links
     assert "gpu-h100" in anchors(ROOT / "BENCHMARKS.md")
     assert "decode---peers-ctranslate2-on-the-same-weights" in anchors(ROOT / "BENCHMARKS.md")
 

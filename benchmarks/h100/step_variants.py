@@ -3,10 +3,13 @@
 
     python benchmarks/h100/step_variants.py FILE.json [--quick] [--rounds=3]
 
-Variants: the current code; the logits' reductions in two passes (`losses.logit_terms`
-replaced by `benchmark/two_pass_terms.logit_terms` while the step is traced); the attention
+Variants: the current code; the logits' reductions by XLA and in two passes
+(`losses.logit_terms` replaced by `losses.xla_logit_terms` or `losses.two_pass_logit_terms`
+while the step is traced: since 2026-11-27 GPUs run the second by default); the attention
 projections without biases (`attention_bias=False`, as §3.2.2 writes them); XLA with cuBLASLt
 (`xla_gpu_enable_cublaslt`). bfloat16, the default strategy, whole logits, packed rows.
+(`model-step-variants.json` was written before the two passes became the default: its
+"current" is XLA's reductions, its "two passes" the same code as the two passes here.)
 """
 import contextlib
 import dataclasses
@@ -17,17 +20,16 @@ import jax
 
 from transformer_jax import losses
 from transformer_jax.benchmark import model as suite, report
-from transformer_jax.benchmark import two_pass_terms
 from transformer_jax.benchmark.flops import train_step_flops
 from transformer_jax.benchmark.machine import peak_tflops
 from transformer_jax.benchmark.timing import back_to_back, median_seconds, memory_bytes
 
 
 @contextlib.contextmanager
-def two_passes():
+def logit_terms_as(replacement):
     """`losses.logit_terms` replaced while a step is traced and compiled."""
     current = losses.logit_terms
-    losses.logit_terms = two_pass_terms.logit_terms
+    losses.logit_terms = replacement
     try:
         yield
     finally:
@@ -36,7 +38,8 @@ def two_passes():
 
 VARIANTS = {  # name: (ModelConfig fields, XLA's options, context while compiling)
     "current": ({}, {}, contextlib.nullcontext),
-    "two passes": ({}, {}, two_passes),
+    "XLA's reductions": ({}, {}, lambda: logit_terms_as(losses.xla_logit_terms)),
+    "two passes": ({}, {}, lambda: logit_terms_as(losses.two_pass_logit_terms)),
     "no attention biases": ({"attention_bias": False}, {}, contextlib.nullcontext),
     "cublaslt": ({}, {"xla_gpu_enable_cublaslt": True}, contextlib.nullcontext),
 }

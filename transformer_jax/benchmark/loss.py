@@ -1,13 +1,13 @@
 """The `loss` suite: the tied output layer and the smoothed loss (§3.4, §5.4), forward and
 backward, alone: what `config.loss_chunk_size` chooses between, and a library's kernel.
 
-    whole    the logits `(R, V)` whole: `losses.label_smoothed_cross_entropy` and
-             `losses.accuracy` of `features @ table.T` (`loss_chunk_size=0`)
+    whole    the logits `(R, V)` whole (`loss_chunk_size=0`), the loss and accuracy of
+             `features @ table.T` from `losses.xla_logit_terms`: XLA's reductions over V
     chunks   `output_loss.output_loss`, `chunk` rows at a time, with its hand-written
              gradient (`loss_chunk_size`: 4,096 on accelerators, 512 on CPUs, 16 in --quick)
-    2 passes the logits whole, and the same loss and accuracy from one call of
-             `two_pass_terms.logit_terms`: its reductions over V in two passes by
-             construction, with a hand-written gradient (a candidate for `losses`)
+    2 passes the same from `losses.two_pass_logit_terms`: its reductions over V in two
+             passes by construction, with a hand-written gradient (what
+             `losses.logit_terms`, and so the train step, runs on GPUs)
     optax    the logits whole, and the loss as one would write it without this package:
              `optax.softmax_cross_entropy` against `optax.smooth_labels` (ε/V on every
              token, a q slightly unlike §5.4's) and `jnp.argmax`'s accuracy
@@ -31,9 +31,8 @@ import numpy as np
 import optax
 
 from transformer_jax.benchmark.timing import compile_seconds, median_seconds, memory_bytes
-from transformer_jax.benchmark import two_pass_terms
-from transformer_jax.losses import (accuracy, is_correct, label_smoothed_cross_entropy,
-                                    smoothed_loss)
+from transformer_jax.losses import (is_correct, smoothed_loss, two_pass_logit_terms,
+                                    xla_logit_terms)
 from transformer_jax.output_loss import output_loss
 
 
@@ -53,14 +52,9 @@ def _logits(x_RD, table_VD, dtype):
                       table_VD.astype(dtype)).astype(jnp.float32)
 
 
-def _whole(x_RD, table_VD, targets_R, dtype):
-    logits_RV = _logits(x_RD, table_VD, dtype)
-    loss, _ = label_smoothed_cross_entropy(logits_RV, targets_R, label_smoothing=0.1)
-    return loss, accuracy(logits_RV, targets_R)[0]
-
-
-def _two_passes(x_RD, table_VD, targets_R, dtype):
-    terms = two_pass_terms.logit_terms(_logits(x_RD, table_VD, dtype), targets_R)
+def _whole(x_RD, table_VD, targets_R, dtype, logit_terms=xla_logit_terms):
+    """The smoothed loss's and the accuracy's sums from the whole logits' `logit_terms`."""
+    terms = logit_terms(_logits(x_RD, table_VD, dtype), targets_R)
     loss_R = smoothed_loss(terms, table_VD.shape[0], 0.1)
     return loss_R.sum(), is_correct(terms, targets_R).sum()
 
@@ -97,7 +91,8 @@ def _tokamax_implementations() -> list[str]:
 def methods(chunk: int) -> tuple[dict, list[str]]:
     """{name: loss function}, and notes on what could not run here."""
     found = {"whole": _whole, "chunks": functools.partial(_chunks, chunk=chunk),
-             "2 passes": _two_passes, "optax": _optax}
+             "2 passes": functools.partial(_whole, logit_terms=two_pass_logit_terms),
+             "optax": _optax}
     try:
         import tokamax  # noqa: F401
     except ImportError:
@@ -143,8 +138,9 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
                 row["chunk"] = None
         rows += timed
     return rows, notes + [
-        "whole: the (R, V) logits whole; chunks: output_loss, the same loss and gradient; "
-        "2 passes: the whole logits, their reductions in two passes (two_pass_terms.py); "
+        "whole: the (R, V) logits whole, XLA's reductions (losses.xla_logit_terms); chunks: "
+        "output_loss, the same loss and gradient; 2 passes: the whole logits, their "
+        "reductions in two passes (losses.two_pass_logit_terms, the default on GPUs); "
         "optax: the whole logits, optax's smoothed cross-entropy and jnp.argmax; "
         "tokamax: no label smoothing, weights or accuracy",
         "tflops: the nominal 6·R·D·V of the logits and their two gradients",

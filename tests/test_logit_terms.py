@@ -1,5 +1,6 @@
-"""The loss suite's two-pass `logit_terms` candidate: `losses.logit_terms`' values and
-gradients, against the library's reductions and float64 NumPy."""
+"""`losses.two_pass_logit_terms` (the default on GPUs): `losses.xla_logit_terms`' values and
+gradients, against the library's reductions and float64 NumPy; and which one
+`losses.logit_terms` runs on which backend."""
 
 import itertools
 
@@ -10,14 +11,14 @@ import pytest
 from numpy.testing import assert_allclose
 
 from transformer_jax import losses
-from transformer_jax.benchmark.two_pass_terms import first_largest, logit_terms
+from transformer_jax.losses import first_largest, two_pass_logit_terms as logit_terms
 
 
 def test_the_terms_at_the_papers_vocabulary_size():
     """V = 37,000 (the shared BPE vocabulary, §5.1): log Σ exp as jax.nn.logsumexp gives it,
     the argmax as jnp.argmax, the target's logit exactly, the sum within 1e-5 relative of
     float64 (one reduction adds a row in another order than jnp.sum); and the loss as
-    `losses.logit_terms` gives it."""
+    `losses.xla_logit_terms` gives it."""
     rng = np.random.default_rng(11)
     x_NV = (rng.standard_normal((16, 37_000)) * 4 + 2).astype(np.float32)
     targets_N = rng.integers(0, 37_000, 16)
@@ -27,7 +28,7 @@ def test_the_terms_at_the_papers_vocabulary_size():
     np.testing.assert_array_equal(terms.target, x_NV[np.arange(16), targets_N])
     assert_allclose(terms.total, x_NV.astype(np.float64).sum(-1), rtol=1e-5)
     loss = losses.smoothed_loss(terms, 37_000, 0.1)
-    expected = losses.smoothed_loss(losses.logit_terms(x_NV, targets_N), 37_000, 0.1)
+    expected = losses.smoothed_loss(losses.xla_logit_terms(x_NV, targets_N), 37_000, 0.1)
     assert_allclose(loss, expected, rtol=1e-5)
 
 
@@ -84,3 +85,18 @@ def test_the_gradient_is_the_library_reductions(dtype):
     assert grad.dtype == dtype
     assert_allclose(np.asarray(grad, np.float32), np.asarray(expected, np.float32),
                     rtol=1e-5 if dtype == jnp.float32 else 1e-2, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend, custom_vjp", [("gpu", True), ("cpu", False), ("tpu", False)])
+def test_the_backend_chooses_the_reductions(monkeypatch, backend, custom_vjp):
+    """GPUs run the two passes (a custom VJP in the program), CPUs and TPUs XLA's reductions;
+    the terms are the same either way."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    x_NV = np.random.default_rng(13).standard_normal((3, 11)).astype(np.float32)
+    targets_N = np.array([0, 4, 10])
+    # A new function each time: JAX caches traces by function, not by backend.
+    program = str(jax.make_jaxpr(lambda x, t: losses.logit_terms(x, t))(x_NV, targets_N))
+    assert ("custom_vjp_call" in program) == custom_vjp
+    terms = losses.logit_terms(x_NV, targets_N)
+    np.testing.assert_array_equal(terms.argmax, np.argmax(x_NV, axis=-1))
+    assert_allclose(terms.logsumexp, jax.nn.logsumexp(x_NV, axis=-1), rtol=1e-6)
