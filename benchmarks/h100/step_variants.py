@@ -12,7 +12,6 @@ projections without biases (`attention_bias=False`, as §3.2.2 writes them); XLA
 "current" is XLA's reductions, its "two passes" the same code as the two passes here.)
 """
 import contextlib
-import dataclasses
 import statistics
 import sys
 
@@ -22,7 +21,7 @@ from transformer_jax import losses
 from transformer_jax.benchmark import model as suite, report
 from transformer_jax.benchmark.flops import train_step_flops
 from transformer_jax.benchmark.machine import peak_tflops
-from transformer_jax.benchmark.timing import back_to_back, median_seconds, memory_bytes
+from transformer_jax.benchmark.timing import median_seconds, memory_bytes
 
 
 @contextlib.contextmanager
@@ -36,30 +35,22 @@ def logit_terms_as(replacement):
         losses.logit_terms = current
 
 
-VARIANTS = {  # name: (ModelConfig fields, XLA's options, context while compiling)
-    "current": ({}, {}, contextlib.nullcontext),
-    "XLA's reductions": ({}, {}, lambda: logit_terms_as(losses.xla_logit_terms)),
-    "two passes": ({}, {}, lambda: logit_terms_as(losses.two_pass_logit_terms)),
-    "no attention biases": ({"attention_bias": False}, {}, contextlib.nullcontext),
-    "cublaslt": ({}, {"xla_gpu_enable_cublaslt": True}, contextlib.nullcontext),
+VARIANTS = {  # name: (ModelConfig fields or XLA's options, context while compiling)
+    "current": ({}, contextlib.nullcontext),
+    "XLA's reductions": ({}, lambda: logit_terms_as(losses.xla_logit_terms)),
+    "two passes": ({}, lambda: logit_terms_as(losses.two_pass_logit_terms)),
+    "no attention biases": ({"attention_bias": False}, contextlib.nullcontext),
+    "cublaslt": ({"xla_gpu_enable_cublaslt": True}, contextlib.nullcontext),
 }
 
 
-def compiled_variant(case, dtype, strategy, fields, options, context, quick):
-    config = dataclasses.replace(case.config, dtype=dtype, **fields)
-    make = suite.packed_batch if jax.default_backend() != "cpu" else suite.synthetic_batch
-    batch = make(config, case.batch, case.length)
+def compiled_variant(case, dtype, strategy, fields, context, quick):
+    """(config, `run_once`, compile seconds, planned memory) of one variant."""
     with context():
-        step, state, placed, compile_s = suite.train_setup(config, strategy, batch, 0,
-                                                           options or None)
-    holder = [state]
-
-    def one_step():
-        holder[0], metrics = step(holder[0], placed)
-        return metrics
-
-    run = back_to_back(one_step, suite.queued_steps(quick))
-    return config, run, compile_s, memory_bytes(step)
+        config, _, step, compile_s, run_once = suite.compiled_step(
+            case, dtype, strategy, quick=quick, packed=jax.default_backend() != "cpu",
+            fields=fields)
+    return config, run_once, compile_s, memory_bytes(step)
 
 
 def main(path: str, quick: bool, rounds: int) -> None:

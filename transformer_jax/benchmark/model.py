@@ -122,19 +122,15 @@ def train_setup(config: ModelConfig, strategy: str, batch: dict, loss_chunk_size
     return step, state, placed, seconds
 
 
-def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
-                    packed: bool | None = None, loss_chunk_size: int = 0,
-                    fields: dict | None = None) -> dict:
-    """One row; `packed` rows by default on accelerators, full rows on CPUs;
-    `loss_chunk_size` as `train_step`'s (0: the whole logits); `fields` replace the case's
-    `ModelConfig` fields, or set XLA's options where named `xla_...` (and are columns of the
-    row)."""
-    fields = fields or {}
-    model_fields, xla_options = split_fields(fields)
+def compiled_step(case: Case, dtype: str, strategy: str, *, quick: bool, packed: bool,
+                  loss_chunk_size: int = 0, fields: dict | None = None):
+    """(config, batch, compiled step, compile seconds, `run_once`): `run_once` queues
+    `queued_steps(quick)` steps back to back, each on the state the last one left, and waits
+    for the last (for `median_seconds`; divide by the steps). `fields` as in
+    `time_train_step`."""
+    model_fields, xla_options = split_fields(fields or {})
     config = dataclasses.replace(case.config, dtype=dtype, **model_fields)
-    packed = jax.default_backend() != "cpu" if packed is None else packed
-    make = packed_batch if packed else synthetic_batch
-    batch = make(config, case.batch, case.length)
+    batch = (packed_batch if packed else synthetic_batch)(config, case.batch, case.length)
     step, state, placed, compile_s = train_setup(config, strategy, batch, loss_chunk_size,
                                                  xla_options)
     holder = [state]
@@ -143,12 +139,26 @@ def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
         holder[0], metrics = step(holder[0], placed)
         return metrics
 
-    queued = queued_steps(quick)
+    return config, batch, step, compile_s, back_to_back(one_step, queued_steps(quick))
+
+
+def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
+                    packed: bool | None = None, loss_chunk_size: int = 0,
+                    fields: dict | None = None) -> dict:
+    """One row; `packed` rows by default on accelerators, full rows on CPUs;
+    `loss_chunk_size` as `train_step`'s (0: the whole logits); `fields` replace the case's
+    `ModelConfig` fields, or set XLA's options where named `xla_...` (and are columns of the
+    row)."""
+    fields = fields or {}
+    packed = jax.default_backend() != "cpu" if packed is None else packed
+    config, batch, step, compile_s, run_once = compiled_step(
+        case, dtype, strategy, quick=quick, packed=packed, loss_chunk_size=loss_chunk_size,
+        fields=fields)
     label = "-".join([case.name, dtype, strategy, f"loss_chunk={loss_chunk_size}"]
                      + [f"{name}={value}" for name, value in fields.items()])
     with traced_as(label, step):  # --profile: each case's trace beside its program
-        seconds = median_seconds(back_to_back(one_step, queued), warmup=1 if quick else 2,
-                                 iters=3 if quick else 10) / queued
+        seconds = median_seconds(run_once, warmup=1 if quick else 2,
+                                 iters=3 if quick else 10) / queued_steps(quick)
     flops = train_step_flops(config, case.batch, case.length, case.length)
     matmuls = train_step_flops(config, case.batch, case.length, case.length, attention=False)
     peak, _ = peak_tflops(dtype, quick=quick)
