@@ -1,4 +1,5 @@
-"""pmap and the sharded mesh give the parameters of one device on the same global batch."""
+"""pmap and the sharded mesh give the parameters of one device on the same global batch; so
+do the loss reductions a GPU runs."""
 
 import contextlib
 import functools
@@ -9,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from transformer_jax import losses, output_loss
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import get_model_config
 from transformer_jax.optim import make_optimizer
@@ -213,3 +215,45 @@ def test_local_params_are_placed_as_restored_parameters_are(strategy, devices):
         np.testing.assert_array_equal(ours, theirs)
     total = jax.jit(lambda params: sum(x.sum() for x in jax.tree.leaves(params)))
     assert total.lower(local).as_text() == total.lower(restored).as_text()
+
+
+@pytest.fixture(scope="module")
+def xla_one_device():
+    """`one_device` with XLA's reductions over V, which the CPU runs, on any machine."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(losses, "logit_terms", losses.xla_logit_terms)
+        patch.setattr(output_loss, "logit_terms", losses.xla_logit_terms)
+        return run_one_device(3)
+
+
+@pytest.fixture
+def gpu_reductions(monkeypatch):
+    """The loss's reductions over V as a GPU takes them (`losses.two_pass_logit_terms`, a
+    custom VJP) in place of XLA's, on these CPUs; the list gets the shape of each call's
+    logits."""
+    calls = []
+
+    def two_pass(logits, targets):
+        calls.append(logits.shape)
+        return losses.two_pass_logit_terms(logits, targets)
+
+    monkeypatch.setattr(losses, "logit_terms", two_pass)
+    monkeypatch.setattr(output_loss, "logit_terms", two_pass)
+    return calls
+
+
+@pytest.mark.parametrize("strategy", ["pmap", "sharded"])
+def test_the_gpus_loss_reductions_train_as_xlas(xla_one_device, gpu_reductions, strategy):
+    """A GPU's step runs the two passes (train.py's default `pmap`, the suite's `sharded`):
+    on 8 devices, and through accumulation's scan on one, they give the losses and
+    parameters of XLA's reductions on one device, 3 updates on."""
+    runs = {strategy: run_parallel(strategy)[:2],
+            "accumulated": run_one_device(3, accumulation_steps=4)}
+    rows = {"pmap": ROWS // len(CPUS), "sharded": ROWS}[strategy]  # a device's, a global's
+    assert set(gpu_reductions) == {(rows, LENGTH, CONFIG.vocab_size),
+                                   (ROWS // 4, LENGTH, CONFIG.vocab_size)}  # and a micro-batch
+    expected_params, expected_losses = xla_one_device
+    for name, (params, step_losses) in runs.items():
+        np.testing.assert_allclose(step_losses, expected_losses, rtol=1e-5, err_msg=name)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
+                     jax.device_get(params), jax.device_get(expected_params))
