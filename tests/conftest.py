@@ -32,20 +32,28 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import pytest  # noqa: E402
 
-jax.config.update("jax_numpy_rank_promotion", "raise")
-# No implicit dtype promotion (int with float, bfloat16 with float32): every mix is a cast
-# written in the code. Library internals that mix run under "standard": the package's
-# calls of optax's Adam, jax.nn's XLA attention and Flax's LayerNorm, and the tests below
-# that use the `standard_dtype_promotion` fixture. On GPUs too: their cuDNN, Triton and
-# bfloat16 paths are lowered for CUDA under strict promotion on any machine
-# (tests/test_gpu_lowering.py), and run strict in the suite on a GPU. One path does not
-# lower under strict promotion, on any backend, in JAX itself: jax.nn's bfloat16 XLA
-# attention, differentiated (lowering its BF16_BF16_F32 dot preset beside a float32
+# JAX's rules for every test, set in this process and, through the environment (JAX reads
+# JAX_<NAME> when it starts), in the processes the tests start: train.py, translate.py,
+# evaluate.py, the notebooks' kernels.
+#
+# jax_numpy_dtype_promotion: no implicit dtype promotion (int with float, bfloat16 with
+# float32): every mix is a cast written in the code. Library internals that mix run under
+# "standard": the package's calls of optax's Adam, jax.nn's XLA attention and Flax's
+# LayerNorm, and the tests below that use the `standard_dtype_promotion` fixture. On GPUs
+# too: their cuDNN, Triton and bfloat16 paths are lowered for CUDA under strict promotion on
+# any machine (tests/test_gpu_lowering.py), and run strict in the suite on a GPU. One path
+# does not lower under strict promotion, on any backend, in JAX itself: jax.nn's bfloat16
+# XLA attention, differentiated (lowering its BF16_BF16_F32 dot preset beside a float32
 # cotangent calls `promote_types`, under the promotion in force when it lowers); "auto"
 # runs cuDNN there where cuDNN can, and the tests of that path use the fixture.
-jax.config.update("jax_numpy_dtype_promotion", "strict")
-# Full float32 matmuls on GPUs too (TF32 would break the 1e-5 tolerances).
-jax.config.update("jax_default_matmul_precision", "highest")
+#
+# jax_default_matmul_precision: full float32 matmuls on GPUs too (TF32 would break the 1e-5
+# tolerances, and a started process would compute otherwise than the test comparing it).
+JAX_RULES = {"jax_numpy_rank_promotion": "raise", "jax_numpy_dtype_promotion": "strict",
+             "jax_default_matmul_precision": "highest"}
+for _name, _value in JAX_RULES.items():
+    jax.config.update(_name, _value)
+    os.environ[_name.upper()] = _value
 
 # One scratch directory per process, removed when it exits: datasets the tests build (the
 # small "numbers") go there, not to ~/tensorflow_datasets (pytest-xdist workers would

@@ -5,6 +5,8 @@ search settings every translator refuses, in translate.py's words."""
 import importlib.util
 import pathlib
 
+import jax
+
 from transformer_jax.run_config import model_fields
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -18,6 +20,15 @@ def load_config(name: str):
     return module.get_config()
 
 
+def rows_per_device(rows: int) -> int:
+    """The rows per device that make `rows` rows an update on this process's devices (8 rows:
+    1 on the CPU's 8 simulated devices, 8 on one GPU), so that a run sees the same batches
+    on either."""
+    devices = jax.local_device_count()
+    assert rows % devices == 0, f"{rows} rows do not split over {devices} devices"
+    return rows // devices
+
+
 def tiny_run(**overrides):
     """The default run with the tiny model on the small numbers split: a step takes milliseconds."""
     config = load_config("default")
@@ -25,7 +36,7 @@ def tiny_run(**overrides):
     config.data.numbers_size = "small"
     config.data.max_source_length = 12
     config.data.max_target_length = 24
-    config.per_device_batch_size = 1  # 8 simulated devices: 8 rows
+    config.per_device_batch_size = rows_per_device(8)
     config.num_train_steps = 4
     config.log_every_steps = 2
     config.eval_every_steps = 4
@@ -58,7 +69,7 @@ def translating_run():
     so searches compared on it are compared where they matter."""
     return tiny_run(**{"num_train_steps": 300, "checkpoint_every_steps": 300,
                        "log_every_steps": 100, "eval_every_steps": 300,
-                       "per_device_batch_size": 4, "optim.warmup_steps": 100,
+                       "per_device_batch_size": rows_per_device(32), "optim.warmup_steps": 100,
                        "model.d_model": 64, "model.d_ff": 128})
 
 

@@ -41,11 +41,12 @@ def test_a_count_that_is_not_positive_is_a_usage_error(flag, value, capsys):
 
 
 def test_a_forward_pass_too_large_for_memory_is_one_line(capsys):
-    """64 rows of 100,000 tokens: the tiny model's (B, N, S, S) scores alone are 10 TB
-    in float32; XLA refuses the allocation, and the command says so and what to change."""
+    """64 rows of 20,000 tokens: the tiny model's forward pass would take 1.6 TB (its
+    (B, N, S, S) scores); XLA refuses the allocation, and the command says so and what to
+    change."""
     with pytest.raises(SystemExit) as exit_info:
-        main(["--batch=64", "--length=100000"])
+        main(["--batch=64", "--length=20000"])
     message = str(exit_info.value.code)
-    assert message.startswith("error: the forward pass of 64 x 100000 tokens does not fit "
+    assert message.startswith("error: the forward pass of 64 x 20000 tokens does not fit "
                               "in memory (RESOURCE_EXHAUSTED")
     assert message.endswith("choose a smaller --batch or --length")

@@ -8,19 +8,26 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from conftest import JAX_RULES
+
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 SIMULATED_DEVICES = "--xla_force_host_platform_device_count"
 
 
 def kernel_env() -> dict[str, str]:
-    """This process's environment in quick mode, without conftest.py's 8 simulated devices.
+    """This process's environment in quick mode, without conftest.py's 8 simulated devices
+    and JAX rules.
 
     Training on 8 simulated devices of a 2-core CPU is slow; the notebooks use the real
-    ones. TFDS_DATA_DIR (conftest.py's scratch directory) passes through, so the small
-    numbers split is built there, not in ~/tensorflow_datasets.
+    ones. The notebooks are a user's code, run under JAX's defaults as in a user's kernel
+    (their cells broadcast a bias over heads, which the tests' rank rule refuses).
+    TFDS_DATA_DIR (conftest.py's scratch directory) passes through, so the small numbers
+    split is built there, not in ~/tensorflow_datasets.
     """
-    env = dict(os.environ, TRANSFORMER_JAX_NOTEBOOK_QUICK="1")
+    env = {name: value for name, value in os.environ.items()
+           if name.lower() not in JAX_RULES}
+    env["TRANSFORMER_JAX_NOTEBOOK_QUICK"] = "1"
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(SIMULATED_DEVICES)]
     env["XLA_FLAGS"] = " ".join(flags)
     return env

@@ -14,6 +14,7 @@ import sys
 import time
 
 import jax
+import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
@@ -265,9 +266,11 @@ def test_a_resume_with_another_kind_of_data_iterator_keeps_the_state_on_a_new_sh
     tiny = shared_run().model
     count = sum(x.size for x in jax.tree.leaves(load_trained_params(str(workdir)).params))
     (start,) = [line for line in printed.out.splitlines() if "training steps" in line]
+    devices = jax.devices()  # the CPU's 8 simulated devices, or one GPU
+    on = f"{len(devices)} {devices[0].device_kind} device{'s' * (len(devices) > 1)}"
     assert start.startswith(f"resumed at step 4; training steps 5-6: {count:,}"
                             f" parameters ({tiny.num_layers} layers of width {tiny.d_model}, "
-                            f"float32) on 8 cpu devices, pmap; ")
+                            f"float32) on {on}, pmap; ")
     assert ("8 packed rows of 12 + 24 tokens per update;" if value != "bucketed"
             else "bucketed batches (above);") in start
     warned = [line for line in printed.err.splitlines() if "warning:" in line]
@@ -702,6 +705,8 @@ def test_a_run_already_at_its_last_step_says_there_is_nothing_to_train(trained_r
     assert files(tmp_path / "run")["metrics.jsonl"] == before["metrics.jsonl"]
 
 
+@pytest.mark.skipif(jax.device_count() < 2, reason="needs a mesh of 2 or more devices; this "
+                    "backend has one")
 def test_the_pallas_layer_norm_is_refused_on_a_sharded_mesh(tmp_path):
     """Its kernels see one device's rows: over a mesh XLA would gather every row to each
     device. pmap runs them per device; the refusal comes before the data is prepared."""
@@ -721,12 +726,13 @@ def test_the_pallas_layer_norm_trains_off_a_gpu_with_a_warning(tmp_path, capsys)
         config = shared_run(num_train_steps=2, log_every_steps=1,
                             **{"model.layer_norm_implementation": implementation})
         records = train(config, str(tmp_path / implementation)).records
-        losses[implementation] = [round(r["loss"], 4) for r in records]
+        losses[implementation] = [r["loss"] for r in records]
         out = capsys.readouterr()
         warned = "'pallas' runs its kernels in Pallas's interpreter on cpu" in \
             out.out + out.err
         assert warned == (implementation == "pallas" and jax.default_backend() != "gpu")
-    assert len(losses["xla"]) == 2 and losses["pallas"] == losses["xla"]
+    assert len(losses["xla"]) == 2  # on a GPU the kernels are Triton's: float32 rounding
+    np.testing.assert_allclose(losses["pallas"], losses["xla"], rtol=1e-5)
 
 
 def test_an_empty_workdir_is_refused_not_the_current_directory(tmp_path, monkeypatch):
