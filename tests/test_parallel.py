@@ -221,8 +221,7 @@ def test_local_params_are_placed_as_restored_parameters_are(strategy, devices):
 def xla_one_device():
     """`one_device` with XLA's reductions over V, which the CPU runs, on any machine."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(losses, "logit_terms", losses.xla_logit_terms)
-        patch.setattr(output_loss, "logit_terms", losses.xla_logit_terms)
+        use_logit_terms(patch, losses.xla_logit_terms)
         return run_one_device(3)
 
 
@@ -237,9 +236,14 @@ def gpu_reductions(monkeypatch):
         calls.append(logits.shape)
         return losses.two_pass_logit_terms(logits, targets)
 
-    monkeypatch.setattr(losses, "logit_terms", two_pass)
-    monkeypatch.setattr(output_loss, "logit_terms", two_pass)
+    use_logit_terms(monkeypatch, two_pass)
     return calls
+
+
+def use_logit_terms(patch: pytest.MonkeyPatch, logit_terms):
+    """`logit_terms` in place of `losses.logit_terms`, for the whole logits and the chunks."""
+    patch.setattr(losses, "logit_terms", logit_terms)
+    patch.setattr(output_loss, "logit_terms", logit_terms)
 
 
 @pytest.mark.parametrize("strategy", ["pmap", "sharded"])
