@@ -132,8 +132,9 @@ def test_the_module_has_flax_layer_norms_parameters():
 
 @pytest.mark.parametrize("pre_layer_norm", [False, True])
 def test_the_train_step_with_the_kernels_equals_the_xla_norms(pre_layer_norm):
-    """One update of the tiny model, dropout on: the same loss, gradient norm and
-    parameters with the Pallas kernels as with nn.LayerNorm (same masks: one key)."""
+    """One update of the tiny model (one layer each side), dropout on: the same loss,
+    gradient norm and parameters with the Pallas kernels as with nn.LayerNorm (same masks:
+    one key)."""
     # Adam's eps 1e-3, not 1e-9: the key projections' biases have an exactly zero gradient,
     # whose rounding noise Adam's first step would scale to a whole step (test_parallel.py).
     optimizer = make_optimizer(d_model=32, warmup_steps=10, eps=1e-3)
@@ -142,7 +143,8 @@ def test_the_train_step_with_the_kernels_equals_the_xla_norms(pre_layer_norm):
              "targets": rng.integers(1, 50, (4, 8)).astype(np.int32)}
     results = []
     for implementation in ("xla", "pallas"):
-        config = get_model_config("tiny", vocab_size=50, pre_layer_norm=pre_layer_norm,
+        config = get_model_config("tiny", vocab_size=50, num_layers=1,
+                                  pre_layer_norm=pre_layer_norm,
                                   layer_norm_implementation=implementation)
         model = Transformer(config)
         state = create_train_state(model, optimizer.tx, jax.random.key(0))

@@ -724,7 +724,8 @@ def test_the_pallas_layer_norm_trains_off_a_gpu_with_a_warning(tmp_path, capsys)
     losses = {}
     for implementation in ("xla", "pallas"):
         config = shared_run(num_train_steps=2, log_every_steps=1,
-                            **{"model.layer_norm_implementation": implementation})
+                            **{"model.layer_norm_implementation": implementation,
+                               "model.num_layers": 1})
         records = train(config, str(tmp_path / implementation)).records
         losses[implementation] = [r["loss"] for r in records]
         out = capsys.readouterr()
