@@ -540,6 +540,15 @@ def test_shape_errors():
         dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=jnp.ones((B, 1, T, S + 1), bool))
 
 
+def test_integer_inputs_are_refused():
+    """jax.nn.dot_product_attention returns an int array of zeros for these: refused here."""
+    q_BTNH, k_BSNH, v_BSNH = (x.astype(jnp.int32) for x in random_qkv())
+    with pytest.raises(TypeError) as error:
+        dot_product_attention(q_BTNH, k_BSNH.astype(jnp.float32), v_BSNH)
+    assert str(error.value) == ("query, key and value must be floating point, got int32, "
+                                "float32, int32")
+
+
 def test_mask_as_nested_list():
     """A mask given as a Python list works like the same bool array."""
     q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=14)

@@ -112,3 +112,20 @@ def test_a_missing_key_is_one_clear_error_unless_nothing_is_dropped():
     with pytest.raises(ValueError, match="needs a PRNG key"):
         dropout(x, 0.1, None)
     assert dropout(x, 0.0, None) is x
+
+
+def test_a_seed_for_a_key_and_integer_inputs_are_refused_in_one_line():
+    """An int seed in place of a key would fail deep inside jax.random; integer x would
+    round the kept values' 1 / (1 - rate) away (1 stays 1). Typed and raw keys both work."""
+    x = jnp.ones((2, 3))
+    with pytest.raises(TypeError) as error:
+        dropout(x, 0.1, 0)
+    assert str(error.value) == ("dropout's key must be a JAX PRNG key, e.g. "
+                                "jax.random.key(0), got 0")
+    with pytest.raises(TypeError) as error:
+        dropout(jnp.ones((2, 3), jnp.int32), 0.1, jax.random.key(0))
+    assert str(error.value) == ("dropout scales x by 1 / (1 - rate): x must be floating "
+                                "point, got int32")
+    typed, raw = dropout(x, 0.5, jax.random.key(3)), dropout(x, 0.5, jax.random.PRNGKey(3))
+    np.testing.assert_array_equal(typed, raw)
+    assert set(np.unique(np.asarray(typed)).tolist()) <= {0.0, 2.0}

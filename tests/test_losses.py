@@ -260,6 +260,25 @@ def test_label_smoothing_out_of_range_raises(eps):
         label_smoothed_cross_entropy(logits_BTV, targets_BT, label_smoothing=eps)
 
 
+def test_targets_outside_the_vocabulary_or_not_integers_raise():
+    """Known targets outside [0, V) would take no logit (an id V) or the last one (-1), and
+    float targets would compare with the vocabulary's ids: both a one-line error. Traced
+    targets are checked for their dtype only."""
+    logits_BTV, targets_BT = random_logits_targets()
+    for fn in (label_smoothed_cross_entropy, accuracy):
+        for bad_id, (low, high) in ((V, (0, V)), (-3, (-3, int(targets_BT.max())))):
+            with pytest.raises(ValueError) as error:
+                fn(logits_BTV, targets_BT.at[1, 2].set(bad_id))  # a padding target's place
+            assert str(error.value) == (f"targets must be in [0, {V}) (vocab_size), got ids "
+                                        f"from {low} to {high}")
+        with pytest.raises(TypeError, match="^targets must be integer ids, got float32$"):
+            fn(logits_BTV, targets_BT.astype(jnp.float32))
+        with pytest.raises(TypeError, match="^targets must be integer ids, got float32\n"):
+            jax.jit(fn)(logits_BTV, targets_BT.astype(jnp.float32))
+        weight = jax.jit(fn)(logits_BTV, targets_BT.at[0, 0].set(V))[1]  # not known: no check
+        assert float(weight) == np.sum(np.asarray(targets_BT) != 0)
+
+
 def test_shape_mismatch_raises():
     """Logits must be targets' shape + (V,), and weights targets' shape."""
     logits_BTV, targets_BT = random_logits_targets()

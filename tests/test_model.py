@@ -265,6 +265,13 @@ def test_parameter_count_matches_paper_and_formula(name, paper):
     assert abs(counts["total"] - paper) / paper < 0.05
 
 
+def test_parameter_count_of_a_preset_name_says_what_to_pass():
+    with pytest.raises(TypeError) as error:
+        count_parameters("base")
+    assert str(error.value) == ("count_parameters takes a ModelConfig, e.g. "
+                                "get_model_config('base'), got 'base'")
+
+
 def test_parameter_count_deltas_of_variants():
     """Pre-LN adds two final norms (4D); learned positions add 2 * max_length * D; the
     paper's attention without biases drops 4D per attention, 3 attentions per layer pair."""
@@ -432,7 +439,30 @@ def test_an_eager_call_refuses_ids_outside_the_vocabulary(variables, bad_id):
     assert str(error.value) == expected
     bad_BT = targets_BT.copy()
     bad_BT[0, 0] = bad_id
-    with pytest.raises(ValueError, match=rf"^token ids must be in \[0, {TINY.vocab_size}\)"):
+    with pytest.raises(ValueError, match=rf"^targets must be in \[0, {TINY.vocab_size}\)"):
         Transformer(TINY).apply(variables, inputs_BS, bad_BT)
     assert Transformer(TINY).apply(variables, inputs_BS, targets_BT).shape == (
         *TARGETS_SHAPE, TINY.vocab_size)
+
+
+def test_floats_lists_and_unbatched_ids_are_refused_in_one_line(variables):
+    """Ids that are not a (B, T) integer array are refused before any lookup: jnp.take
+    would fail deep inside JAX, or a missing batch axis in a broadcast much later."""
+    inputs_BS, targets_BT = map(np.asarray, _batch(0))
+    model = Transformer(TINY)
+    cases = [((inputs_BS.astype(np.float32), targets_BT), TypeError,
+              "token ids must be integer ids, got float32"),
+             ((inputs_BS.tolist(), targets_BT), TypeError,
+              "token ids must be an array of integer ids, got a list (jnp.asarray makes one)"),
+             ((inputs_BS[0], targets_BT), ValueError,
+              f"token ids must be (B, T), got shape ({inputs_BS.shape[1]},); a single "
+              f"sequence is ids[None]"),
+             ((inputs_BS, targets_BT[0]), ValueError,
+              f"targets must be (B, T), got shape ({targets_BT.shape[1]},); a single "
+              f"sequence is ids[None]"),
+             ((inputs_BS, targets_BT.astype(bool)), TypeError,
+              "targets must be integer ids, got bool")]
+    for args, kind, expected in cases:
+        with pytest.raises(kind) as error:
+            model.apply(variables, *args)
+        assert str(error.value).splitlines()[0] == expected

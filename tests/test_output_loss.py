@@ -189,3 +189,7 @@ def test_bad_arguments_raise(bad, match):
         output_loss(features, table, targets, **bad)
     with pytest.raises(ValueError, match="must be targets"):
         output_loss(features, table, targets[:, :3])
+    with pytest.raises(ValueError, match=rf"^targets must be in \[0, {V}\) \(vocab_size\)"):
+        output_loss(features, table, targets.at[1, 1].set(V))
+    with pytest.raises(TypeError, match="^targets must be integer ids, got float32$"):
+        output_loss(features, table, targets.astype(jnp.float32))

@@ -68,3 +68,15 @@ def test_a_run_trained_with_the_pallas_norm_translates_with_flaxs_off_a_gpu():
         get_model_config("tiny", layer_norm_implementation="pallas", dropout_bits=8)
     assert inference_model({**saved, "layer_norm_implementation": "xla"}).config == \
         get_model_config("tiny", dropout_bits=8)
+
+
+def test_a_step_may_be_an_int(trained_run):
+    """`Translator.from_workdir(workdir, checkpoint=2)`, as Python callers write it, is the
+    step that "2" names (the shared run saved steps 2 and 4); a float is refused."""
+    workdir = str(trained_run.workdir)
+    by_str, by_int = (load_trained_params(workdir, which) for which in ("2", 2))
+    assert by_int.steps == by_str.steps == [2]
+    jax.tree.map(np.testing.assert_array_equal, by_int.params, by_str.params)
+    with pytest.raises(TypeError, match=r"^checkpoint must be latest, a step or average:N, "
+                                        r"got 2\.0$"):
+        load_trained_params(workdir, 2.0)

@@ -222,6 +222,20 @@ def test_translate_errors_are_one_line(workdir, tmp_path):
     assert unreadable.stderr.strip() == "error: cannot read stdin: Bad file descriptor"
 
 
+def test_a_setting_of_no_number_type_is_a_type_error_naming_what_it_must_be():
+    """Translator's search settings take what the flags take; absl's own words for another
+    type ("Expect argument to be a string or int") are the command line's, not Python's."""
+    for (name, value), expected in (
+            (("beam_size", 2.5), "beam_size=2.5: must be a positive integer, not a float"),
+            (("max_extra_length", True),
+             "max_extra_length=True: must be a non-negative integer, not a bool"),
+            (("alpha", [0.6]), "alpha=[0.6]: must be a non-negative number, not a list")):
+        with pytest.raises(TypeError) as error:
+            check_setting(name, value)
+        assert str(error.value) == expected
+    assert check_setting("beam_size", np.int64(3)) == 3 and check_setting("alpha", 1) == 1.0
+
+
 def refusal(name: str, value) -> str:
     """The ValueError's message for setting `name` = `value` in Translator, e.g.
     "beam_size=0: 0 is not a positive integer"."""

@@ -322,7 +322,8 @@ def dot_product_attention(
 
 
 def _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS) -> None:
-    """Clear errors for the shape mistakes that otherwise surface deep in XLA."""
+    """Clear errors for the shape and dtype mistakes that otherwise surface deep in XLA,
+    or not at all."""
     q, k, v = query_BTNH.shape, key_BSNH.shape, value_BSNH.shape
     if len(q) != 4 or len(k) != 4 or len(v) != 4:
         raise ValueError(
@@ -331,6 +332,11 @@ def _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS) -> Non
         )
     if k != v:
         raise ValueError(f"key {k} and value {v} must have one shape")
+    dtypes = [x.dtype for x in (query_BTNH, key_BSNH, value_BSNH)]
+    if not all(jnp.issubdtype(dtype, jnp.floating) for dtype in dtypes):
+        # jax.nn.dot_product_attention takes integers and returns a meaningless int array.
+        raise TypeError(f"query, key and value must be floating point, got "
+                        f"{', '.join(map(str, dtypes))}")
     b, t, n, h = q
     if (k[0], k[2], k[3]) != (b, n, h):
         raise ValueError(f"query {q} and key {k} differ in B, N or H")

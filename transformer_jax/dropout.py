@@ -37,6 +37,14 @@ def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
         return x
     if key is None:
         raise ValueError(f"dropout at rate {rate} needs a PRNG key, e.g. jax.random.key(0)")
+    key_dtype = getattr(key, "dtype", None)
+    if key_dtype is None or not (jax.dtypes.issubdtype(key_dtype, jax.dtypes.prng_key)
+                                 or key_dtype == np.uint32):  # a typed key, or a raw one
+        raise TypeError(f"dropout's key must be a JAX PRNG key, e.g. jax.random.key(0), "
+                        f"got {key!r}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"dropout scales x by 1 / (1 - rate): x must be floating point, "
+                        f"got {x.dtype}")
     threshold = round(rate * 2**bits)
     u = _uniform_bits(key, x.shape, np.dtype(f"uint{bits}"))
     keep = u >= np.asarray(threshold, u.dtype)

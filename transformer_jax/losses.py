@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from transformer_jax.token_ids import PAD_ID
+from transformer_jax.token_ids import PAD_ID, check_ids
 
 
 def label_smoothed_cross_entropy(
@@ -205,8 +205,10 @@ def smoothed_target(label_smoothing: float, vocab_size: int) -> tuple[float, flo
 
 
 def _checked(logits_BTV, targets_BT, weights_BT):
-    """Arrays with agreeing shapes; weights float32, `targets_BT != 0` by default."""
+    """Arrays with agreeing shapes, integer targets in [0, V) (`check_ids`); weights
+    float32, `targets_BT != 0` by default."""
     logits_BTV, targets_BT = jnp.asarray(logits_BTV), jnp.asarray(targets_BT)
+    check_ids(targets_BT, "targets", logits_BTV.shape[-1])
     if logits_BTV.shape[:-1] != targets_BT.shape:
         raise ValueError(
             f"logits shape {logits_BTV.shape} must be targets shape {targets_BT.shape} + (V,)"

@@ -13,7 +13,6 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from transformer_jax.decoding import PerExample
 from transformer_jax.layer_norm import LayerNorm
@@ -22,7 +21,7 @@ from transformer_jax.masks import combine_masks, padding_mask, segment_mask
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.output_loss import output_loss
 from transformer_jax.positional import sinusoidal_encoding
-from transformer_jax.token_ids import DECODER_START_ID, PAD_ID
+from transformer_jax.token_ids import DECODER_START_ID, PAD_ID, check_ids
 from transformer_jax.train_state import abstract_params
 
 
@@ -70,15 +69,9 @@ class Embedder(nn.Module):
         this took the base step's scatters on an H100 from 18 to 0.2 ms (BENCHMARKS.md).
         """
         c = self.config
-        if not isinstance(inputs, jax.core.Tracer) and np.size(inputs):
-            # Known ids (a notebook's eager model.apply): one outside [0, V) would gather a
-            # row of NaN (jnp.take fills rows out of range). Checked on the host, so that
-            # nothing is added to a traced program; traced ids are unknown, and unchecked.
-            ids = np.asarray(inputs)
-            low, high = int(ids.min()), int(ids.max())
-            if low < 0 or high >= c.vocab_size:
-                raise ValueError(f"token ids must be in [0, {c.vocab_size}) (vocab_size), "
-                                 f"got ids from {low} to {high}")
+        # Known ids (a notebook's eager model.apply) outside [0, V) would gather rows of NaN
+        # (jnp.take fills rows out of range): refused, as floats and unbatched ids are.
+        check_ids(inputs, "token ids", c.vocab_size, batched=True)
         rows_BTD = jnp.take(self.table.embedding, inputs, axis=0)
         return rows_BTD.astype(c.compute_dtype) * jnp.sqrt(c.d_model).astype(c.compute_dtype)
 
@@ -195,6 +188,7 @@ class Decoder(nn.Module):
         """What the tied output layer reads, `(B, T, D)`: the last layer's output (pre-LN:
         after the final norm)."""
         memory_BSD = encoded
+        check_ids(targets, "targets", self.config.vocab_size, batched=True)
         decoder_inputs_BT, self_mask_B1TT, cross_mask_B1TS = self._masks(
             inputs, targets, inputs_segmentation, targets_segmentation)
         y_BTD = self.positions(self.embedder.encode(decoder_inputs_BT), targets_positions,
@@ -342,6 +336,9 @@ class Transformer(nn.Module):
 
 def count_parameters(config: ModelConfig) -> dict[str, int]:
     """Parameter counts per top-level part and in total, without allocating them."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"count_parameters takes a ModelConfig, e.g. "
+                        f"get_model_config('base'), got {config!r}")
     counts = {name: sum(x.size for x in jax.tree.leaves(tree))
               for name, tree in abstract_params(Transformer(config)).items()}
     counts["total"] = sum(counts.values())

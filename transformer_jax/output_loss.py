@@ -34,7 +34,7 @@ import numpy as np
 
 from transformer_jax.losses import (is_correct, logit_terms, smoothed_loss, smoothed_target,
                                     target_mask)
-from transformer_jax.token_ids import PAD_ID
+from transformer_jax.token_ids import PAD_ID, check_ids
 
 
 def output_loss(features, table, targets, weights=None, *, label_smoothing: float = 0.0,
@@ -56,6 +56,7 @@ def output_loss(features, table, targets, weights=None, *, label_smoothing: floa
     `losses.accuracy` on those logits return them.
     """
     features, targets = jnp.asarray(features), jnp.asarray(targets)
+    check_ids(targets, "targets", table.shape[0])
     if features.shape[:-1] != targets.shape or table.shape[-1] != features.shape[-1]:
         raise ValueError(f"features {features.shape} must be targets {targets.shape} + (D,) "
                          f"with table (V, D), got table {table.shape}")

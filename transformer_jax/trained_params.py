@@ -82,8 +82,13 @@ def _read(checkpointer: Checkpointer, step: int) -> TrainedParams:
     return TrainedParams([step], metadata, model, params)
 
 
-def load_trained_params(workdir: str, which: str = "latest") -> TrainedParams:
-    """The parameters of `workdir`'s checkpoints that `which` names (see above)."""
+def load_trained_params(workdir: str, which: str | int = "latest") -> TrainedParams:
+    """The parameters of `workdir`'s checkpoints that `which` names (see above; a step may
+    be an int)."""
+    if isinstance(which, int) and not isinstance(which, bool):
+        which = str(which)
+    elif not isinstance(which, str):
+        raise TypeError(f"checkpoint must be latest, a step or average:N, got {which!r}")
     if not workdir:  # os.path.abspath("") is the current directory
         raise CheckpointChoiceError("the workdir is empty (an unset shell variable?); name a "
                                     "training run's folder")

@@ -47,7 +47,7 @@ class Translator:
     steps: list[int]
 
     @classmethod
-    def from_workdir(cls, workdir: str, checkpoint: str = "latest") -> "Translator":
+    def from_workdir(cls, workdir: str, checkpoint: str | int = "latest") -> "Translator":
         """`workdir`'s parameters named by `checkpoint` (latest, a step, or average:N)."""
         try:
             trained = load_trained_params(workdir, checkpoint)
@@ -143,10 +143,14 @@ def check_setting(name: str, value):
     "beam_size=0: 0 is not a positive integer", or a TypeError for a value of no number type."""
     if value is None:
         return None
+    parser = SEARCH_SETTINGS[name]
     try:
-        return SEARCH_SETTINGS[name].parse(value.item() if isinstance(value, np.generic) else value)
-    except (TypeError, ValueError) as error:
-        raise type(error)(f"{name}={value!r}: {error}") from None
+        return parser.parse(value.item() if isinstance(value, np.generic) else value)
+    except TypeError:  # absl's words ("Expect argument to be a string or int") are the flag's
+        raise TypeError(f"{name}={value!r}: must be {parser.syntactic_help}, not a "
+                        f"{type(value).__name__}") from None
+    except ValueError as error:
+        raise ValueError(f"{name}={value!r}: {error}") from None
 
 
 def sentence_list(sentences) -> list[str]:
