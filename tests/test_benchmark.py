@@ -288,13 +288,18 @@ def test_a_tokamax_layer_norm_that_cannot_run_stops_the_model_suite_first(monkey
 
 
 def test_output_files_are_checked_before_anything_runs(tmp_path, capsys):
-    """--json and --plot in a folder that cannot be made, or naming a folder, stop the
-    command before the suite runs; a missing folder is made."""
+    """--json and --plot in a folder that cannot be made, or naming a folder, and a
+    --profile folder that is a file, stop the command before the suite runs; a missing
+    folder is made."""
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     for argv, message in [(["attention", f"--json={blocker}/x.json"], "cannot make its folder"),
                           (["attention", f"--plot={blocker}/x.png"], "cannot make its folder"),
-                          (["attention", f"--json={tmp_path}"], "is a folder")]:
+                          (["attention", f"--json={tmp_path}"], "is a folder"),
+                          (["model", f"--profile={blocker}"],
+                           f"error: --profile {blocker} is a file, not a folder"),
+                          (["model", f"--profile={blocker}/traces"],
+                           f"error: --profile {blocker}/traces is not a writable folder")]:
         with pytest.raises(SystemExit):
             main(argv)
         assert message in capsys.readouterr().err

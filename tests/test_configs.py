@@ -136,7 +136,11 @@ def test_a_config_flag_loads_its_file_with_load_config_file(tmp_path):
     ("optim.warmup_steps", 0, "config.optim.warmup_steps must be >= 1, got 0"),
     ("model.dtype", "x", "config.model.dtype must be one of 'float32', 'bfloat16', 'float16', "
                          "got 'x'"),
-    ("data.vocab_size", 1, "config.data.vocab_size must be at least 2, got 1"),
+    ("data.vocab_size", 260, "config.data.vocab_size must be an integer >= 261 (the "
+                             "tokenizer's 4 special and 256 byte pieces, and one per distinct "
+                             "character of the corpus), got 260"),
+    ("data.tokenizer_sentences", 0,
+     "config.data.tokenizer_sentences must be a positive integer, got 0"),
 ])
 def test_optim_and_model_errors_name_the_full_key(key, value, message):
     config = tiny_run(**{key: value})

@@ -57,6 +57,18 @@ def test_unknown_config_key_is_rejected():
     assert result.returncode != 0 and "vocab" in result.stderr
 
 
+def test_a_bad_config_value_is_train_pys_one_line_before_anything_is_read(tmp_path):
+    """`prepare` and the show mode run train.py's config checks first: a bad value is named
+    at once (not a traceback from the dataset, not after reading every training pair), and
+    no workdir is made."""
+    for command in (["prepare", f"--workdir={tmp_path / 'run'}"], []):
+        result = run_cli(*command, "--config.data.numbers_size=tiny")
+        assert result.returncode == 1
+        assert result.stderr.strip() == ("error: config.data.numbers_size must be one of "
+                                         "'full', 'small', got 'tiny'")
+    assert not (tmp_path / "run").exists()
+
+
 def test_prepare_names_a_damaged_file_and_prepares_or_stops(tmp_path):
     """A manifest cut short: a warning naming it, the split prepared again, exit 0. A
     tokenizer model cut short with no record to train it again by: one error line naming

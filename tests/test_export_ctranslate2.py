@@ -26,7 +26,7 @@ from transformer_jax.model_config import get_model_config  # noqa: E402
 from transformer_jax.predict import predict  # noqa: E402
 from transformer_jax.token_ids import EOS_ID, PAD_ID  # noqa: E402
 from transformer_jax.train_state import init_params  # noqa: E402
-from transformer_jax.translation import Translator  # noqa: E402
+from transformer_jax.translation import SentenceTooLongError, Translator  # noqa: E402
 
 # Distinct sizes, so no transpose of a projection passes by accident.
 ARCHITECTURES = {
@@ -169,6 +169,26 @@ def test_translate_refuses_what_translator_refuses(exported, monkeypatch):
         assert str(error.value) == message
     with pytest.raises(TypeError, match="^translate takes a list of sentences, not one str"):
         theirs.translate("null")
+
+
+def test_outputs_and_sources_stay_within_the_exported_positions(translating_run, test_split,
+                                                                 tmp_path):
+    """Exported with --max_positions=P (one less than the longest test source): every output
+    stops by P tokens (CTranslate2 itself fails at position P), and a longer source is
+    refused by name before any search."""
+    _, pairs, ids = test_split
+    positions = max(map(len, ids)) - 1
+    export(str(translating_run.workdir), str(tmp_path / "short"), fmt="ctranslate2",
+           max_positions=positions)
+    theirs = CTranslate2Translator.from_export(str(tmp_path / "short"))
+    fitting = [i for i in ids if len(i) <= positions][:50]
+    outputs = theirs.translate_ids(fitting, beam_size=2, alpha=0.6, max_extra_length=50)
+    assert max(map(len, outputs)) == positions  # some reach the end of the table
+    longer = next(p["source"] for p, i in zip(pairs, ids) if len(i) > positions)
+    with pytest.raises(SentenceTooLongError) as error:
+        theirs.translate(["null", longer])
+    assert str(error.value).endswith(f"more than the export's max_positions={positions}; split "
+                                     f"it or export with a larger --max_positions")
 
 
 def _run(*args, stdin=None):

@@ -18,7 +18,7 @@ import pytest
 from run_configs import ROOT
 from transformer_jax.data import load_split
 from transformer_jax.export import serve_stablehlo
-from transformer_jax.export.manifest import staged_directory, write_manifest
+from transformer_jax.export.manifest import ExportError, staged_directory, write_manifest
 from transformer_jax.export.serve_stablehlo import StableHLOError, StableHLOTranslator
 from transformer_jax.export.stablehlo import export_stablehlo, portable_config
 from transformer_jax.model_config import get_model_config
@@ -299,6 +299,16 @@ def test_a_staged_export_replaces_the_old_one_only_when_done(tmp_path):
         pathlib.Path(staging, "new.txt").write_text("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
     assert [p.name for p in output.iterdir()] == ["new.txt"]
+
+
+def test_an_output_under_a_file_is_one_export_error(tmp_path):
+    """--output inside a file (or a folder without permission): ExportError, which the
+    command prints in one line, rather than makedirs' OSError."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ExportError) as error, staged_directory(str(blocker / "out")):
+        pass
+    assert str(error.value).startswith(f"--output's folder {blocker} is not a writable folder: ")
 
 
 def test_exports_lower_with_implementations_every_platform_has():

@@ -190,6 +190,19 @@ def test_the_command_line_draws_one_run_into_its_workdir_and_several_here(tmp_pa
     assert not (two / "curves.png").exists()
 
 
+def test_output_makes_its_folder_and_must_name_a_png(tmp_path):
+    """As the benchmark's --plot: a missing folder is made; a name that is not .png is
+    refused (argparse's usage error) before anything is drawn."""
+    run = write_run(tmp_path / "run", RECORDS)
+    done = run_cli(run, f"--output={tmp_path / 'plots' / 'new' / 'c.png'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert png_size(tmp_path / "plots" / "new" / "c.png") == (1500, 420)
+    done = run_cli(run, "--output=c.txt", cwd=tmp_path)
+    assert done.returncode == 2 and not (tmp_path / "c.txt").exists()
+    assert done.stderr.splitlines()[-1].endswith("error: --output needs a .png file name, got "
+                                                 "'c.txt'")
+
+
 @pytest.mark.parametrize("case", ["no metrics.jsonl", "no folder", "empty", "unwritable"])
 def test_command_line_errors_are_one_line(tmp_path, case):
     run = tmp_path / "run"

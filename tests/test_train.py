@@ -37,10 +37,14 @@ def records(workdir) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def test_one_step_on_the_builtin_data(tmp_path):
-    """One train step and one evaluation: metrics.jsonl, TensorBoard files, a checkpoint."""
-    result = train(tiny_run(num_train_steps=1), str(tmp_path))
+def test_one_step_on_the_builtin_data(tmp_path, capsys):
+    """One train step and one evaluation: metrics.jsonl, TensorBoard files, a checkpoint;
+    a profile asked of a run too short for it is named, not silently skipped."""
+    result = train(tiny_run(num_train_steps=1, profile_steps=5), str(tmp_path))
     assert result.step == 1 and not result.stopped_early
+    assert ("note: nothing is traced: config.profile_steps traces steps after the first 10 "
+            "of a start (from step 11), and this run ends at step 1") in capsys.readouterr().out
+    assert not (tmp_path / "plugins").exists()
     train_record, eval_record = records(tmp_path)
     assert train_record["step"] == 1 and train_record["loss"] > 0
     # Its only step waited for compiling: no rates rather than the compiler's (MetricsWindow).

@@ -56,6 +56,17 @@ def test_an_empty_workdir_is_refused_not_taken_for_the_current_folder(tmp_path, 
         load_trained_params("")
 
 
+def test_a_missing_workdir_is_named_and_an_empty_one_is_sent_to_train(tmp_path):
+    """A misspelt --workdir is "no such folder", not "train first"; a folder without
+    checkpoints is."""
+    missing = str(tmp_path / "runs" / "defualt")
+    with pytest.raises(CheckpointChoiceError) as error:
+        load_trained_params(missing)
+    assert str(error.value) == f"{missing}: no such folder (the training run's workdir)"
+    with pytest.raises(CheckpointChoiceError, match=r"has no checkpoints; train first"):
+        load_trained_params(str(tmp_path))
+
+
 def test_a_run_trained_with_the_pallas_norm_translates_with_flaxs_off_a_gpu():
     """The checkpoint's model as saved, but the layer norm: Pallas's kernels on a GPU, Flax's
     elsewhere (where the kernels would be interpreted); every other field as saved."""

@@ -11,6 +11,7 @@ import tempfile
 from transformer_jax.attention import cudnn_unsupported, xla_unsupported
 from transformer_jax.data.numbers import CONFIG_SIZES as NUMBERS_SIZES
 from transformer_jax.data.pipeline import BATCHING, TOO_LONG
+from transformer_jax.data.tokenizer import MIN_VOCAB_SIZE
 from transformer_jax.losses import smoothed_target
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.optim import optimizer_from_config
@@ -37,6 +38,10 @@ def check_config(config) -> None:
     _require_int(config, "decode.bleu_every_steps", 0, "an integer >= 0 (0: off)")
     for side in ("source", "target"):  # a row holds at least one token and EOS
         _require_int(config, f"data.max_{side}_length", 2, "an integer >= 2")
+    _require_int(config, "data.vocab_size", MIN_VOCAB_SIZE,
+                 f"an integer >= {MIN_VOCAB_SIZE} (the tokenizer's 4 special and 256 byte "
+                 f"pieces, and one per distinct character of the corpus)")
+    _require_int(config, "data.tokenizer_sentences", 1, "a positive integer")
     for name in ("beam_size", "alpha", "max_extra_length"):
         _require_search_setting(config, name)
     _check_batch_size(config)

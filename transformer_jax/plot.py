@@ -322,6 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", metavar="FILE.png",
                         help=f"default: WORKDIR/{CURVES} for one run, ./{CURVES} for several")
     args = parser.parse_args(argv)
+    if args.output and not args.output.lower().endswith(".png"):
+        parser.error(f"--output needs a .png file name, got {args.output!r}")
     output = args.output or (os.path.join(args.workdirs[0], CURVES) if len(args.workdirs) == 1
                              else CURVES)
     try:
@@ -332,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as error:
         return _fail(f"drawing needs matplotlib ({error}): pip install 'matplotlib>=3.8'")
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)  # as --plot's
         save_png(figure, output)
     except OSError as error:
         return _fail(f"cannot write {output}: {error.strerror or error}")

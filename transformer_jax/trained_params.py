@@ -93,6 +93,8 @@ def load_trained_params(workdir: str, which: str | int = "latest") -> TrainedPar
         raise CheckpointChoiceError("the workdir is empty (an unset shell variable?); name a "
                                     "training run's folder")
     directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    if not os.path.isdir(workdir):  # a misspelt path: "train first" would mislead
+        raise CheckpointChoiceError(f"{workdir}: no such folder (the training run's workdir)")
     if not os.path.isdir(directory):
         raise CheckpointChoiceError(f"{workdir} has no checkpoints; train first "
                                     f"(python train.py --workdir={workdir})")

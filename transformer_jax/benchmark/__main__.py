@@ -15,6 +15,7 @@ from transformer_jax import profiling
 from transformer_jax.benchmark import SUITES, machine, report, timing
 from transformer_jax.benchmark.decode import beam_size
 from transformer_jax.benchmark.model import chosen_cases, parse_vary
+from transformer_jax.config_checks import ConfigError, writable_folder
 from transformer_jax.model_config import DTYPES
 
 
@@ -110,8 +111,8 @@ def _parse_lists(parser, args) -> None:
 
 
 def _check_outputs(parser, args) -> None:
-    """--plot's name, and --json's and --plot's folders (made now, not after the suite has
-    run for minutes); a note where --vary replaces what --profile compiles with."""
+    """--plot's name, and --json's, --plot's and --profile's folders (made now, not after the
+    suite has run for minutes); a note where --vary replaces what --profile compiles with."""
     if args.profile and (replaced := sorted(set(args.vary) & set(profiling.TRACEABLE))):
         print(f"note: --vary {', '.join(replaced)} replaces what --profile compiles with "
               f"({profiling.TRACEABLE}): on a GPU, its profile by part may then show CUDA "
@@ -121,6 +122,11 @@ def _check_outputs(parser, args) -> None:
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path and (why := _unwritable(path)):
             parser.error(f"{flag}={path}: {why}")
+    if args.profile:
+        try:
+            writable_folder(args.profile, "--profile")
+        except ConfigError as error:
+            parser.error(str(error))
 
 
 def _loss_chunks(parser, text: str) -> tuple[int, ...]:

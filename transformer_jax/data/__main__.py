@@ -17,7 +17,7 @@ import tempfile
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer_jax.config_checks import ConfigError, writable_folder
+from transformer_jax.config_checks import ConfigError, check_config, writable_folder
 from transformer_jax.data import report
 from transformer_jax.data.prepared import prepare, prepared_dir
 from transformer_jax.data.sources import DataError, load_split
@@ -44,6 +44,10 @@ def main(argv) -> None:
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/default.py")
+    try:
+        check_config(config)  # train.py's checks: a bad value is one line before any reading
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
     if command == ["prepare"]:
         if not _WORKDIR.value:
             raise app.UsageError("prepare needs --workdir: the run's directory, where the "

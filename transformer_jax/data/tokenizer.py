@@ -41,7 +41,7 @@ from transformer_jax.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 MODEL_TYPES = ("bpe", "unigram")
 # 4 specials + 256 byte pieces, plus one piece per distinct character of the corpus.
-_MIN_VOCAB_SIZE = 4 + 256 + 1
+MIN_VOCAB_SIZE = 4 + 256 + 1  # the specials, the bytes and one character
 # Fixed rather than os.cpu_count(): unigram scores depend on the thread count
 # (float sums split across threads), and a model should not depend on the machine.
 _NUM_THREADS = 4
@@ -198,10 +198,10 @@ def train_tokenizer(
     """
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
-    if vocab_size < _MIN_VOCAB_SIZE:
+    if vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(
             f"vocab_size {vocab_size} is too small: byte fallback needs 4 special and 256 "
-            f"byte pieces plus one per distinct character, at least {_MIN_VOCAB_SIZE}")
+            f"byte pieces plus one per distinct character, at least {MIN_VOCAB_SIZE}")
 
     # Peek so an empty corpus is a clear error rather than sentencepiece's bare check.
     corpus = (s for s in sentences if s)

@@ -33,7 +33,8 @@ from transformer_jax.model_config import ModelConfig
 from transformer_jax.positional import sinusoidal_encoding
 from transformer_jax.predict import BUCKET
 from transformer_jax.token_ids import BOS_ID, DECODER_START_ID, EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.translation import check_lengths, check_setting, search_settings, sentence_list
+from transformer_jax.translation import (SentenceTooLongError, check_lengths, check_setting,
+                                         search_settings, sentence_list)
 
 # ModelSpec.optimize's choices that a CPU or GPU runs; CTranslate2 converts at load time too.
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16",
@@ -177,6 +178,7 @@ class CTranslate2Translator:
     pieces: list[str]  # the vocabulary: id i is pieces[i]
     search: dict  # the run's beam_size, alpha, max_extra_length
     tokenizer: object = None  # transformer_jax.data.tokenizer.Tokenizer, for text
+    max_positions: int | None = None  # the export's position table: the longest in or out
 
     @classmethod
     def from_export(cls, directory: str, *, device: str = "cpu", compute_type: str = "default",
@@ -197,7 +199,8 @@ class CTranslate2Translator:
         except (RuntimeError, ValueError, OSError) as error:
             raise ExportError(f"CTranslate2 cannot load {directory}: {error}") from None
         return cls(translator, pieces, manifest["search"],
-                   Tokenizer.load(os.path.join(directory, TOKENIZER_FILE)))
+                   Tokenizer.load(os.path.join(directory, TOKENIZER_FILE)),
+                   manifest.get("max_positions"))
 
     def translate_ids(self, source_ids: list[list[int]], *, beam_size: int, alpha: float,
                       max_extra_length: int, batch_size: int = 32, patience: int = PATIENCE,
@@ -206,7 +209,8 @@ class CTranslate2Translator:
 
         Batches as `predict.predict` makes them (sorted by length, `batch_size` at a
         time), with the same output limit: the batch's longest source rounded up to a
-        multiple of `predict.BUCKET`, plus `max_extra_length` tokens.
+        multiple of `predict.BUCKET`, plus `max_extra_length` tokens, and no more than the
+        position table's `max_positions` (CTranslate2 fails past its end).
         """
         ids = {piece: i for i, piece in enumerate(self.pieces)}
         order = sorted(range(len(source_ids)), key=lambda i: len(source_ids[i]))
@@ -221,7 +225,9 @@ class CTranslate2Translator:
                 results = self.translator.translate_batch(
                     tokens, beam_size=beam_size, patience=patience, length_penalty=alpha,
                     max_input_length=0, min_decoding_length=0,  # ours may end at once
-                    max_decoding_length=longest + max_extra_length, return_end_token=True)
+                    max_decoding_length=min(longest + max_extra_length,
+                                            self.max_positions or float("inf")),
+                    return_end_token=True)
                 for j, result in zip(chosen, results):
                     outputs[j] = [ids[p] for p in result.hypotheses[0]]
         return outputs
@@ -237,5 +243,10 @@ class CTranslate2Translator:
         batch_size = check_setting("batch_size", batch_size)
         ids = self.tokenizer.encode_batch(sentence_list(sentences), add_eos=True)
         check_lengths(ids, check_setting("max_input_length", max_input_length))
+        if self.max_positions and (longest := max(map(len, ids), default=0)) > self.max_positions:
+            raise SentenceTooLongError(
+                f"a sentence has {longest} tokens, more than the export's "
+                f"max_positions={self.max_positions}; split it or export with a larger "
+                f"--max_positions")
         outputs = self.translate_ids(ids, batch_size=batch_size, progress=progress, **search)
         return self.tokenizer.decode_batch(outputs)

@@ -35,8 +35,12 @@ def staged_directory(output: str, *, force: bool = False):
     if os.path.exists(output) and not force:
         raise ExportError(f"--output {output} exists; choose another or pass --force")
     parent = os.path.dirname(output)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.partial-", dir=parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.partial-", dir=parent)
+    except OSError as error:  # a file in the path, or no permission
+        raise ExportError(f"--output's folder {parent} is not a writable folder: "
+                          f"{error.strerror or error}") from None
     try:
         yield staging
         umask = os.umask(0)
