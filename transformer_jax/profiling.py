@@ -247,6 +247,15 @@ class StepTrace:
         self.start_step = first_step + PROFILE_AFTER_STEPS  # traced: start_step + 1, ...
         self._started = self._runs = None
 
+    def unreached(self, last_step: int) -> str | None:
+        """A line saying that nothing will be traced, when the loop ends at `last_step`
+        before the trace would start; else None."""
+        if self.steps and self.start_step >= last_step:
+            return (f"note: nothing is traced: config.profile_steps traces steps after the "
+                    f"first {PROFILE_AFTER_STEPS} of a start (from step {self.start_step + 1}), "
+                    f"and this run ends at step {last_step}")
+        return None
+
     @property
     def tracing(self) -> bool:
         """Whether steps are being traced now (from `before` to `after` at the last one)."""

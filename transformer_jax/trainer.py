@@ -57,7 +57,7 @@ from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
 from transformer_jax import processes, provenance
-from transformer_jax.profiling import PROFILE_AFTER_STEPS, TRACEABLE, ProfileError, StepTrace
+from transformer_jax.profiling import TRACEABLE, ProfileError, StepTrace
 from transformer_jax.resume_checks import changed_settings, refuse_other_model, refuse_other_run
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
@@ -337,11 +337,8 @@ class _Loop:
         work = self._periodic_work(log, records)
         trace = StepTrace(self.workdir, first_step=first, steps=self.config.profile_steps
                           if jax.process_index() == 0 else 0)
-        if trace.steps and trace.start_step >= self.config.num_train_steps:
-            log.message(f"note: nothing is traced: config.profile_steps traces steps after "
-                        f"the first {PROFILE_AFTER_STEPS} of a start (from step "
-                        f"{trace.start_step + 1}), and this run ends at step "
-                        f"{self.config.num_train_steps}")
+        if note := trace.unreached(self.config.num_train_steps):
+            log.message(note)
         built = time.monotonic()  # the state built or restored, and placed
         try:
             self._window.start()
