@@ -141,6 +141,9 @@ def test_a_config_flag_loads_its_file_with_load_config_file(tmp_path):
                              "character of the corpus), got 260"),
     ("data.tokenizer_sentences", 0,
      "config.data.tokenizer_sentences must be a positive integer, got 0"),
+    *[("data.dataset", name, f"config.data.dataset: unknown dataset {name!r}; use "
+       "\"numbers\", \"tfds:NAME\" (e.g. tfds:wmt14_translate/de-en) or \"folder:PATH\"")
+      for name in ("wmt14", "tfds:", "folder:", "numbers:small", "Numbers")],
 ])
 def test_optim_and_model_errors_name_the_full_key(key, value, message):
     config = tiny_run(**{key: value})

@@ -28,6 +28,20 @@ def write_split(folder, split, de_lines, en_lines, *, end="\n"):
         (folder / f"{split}.{lang}").write_bytes("".join(l + end for l in lines).encode())
 
 
+def test_the_three_forms_of_a_dataset_name():
+    """config.data.dataset is "numbers", "tfds:NAME" or "folder:PATH" (the path may hold a
+    colon); anything else, an empty NAME or PATH among them, is a DataError naming the forms,
+    from the name alone (check_config asks before any workdir is made)."""
+    assert sources.dataset_kind("numbers") == ("numbers", "")
+    assert sources.dataset_kind("tfds:wmt14_translate/de-en") == ("tfds", "wmt14_translate/de-en")
+    assert sources.dataset_kind("folder:/data/a:b") == ("folder", "/data/a:b")
+    for name in ("", "tfds", "tfds:", "folder:", "numbers:small", "wmt14", "Folder:x"):
+        with pytest.raises(DataError, match=r"^unknown dataset .*; use \"numbers\", "):
+            sources.dataset_kind(name)
+        with pytest.raises(DataError, match=r"^unknown dataset "):
+            describe_split(data_config(dataset=name), "train")
+
+
 # --- folder:PATH --------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import tempfile
 from transformer_jax.attention import cudnn_unsupported, xla_unsupported
 from transformer_jax.data.numbers import CONFIG_SIZES as NUMBERS_SIZES
 from transformer_jax.data.pipeline import BATCHING, TOO_LONG
+from transformer_jax.data.sources import DataError, dataset_kind
 from transformer_jax.data.tokenizer import MIN_VOCAB_SIZE
 from transformer_jax.losses import smoothed_target
 from transformer_jax.model_config import ModelConfig
@@ -47,6 +48,10 @@ def check_config(config) -> None:
     _check_batch_size(config)
     _require_choice(config, "parallelism", STRATEGIES)
     _require_choice(config, "data.too_long", TOO_LONG)
+    try:
+        dataset_kind(config.data.dataset)
+    except DataError as error:
+        raise ConfigError(f"config.data.dataset: {error}") from None
     if config.data.dataset == "numbers":
         _require_choice(config, "data.numbers_size", tuple(NUMBERS_SIZES))
     try:

@@ -27,6 +27,16 @@ class DataError(ValueError):
     """A dataset that cannot be read as configured; the message says what to do."""
 
 
+def dataset_kind(dataset: str) -> tuple[str, str]:
+    """`config.data.dataset` as (kind, argument): ("numbers", ""), ("tfds", NAME) or
+    ("folder", PATH); a DataError naming the three forms for anything else."""
+    kind, _, arg = str(dataset).partition(":")
+    if dataset == "numbers" or (kind in ("tfds", "folder") and arg):
+        return kind, arg
+    raise DataError(f"unknown dataset {dataset!r}; use \"numbers\", "
+                    "\"tfds:NAME\" (e.g. tfds:wmt14_translate/de-en) or \"folder:PATH\"")
+
+
 @dataclasses.dataclass(frozen=True)
 class Split:
     """One split of a corpus, read into memory (this process's share of it)."""
@@ -53,20 +63,17 @@ def load_split(data_config, split: str, *, shard_index: int = 0, shard_count: in
     """
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
-    kind, _, arg = data_config.dataset.partition(":")
-    if data_config.dataset == "numbers":
+    kind, arg = dataset_kind(data_config.dataset)
+    if kind == "numbers":
         from transformer_jax.data.numbers import prepare_numbers  # the builder needs tfds
 
         builder = prepare_numbers(data_config.data_dir, config=data_config.numbers_size)
         records = builder.as_data_source(split=split)
-    elif kind == "tfds" and arg:
+    elif kind == "tfds":
         records = _tfds_records(arg, split, data_config)
-    elif kind == "folder" and arg:
+    else:
         pairs = read_folder_split(arg, split, data_config.source_lang, data_config.target_lang)
         return _keep_text(split, pairs[shard_index::shard_count])
-    else:
-        raise DataError(f"unknown dataset {data_config.dataset!r}; use \"numbers\", "
-                        "\"tfds:NAME\" (e.g. tfds:wmt14_translate/de-en) or \"folder:PATH\"")
     _check_languages(records, data_config)
     indices = range(shard_index, len(records), shard_count)
     return _keep_text(split, _read_pairs(records, indices, data_config, f"{kind} {split}"))
@@ -76,15 +83,15 @@ def describe_split(data_config, split: str) -> dict:
     """What a split's pairs come from, cheaply (nothing is read): the dataset, its
     version or files (size and modification time), the languages. Equal descriptions
     mean the same pairs, so ids prepared from one serve the other."""
-    kind, _, arg = data_config.dataset.partition(":")
+    kind, arg = dataset_kind(data_config.dataset)
     about = {"dataset": data_config.dataset, "split": split,
              "languages": [data_config.source_lang, data_config.target_lang]}
-    if data_config.dataset == "numbers":
+    if kind == "numbers":
         from transformer_jax.data.numbers import Numbers
 
         return {**about, "numbers_size": data_config.numbers_size,
                 "version": str(Numbers.VERSION)}
-    if kind == "tfds" and arg:
+    if kind == "tfds":
         builder = _tfds_builder(arg, data_config)
         splits = builder.info.splits  # empty for an unprepared (or mocked) dataset
         return {**about, "version": str(builder.version),
