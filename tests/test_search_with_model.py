@@ -87,6 +87,34 @@ def test_cached_beam_search_equals_the_full_decoder_rerun_per_beam():
     assert len({tuple(row) for row in np.asarray(cached_seqs).reshape(12, -1)}) == 12
 
 
+def test_searches_refuse_sizes_the_cache_cannot_hold():
+    """A search longer than the model's cache (whose last slot it would overwrite at every
+    step past the end, silently), a batch other than the cache's, and sizes below 1: one
+    ValueError each, before anything is traced. A shorter search reads the cache as is."""
+    _, _, _, cache, step = setup()
+    assert cache.cache_length == MAX_LENGTH
+    beam = functools.partial(beam_search, step, cache, alpha=0.6)
+    greedy = functools.partial(greedy_search, step, cache)
+    too_long = (f"max_length={MAX_LENGTH + 1} is more than the cache's {MAX_LENGTH} positions; "
+                f"make it with init_cache(..., max_length={MAX_LENGTH + 1})")
+    for search, sizes, message in [
+            (greedy, dict(batch_size=3, max_length=MAX_LENGTH + 1), too_long),
+            (beam, dict(batch_size=3, beam_size=4, max_length=MAX_LENGTH + 1), too_long),
+            (greedy, dict(batch_size=1, max_length=3),
+             "batch_size=1, but the cache's arrays have 3 rows (their leading axis)"),
+            (beam, dict(batch_size=3, beam_size=0, max_length=3),
+             "beam_size must be a positive integer, got 0"),
+            (greedy, dict(batch_size=3, max_length=0), "max_length must be a positive integer, "
+                                                       "got 0"),
+            (greedy, dict(batch_size=3, max_length=2.0), "max_length must be a positive "
+                                                         "integer, got 2.0")]:
+        with pytest.raises(ValueError) as caught:
+            search(**sizes)
+        assert str(caught.value) == message
+    short = greedy(batch_size=3, max_length=np.int64(MAX_LENGTH - 2))
+    np.testing.assert_array_equal(short, greedy(batch_size=3, max_length=MAX_LENGTH)[:, :-2])
+
+
 def test_a_learned_position_table_bounds_the_output_length():
     """With learned positions of 12 rows, a search of a 5-token source (padded to 8) with 50
     extra tokens writes 12 at most (rows past the table have no encoding: they gave NaN

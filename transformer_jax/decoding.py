@@ -21,6 +21,7 @@ static) and it compiles once per input shape. The paper's setting is
 + 50. Sequences hold generated tokens only: EOS included, 0 (padding) after.
 """
 
+import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -62,6 +63,23 @@ def length_penalty(length, alpha: float) -> jax.Array:
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
+def _check_search(cache, batch_size, max_length, beam_size=1) -> None:
+    """One-line errors, before anything is traced, for sizes that would otherwise fail deep
+    in JAX or, past the end of a model's cache, silently overwrite its last slot."""
+    for name, value in (("batch_size", batch_size), ("beam_size", beam_size),
+                        ("max_length", max_length)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    capacity = getattr(cache, "cache_length", None)  # the model's DecodingCache has one
+    if capacity is not None and max_length > capacity:
+        raise ValueError(f"max_length={max_length} is more than the cache's {capacity} "
+                         f"positions; make it with init_cache(..., max_length={max_length})")
+    rows = {jnp.shape(x)[0] for x in jax.tree.leaves(cache) if jnp.ndim(x) >= 1}
+    if rows - {batch_size}:
+        raise ValueError(f"batch_size={batch_size}, but the cache's arrays have "
+                         f"{', '.join(map(str, sorted(rows)))} rows (their leading axis)")
+
+
 def _previous_tokens(seqs, step):
     """The token generated at `step - 1` (last axis), or the decoder's start symbol at step 0."""
     last = lax.dynamic_index_in_dim(seqs, jnp.maximum(step - 1, 0), axis=-1, keepdims=False)
@@ -81,6 +99,8 @@ def greedy_search(
     A row that has emitted EOS is padded with 0 (and still fed to the model, as
     0); the loop stops when every row has ended or after `max_length` tokens.
     """
+
+    _check_search(cache, batch_size, max_length)
 
     def not_done(state):
         step, _, ended_B, _ = state
@@ -165,6 +185,7 @@ def beam_search(
     """
     if unroll < 1:
         raise ValueError(f"unroll must be at least 1 step per iteration, got {unroll}")
+    _check_search(cache, batch_size, max_length, beam_size)
     state = _initial_state(cache, batch_size, beam_size, max_length)
     max_penalty = length_penalty(max_length, alpha)
 

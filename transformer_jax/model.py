@@ -158,6 +158,12 @@ class DecodingCache(NamedTuple):
     cross_kv: PerExample  # tuple[CachedKeyValue, ...]
     cross_mask_B11S: PerExample  # jax.Array
 
+    @property
+    def cache_length(self) -> int:
+        """C: the tokens it holds. The searches refuse a longer `max_length`: past C, each
+        step would overwrite the last slot (`dynamic_update_slice` clamps its start)."""
+        return self.self_kv[0].key_BNCH.shape[2]
+
 
 class Decoder(nn.Module):
     """N layers of masked self-attention, encoder-decoder attention, feed-forward (§3.1).
@@ -216,7 +222,7 @@ class Decoder(nn.Module):
         """One decoding step: the logits `(R, 1, V)` after `ids` `(R, 1)` (the previous
         tokens, already shifted: `DECODER_START_ID` first), and the cache one position on.
         R is B·K when `cache` holds K beams of each of B examples (`DecodingCache`)."""
-        position, cache_length = cache.position_R[0], cache.self_kv[0].key_BNCH.shape[2]
+        position, cache_length = cache.position_R[0], cache.cache_length
         beams = ids.shape[0] // cache.cross_mask_B11S.value.shape[0]  # K: rows per example
         y_R1D = self.positions(self.embedder.encode(ids), cache.position_R[:, None])
         # Slots 0..position are written; later ones are still empty.
