@@ -125,6 +125,27 @@ def test_a_config_flag_loads_its_file_with_load_config_file(tmp_path):
         _parse_config_flag(f"--config={bad}", "--config.seed=7")
 
 
+def test_an_override_of_a_key_that_is_nowhere_close_lists_its_groups_keys():
+    """ml_collections names the key alone where no key is close to it; the command line then
+    names the override and the keys of its group. A close key keeps ml_collections' "did you
+    mean"."""
+    expected = {
+        "--config.model.preset=tiny": "--config.model.preset: config.model has no key "
+                                      "'preset'; its keys: " + ", ".join(sorted(model_fields(
+                                          "base"))),
+        "--config.optim.x.y=2": "--config.optim.x.y: config.optim has no key 'x'; its keys: "
+                                "b1, b2, eps, grad_clip_norm, label_smoothing, "
+                                "learning_rate_scale, warmup_steps",
+        "--config.model.d_modle=3": "'d_modle' Did you mean \"d_model\" instead of "
+                                    "\"d_modle\"?"}
+    for override, message in expected.items():
+        argv = ["train.py", f"--config={CONFIGS[0]}", override]
+        with pytest.raises((AttributeError, KeyError)) as caught:
+            _parse_config_flag(*argv[1:])
+        assert command_line._bad_override(caught.value, argv) == (
+            f"error in the command line: {message}")
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("optim.label_smoothing", 1.5, "config.optim.label_smoothing must be in [0, 1), got 1.5"),
     ("optim.b1", -0.1, "config.optim.b1 must be a number in [0, 1), got -0.1"),

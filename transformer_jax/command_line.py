@@ -64,7 +64,7 @@ def parse_flags(argv: list[str], default_config: str | None = None) -> list[str]
     except ConfigFileError as error:
         raise SystemExit(f"error: {error}") from None
     except _OVERRIDE_ERRORS as error:
-        raise SystemExit(_bad_override(error)) from None
+        raise SystemExit(_bad_override(error, argv)) from None
     except OSError as error:  # an override of a config file that ml_collections deferred
         raise SystemExit(_cannot_load(error)) from None
 
@@ -207,8 +207,29 @@ def use_load_config_file(flag_values) -> None:
 _OVERRIDE_ERRORS = (AttributeError, KeyError, TypeError, ValueError)
 
 
-def _bad_override(error: Exception) -> str:
-    return f"error in the command line: {_one_line(error)}"
+def _bad_override(error: Exception, argv: list[str] = ()) -> str:
+    message = _one_line(error)
+    key = message.strip("'\"")
+    if key.isidentifier():  # ml_collections' message, where no key is close to it
+        message = _no_such_key(key, argv) or message
+    return f"error in the command line: {message}"
+
+
+def _no_such_key(key: str, argv) -> str | None:
+    """"--config.model.preset: config.model has no key 'preset'; its keys: ..." for the
+    override in `argv` that names `key`, the keys from `base_config` (every config file's)."""
+    for arg in argv[1:]:
+        name = arg.split("=", 1)[0]
+        path = name.removeprefix("--config.").split(".")
+        if name.startswith("--config.") and key in path:
+            group = ["config", *path[:path.index(key)]]
+            keys = base_config(model=model_fields("base"), data=data_fields())
+            for part in group[1:]:
+                keys = keys.get(part)
+            listing = (f"; its keys: {', '.join(sorted(keys))}"
+                       if isinstance(keys, ml_collections.ConfigDict) else "")
+            return f"{name}: {'.'.join(group)} has no key {key!r}{listing}"
+    return None
 
 
 def _one_line(error: Exception) -> str:
@@ -236,7 +257,7 @@ def loaded_config(config):
     except OSError as error:
         raise SystemExit(_cannot_load(error)) from None
     except _OVERRIDE_ERRORS as error:
-        raise SystemExit(_bad_override(error)) from None
+        raise SystemExit(_bad_override(error, sys.argv)) from None
     return config
 
 
