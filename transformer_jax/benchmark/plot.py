@@ -16,7 +16,7 @@ def _pyplot():
 def attention_figure(rows: list[dict]):
     """TFLOP/s against sequence length: one panel per dtype and pass (columns) and masking
     (rows), one colour per implementation, solid for head dim 64 and dashed for others;
-    the device's peak as a dashed black line. The grid's rows only: not those at a model's
+    the device's peak as a dotted black line. The grid's rows only: not those at a model's
     shape (the masks of training)."""
     plt = _pyplot()
     rows = [r for r in rows if "model" not in r]
