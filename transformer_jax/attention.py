@@ -35,9 +35,20 @@ _HALF_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
 def register_attention(name: str):
-    """Decorator adding an implementation with the signature above."""
+    """Decorator adding an implementation with the signature above, under a new name: a
+    registered one, "auto" or an empty name is a ValueError (a built-in is never replaced
+    behind the configs that name it); delete it from the registry to register it again."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"an attention implementation's name must be a non-empty str, "
+                         f"got {name!r}")
+    if name in attention_implementations():
+        raise ValueError(f"attention implementation {name!r} is already registered; choose "
+                         f"another name (registered: {', '.join(attention_implementations())})")
 
     def add(fn: AttentionFn) -> AttentionFn:
+        if not callable(fn):
+            raise TypeError(f"register_attention({name!r}) decorates a function, got "
+                            f"{type(fn).__name__}")
         _IMPLEMENTATIONS[name] = fn
         return fn
 
@@ -273,10 +284,13 @@ def dot_product_attention(
 
         Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V
 
-    The arguments are jax.nn.dot_product_attention's, in its order, so a call
-    of one is a call of the other; `implementation`'s names and the defaults
-    differ ("reference", the einsums of the equation, by default), and the
-    dropout and weights arguments are this function's own.
+    query, key, value, bias, mask, scale and is_causal are
+    jax.nn.dot_product_attention's, in its order and with its meanings, so a
+    call with those is a call of the other. Not taken: its sequence lengths and
+    local window (a mask does what they do) and keys with fewer heads than the
+    queries (grouped-query attention is not the paper's). `implementation`'s names
+    and default differ ("reference", the einsums of the equation; jax.nn's None is
+    our "auto"), and the dropout and weights arguments are this function's own.
 
     Args:
       query: `(B, T, N, H)`.
