@@ -466,3 +466,30 @@ def test_floats_lists_and_unbatched_ids_are_refused_in_one_line(variables):
         with pytest.raises(kind) as error:
             model.apply(variables, *args)
         assert str(error.value).splitlines()[0] == expected
+
+
+def test_mismatched_batches_positions_and_configs_are_refused_in_one_line(variables):
+    """Sources and targets of different batches, positions or segment numbers not shaped as
+    their ids, and a preset's name for the config: one line each, where attention's shapes
+    or broadcasting failed deep inside (or, for the name, an AttributeError)."""
+    inputs_BS, targets_BT = map(np.asarray, _batch(0))
+    (b, s), t = inputs_BS.shape, targets_BT.shape[1]
+    model = Transformer(TINY)
+    cases = [((inputs_BS, targets_BT[:1]), {},
+              f"the memory ({b}, {s}, {TINY.d_model}), inputs ({b}, {s}) and targets (1, {t}) "
+              f"must be (B, S, D), (B, S) and (B, T): row b of each is one example"),
+             ((inputs_BS, targets_BT), {"inputs_positions": np.zeros((b, s - 1), np.int32)},
+              f"inputs_positions must have the shape of inputs, ({b}, {s}), got ({b}, {s - 1})"),
+             ((inputs_BS, targets_BT), {"inputs_segmentation": np.ones((b, s), np.int32),
+                                        "targets_segmentation": np.ones((b, t + 1), np.int32)},
+              f"targets_segmentation must have the shape of targets, ({b}, {t}), "
+              f"got ({b}, {t + 1})")]
+    for args, keywords, expected in cases:
+        with pytest.raises(ValueError) as error:
+            model.apply(variables, *args, **keywords)
+        assert str(error.value) == expected
+    with pytest.raises(TypeError) as error:
+        Transformer("tiny").apply(variables, inputs_BS, targets_BT)
+    assert str(error.value).splitlines()[0] == (  # JAX adds a note on its filtered frames
+        "Transformer takes a ModelConfig, e.g. Transformer(get_model_config('tiny', "
+        "vocab_size=100)), got 'tiny'")

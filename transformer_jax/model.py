@@ -126,8 +126,11 @@ class Encoder(nn.Module):
         `inputs_positions` and `inputs_segmentation` `(B, S)` (see `Transformer`)."""
         c = self.config
         inputs_BS, positions_BS, segments_BS = inputs, inputs_positions, inputs_segmentation
+        embedded_BSD = self.embedder.encode(inputs_BS)  # checks the ids
+        _check_shaped_as(inputs_BS, "inputs", inputs_positions=positions_BS,
+                         inputs_segmentation=segments_BS)
         x_BSD = AddPositions(c, name="positions")(
-            self.embedder.encode(inputs_BS), positions_BS, deterministic=deterministic)
+            embedded_BSD, positions_BS, deterministic=deterministic)
         mask_B1SS = combine_masks(
             padding_mask(inputs_BS),
             None if segments_BS is None else segment_mask(segments_BS),
@@ -195,6 +198,13 @@ class Decoder(nn.Module):
         after the final norm)."""
         memory_BSD = encoded
         check_ids(targets, "targets", self.config.vocab_size, batched=True)
+        _check_shaped_as(targets, "targets", targets_positions=targets_positions,
+                         targets_segmentation=targets_segmentation)
+        if not (jnp.shape(inputs)[0] == targets.shape[0] == jnp.shape(encoded)[0]
+                and jnp.shape(encoded)[1:2] == jnp.shape(inputs)[1:2]):
+            raise ValueError(f"the memory {jnp.shape(encoded)}, inputs {jnp.shape(inputs)} and "
+                             f"targets {targets.shape} must be (B, S, D), (B, S) and (B, T): "
+                             f"row b of each is one example")
         decoder_inputs_BT, self_mask_B1TT, cross_mask_B1TS = self._masks(
             inputs, targets, inputs_segmentation, targets_segmentation)
         y_BTD = self.positions(self.embedder.encode(decoder_inputs_BT), targets_positions,
@@ -258,6 +268,15 @@ class Decoder(nn.Module):
         return shift_right(targets_BT, targets_segments_BT), self_mask_B1TT, cross_mask_B1TS
 
 
+def _check_shaped_as(ids_BT, name: str, **arrays) -> None:
+    """A ValueError unless each of `arrays` (None: not given) has the shape of the token ids
+    it goes with (positions and segment numbers: one per token)."""
+    for other, x in arrays.items():
+        if x is not None and jnp.shape(x) != jnp.shape(ids_BT):
+            raise ValueError(f"{other} must have the shape of {name}, "
+                             f"{tuple(jnp.shape(ids_BT))}, got {tuple(jnp.shape(x))}")
+
+
 def _final_norm(c: ModelConfig) -> LayerNorm:
     return LayerNorm(epsilon=c.layer_norm_epsilon, implementation=c.layer_norm_implementation,
                      name="final_norm")
@@ -273,6 +292,9 @@ class Transformer(nn.Module):
     config: ModelConfig
 
     def setup(self):
+        if not isinstance(self.config, ModelConfig):
+            raise TypeError(f"Transformer takes a ModelConfig, e.g. Transformer(get_model_"
+                            f"config('tiny', vocab_size=100)), got {self.config!r}")
         self.embedder = Embedder(self.config)
         self.encoder = Encoder(self.config, self.embedder)
         self.decoder = Decoder(self.config, self.embedder)
