@@ -60,6 +60,24 @@ def test_each_line_is_the_records_of_its_key():
         "training (label-smoothed) (last 0.5)", "validation (last 1.25)"]
 
 
+def visible_tick_labels(ax) -> list[str]:
+    ax.figure.canvas.draw()
+    low, high = ax.get_ylim()
+    return [t.get_text() for t, v in zip(ax.get_yticklabels(), ax.get_yticks())
+            if low <= v <= high and t.get_text()]
+
+
+def test_the_log_loss_axis_is_labelled_within_a_decade_and_across_several():
+    """Losses within one decade (1.3 to 6) get ticks at 1.5, 2, 3, 4, 5 (1, 2, 5 would label
+    two of them); over two decades, 1, 2 and 5 of each."""
+    narrow = [{"step": s, "loss": v, "elapsed_s": s} for s, v in ((10, 6.0), (20, 1.3))]
+    loss = plot.curves_figure([("run", narrow)]).axes[0]
+    assert visible_tick_labels(loss) == ["1.5", "2", "3", "4", "5"]
+    wide = [{"step": s, "loss": v, "elapsed_s": s} for s, v in ((10, 60.0), (20, 0.3))]
+    loss = plot.curves_figure([("run", wide)]).axes[0]
+    assert visible_tick_labels(loss) == ["0.5", "1", "2", "5", "10", "20", "50"]
+
+
 def test_the_wall_time_axis_maps_steps_to_the_recorded_seconds():
     """The clock is each step's first record's time, from (0, 0); the axis on top of each
     panel shows, over any step range, the seconds recorded at its ends."""

@@ -221,7 +221,9 @@ def _style_panel(ax, panel: Panel, drawn: list[Series], several: bool) -> None:
     ax.spines["right"].set_visible(False)
     key, legend_at = panel.series[0].key, "best"
     if panel.yscale == "log":  # ticks at 1, 2, 5 times powers of ten, written plainly
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        low, high = ax.get_ylim()  # within one decade, 1, 2, 5 would leave a tick or two
+        subs = (1.0, 2.0, 5.0) if high > 10 * low else (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0)
+        ax.yaxis.set_major_locator(LogLocator(subs=subs))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         legend_at = "upper right"
@@ -232,7 +234,6 @@ def _style_panel(ax, panel: Panel, drawn: list[Series], several: bool) -> None:
         top = max(line.get_ydata().max() for line in ax.get_lines())
         top = min(104.0, 1.1 * top) if top > 0 else 100.0
         ax.set_ylim(-0.03 * top, top)  # room for the markers of a 0
-        legend_at = "lower right"
     if several:  # the series' line styles here; the runs' colours in the figure's legend
         handles = [Line2D([], [], color="0.25", linestyle=s.linestyle, marker=s.marker,
                           markersize=4, label=s.label) for s in drawn]
