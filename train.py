@@ -38,7 +38,8 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's index")
 
 def main(argv) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+        sys.exit(f"error: unexpected arguments {' '.join(argv[1:])!r}: flags are --name=value, "
+                 f"e.g. --config=configs/default.py --workdir=runs/default")
     age = profiling.seconds_since_process_start()
     launched = None if age is None else time.monotonic() - age  # for the first step's line
     logging.set_verbosity(logging.WARNING)  # orbax and TFDS report every file at INFO

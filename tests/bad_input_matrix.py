@@ -32,7 +32,8 @@ BAD_CONFIGS = [f"--config.{c}" for c in (
     "model.d_model=0", "model.num_layers=0", "model.dropout_rate=1.5",
     "model.attention_implementation=cudnn", "model.attention_implementation=flash",
     "optim.warmup_steps=0", "num_train_stepz=5", "data.batching=sorted",
-    "data.tokens_per_batch=25000", "data.tokens_per_batch=-1", "data.num_buckets=0")] + [
+    "data.tokens_per_batch=25000", "data.tokens_per_batch=-1", "data.num_buckets=0",
+    "data.dataset=wmt14", "model.preset=tiny")] + [
     "--config.per_device_batch_size=0 --config.data.tokens_per_batch=20"] + ["--config=configs/missing.py"]
 
 
@@ -104,6 +105,12 @@ def bad_inputs(workdir, scratch):
         ("data: bad split", [*d, "--split=nonsense"], ""),
         ("data: show -1", [*d, "--show=-1"], ""),
         ("data: unknown flag", [*d, "--sauce=numbers"], ""),
+        ("data: misspelt command", [*d, "preapre"], ""),
+        ("data: prepare without workdir", [*d, "prepare"], ""),
+        ("data: no config", d[:3], ""),
+        ("data: workdir is a file", [*d, f"--workdir={scratch}/bad.txt"], ""),
+        ("train.py: a positional argument", [sys.executable, "train.py",
+                                             f"--workdir={scratch}/x", "configs/default.py"], ""),
         ("alpha nan", [*t, "--alpha=nan"], ""),
         ("main: batch 0", [sys.executable, "-m", "transformer_jax", "--batch=0"], ""),
         ("main: out of memory", [sys.executable, "-m", "transformer_jax", "--batch=64",
@@ -127,6 +134,8 @@ def check(name, command, stdin) -> str:
         return "exit 0"
     if "Traceback" in err:
         return "traceback: " + last[:150]
+    if "\nflags:\n" in err:  # absl's app.UsageError: the module's docstring and every flag
+        return "help text, then: " + last[:150]
     flag_error = "FATAL Flags parsing error" in err and last.startswith("Pass --helpshort")
     usage_error = last.startswith("python -m transformer_jax") and ": error: " in last
     if not (last.startswith("error") or flag_error or usage_error):  # absl's: 2 lines

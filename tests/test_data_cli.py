@@ -69,6 +69,27 @@ def test_a_bad_config_value_is_train_pys_one_line_before_anything_is_read(tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+def test_a_misused_command_line_is_one_line(tmp_path):
+    """A misspelt command, prepare without --workdir, no --config, and a --workdir that is a
+    file or cannot be made: one line each (absl's usage errors printed the whole help)."""
+    (tmp_path / "a_file").write_text("")
+    cases = [(["preapre"], "error: unknown command 'preapre': use prepare, or none"),
+             (["prepare"], "error: prepare needs --workdir: the run's directory, where the "
+                           "tokenizer and the prepared ids are kept"),
+             ([f"--workdir={tmp_path / 'a_file'}"],
+              f"error: --workdir {tmp_path / 'a_file'} is a file, not a folder"),
+             ([f"--workdir={tmp_path / 'a_file' / 'run'}"],
+              f"error: --workdir {tmp_path / 'a_file' / 'run'} is not a writable folder: Not a "
+              f"directory")]
+    for args, message in cases:
+        result = run_cli(*args)
+        assert (result.returncode, result.stderr.strip()) == (1, message)
+    result = subprocess.run([sys.executable, "-m", "transformer_jax.data"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert (result.returncode, result.stderr.strip()) == (
+        1, "error: --config is required, e.g. --config=configs/default.py")
+
+
 def test_prepare_names_a_damaged_file_and_prepares_or_stops(tmp_path):
     """A manifest cut short: a warning naming it, the split prepared again, exit 0. A
     tokenizer model cut short with no record to train it again by: one error line naming

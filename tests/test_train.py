@@ -595,6 +595,8 @@ def test_train_py_rejects_bad_config_before_compiling(tmp_path):
     for flag, message in (("--config.num_train_steps=0", "config.num_train_steps must be"),
                           ("--config.num_train_stepz=5", "num_train_stepz"),
                           ("--config=configs/missing.py", "No such file or directory"),
+                          ("configs/default.py", "error: unexpected arguments "
+                                                 "'configs/default.py': flags are --name=value"),
                           (f"--config={tmp_path / 'broken.py'}", "(broken.py, line 1)")):
         process = run_train_py(tmp_path / "run", flag)
         out, err = process.communicate(timeout=120)

@@ -268,6 +268,12 @@ def test_translator_refuses_bad_input_as_translate_py_does(workdir, monkeypatch)
         translator.attention_maps(["zwei"], ["two"])
     assert str(lists.value) == ("attention_maps takes a source and a target sentence, each "
                                 "a str, not list and list")
+    for source, target, blank in (("", "two", "the source is"), ("zwei", " ", "the target is"),
+                                  (" ", "", "the source and the target are")):
+        with pytest.raises(ValueError) as error:
+            translator.attention_maps(source, target)
+        assert str(error.value) == ("attention_maps needs words in the source and the target; "
+                                    f"{blank} blank")
     # Settings of the right kind pass as they are, and the run's fill in for None.
     decode = tiny_run().decode
     assert translator.search_settings(beam_size=2, alpha=0, max_extra_length=None) == {
@@ -275,8 +281,9 @@ def test_translator_refuses_bad_input_as_translate_py_does(workdir, monkeypatch)
 
 
 def test_an_empty_line_translates_to_an_empty_line_unsearched(translating_run, monkeypatch):
-    """A sentence whose tokenization is empty is "", never searched (searched, the model
-    writes a number for it); its neighbours keep their order and their translations."""
+    """A sentence whose tokenization is empty, or of whitespace alone (which training never
+    saw: it skips such pairs), is "", never searched (searched, the model writes a number
+    for it); its neighbours keep their order and their translations."""
     from transformer_jax import predict
 
     translator = Translator.from_workdir(str(translating_run.workdir))
@@ -291,8 +298,8 @@ def test_an_empty_line_translates_to_an_empty_line_unsearched(translating_run, m
     searched, search = [], predict._predict_step
     monkeypatch.setattr(predict, "_predict_step", lambda params, inputs_BS, **kw: (
         searched.extend(inputs_BS.tolist()), search(params, inputs_BS, **kw))[1])
-    assert translator.translate([SENTENCES[0], "", SENTENCES[1]], beam_size=1) == [
-        alone[0], "", alone[1]]
+    assert translator.translate([SENTENCES[0], "", SENTENCES[1], " \t "], beam_size=1) == [
+        alone[0], "", alone[1], ""]
     # One batch of 2 rows: the two sentences (sorted by length, padded), not the empty one.
     assert [[i for i in row if i != PAD_ID] for row in searched] == sorted(ids, key=len)
     assert translator.translate(["", ""], beam_size=1) == ["", ""]
@@ -309,10 +316,10 @@ def test_every_engine_translates_an_empty_line_to_an_empty_line(translating_run,
     from transformer_jax.predict import predict
 
     workdir = str(translating_run.workdir)
-    lines = [SENTENCES[0], "", SENTENCES[2]]
+    lines = [SENTENCES[0], "", SENTENCES[2], "  "]
     translator = Translator.from_workdir(workdir)
     expected = translator.translate(lines, beam_size=1)  # the jax engine's
-    assert expected[1] == "" and expected[0] and expected[2]
+    assert expected[1] == expected[3] == "" and expected[0] and expected[2]
     searched = []
 
     class ExportedSearches(serve_stablehlo.StableHLOTranslator):
@@ -332,7 +339,7 @@ def test_every_engine_translates_an_empty_line_to_an_empty_line(translating_run,
     shutil.copy(tokenizer_path(workdir), tmp_path / "tokenizer.model")
     stablehlo = engines._stablehlo(str(tmp_path), translator.search_settings())
     assert stablehlo(lines, beam_size=1, batch_size=32) == expected
-    assert searched == translator.tokenizer.encode_batch(lines[::2], add_eos=True)
+    assert searched == translator.tokenizer.encode_batch(lines[0:3:2], add_eos=True)
     if importlib.util.find_spec("ctranslate2"):  # an optional dependency ('.[serve]')
         from transformer_jax.export import export
 

@@ -78,8 +78,8 @@ class Translator:
 
         Search settings left None are the run's (`search_settings`). A setting that
         translate.py's flag would refuse is a ValueError in its words (`check_setting`);
-        `sentences` as one str, a TypeError. A sentence whose tokenization is empty (an
-        empty line) translates to "" without a search (`predict.skip_empty`).
+        `sentences` as one str, a TypeError. An empty sentence, or one of whitespace
+        alone, translates to "" without a search (`predict.skip_empty`).
 
         Sentences are searched in batches of similar length, each of at most `batch_size`
         rows and no more rows than it has sentences (rounded up to a power of two, so few
@@ -109,11 +109,18 @@ class Translator:
                              predicts target piece t (it has read the pieces before t),
                              and every row sums to 1.
 
-        `source` and `target` are one sentence each (str): a TypeError otherwise.
+        `source` and `target` are one sentence each (str): a TypeError otherwise, and a
+        ValueError for a blank one (its map would be the end of sentence's alone).
         """
         if not (isinstance(source, str) and isinstance(target, str)):
             raise TypeError(f"attention_maps takes a source and a target sentence, each a "
                             f"str, not {type(source).__name__} and {type(target).__name__}")
+        blank = [name for name, text in (("source", source), ("target", target))
+                 if not text.strip()]
+        if blank:
+            raise ValueError(f"attention_maps needs words in the source and the target; "
+                             f"the {' and the '.join(blank)} {'is' if len(blank) == 1 else 'are'}"
+                             f" blank")
         source_ids = self.tokenizer.encode(source, add_eos=True)
         target_ids = self.tokenizer.encode(target, add_eos=True)
         weights_LBNTS = cross_attention_weights(self.model, self.params,
@@ -155,7 +162,9 @@ def check_setting(name: str, value):
 
 def sentence_list(sentences) -> list[str]:
     """`sentences` as a list, or a TypeError where it is one str (whose characters would
-    be translated one by one) or holds something other than str."""
+    be translated one by one) or holds something other than str. A sentence of whitespace
+    alone becomes "": training never saw one (`sources.has_text` skips such pairs), and an
+    empty sentence translates to "" without a search."""
     if isinstance(sentences, (str, bytes)):
         raise TypeError(f"translate takes a list of sentences, not one "
                         f"{type(sentences).__name__}: pass [sentence]")
@@ -163,7 +172,7 @@ def sentence_list(sentences) -> list[str]:
     for line, sentence in enumerate(sentences, 1):
         if not isinstance(sentence, str):
             raise TypeError(f"sentence {line} is a {type(sentence).__name__}, not a str")
-    return sentences
+    return [sentence if sentence.strip() else "" for sentence in sentences]
 
 
 def check_lengths(source_ids: list[list[int]], max_input_length: int | None) -> None:

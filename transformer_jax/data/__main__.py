@@ -40,18 +40,18 @@ def main(argv) -> None:
     logging.set_verbosity(logging.WARNING)  # TFDS reports every file at INFO
     command = argv[1:] or ["show"]
     if command not in (["show"], ["prepare"]):
-        raise app.UsageError(f"unknown command {' '.join(command)!r}: use prepare, or none")
+        sys.exit(f"error: unknown command {' '.join(command)!r}: use prepare, or none")
     config = _CONFIG.value
     if config is None:
-        raise app.UsageError("--config is required, e.g. --config=configs/default.py")
+        sys.exit("error: --config is required, e.g. --config=configs/default.py")
     try:
         check_config(config)  # train.py's checks: a bad value is one line before any reading
     except ConfigError as error:
         sys.exit(f"error: {error}")
     if command == ["prepare"]:
         if not _WORKDIR.value:
-            raise app.UsageError("prepare needs --workdir: the run's directory, where the "
-                                 "tokenizer and the prepared ids are kept")
+            sys.exit("error: prepare needs --workdir: the run's directory, where the "
+                     "tokenizer and the prepared ids are kept")
         try:
             with workdir_lock(writable_folder(_WORKDIR.value)):
                 tokenizer, splits = prepare(config.data, _WORKDIR.value)
@@ -63,7 +63,7 @@ def main(argv) -> None:
         return
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            workdir = _WORKDIR.value or scratch
+            workdir = writable_folder(_WORKDIR.value) if _WORKDIR.value else scratch
             tokenizer = get_tokenizer(config.data, workdir)
             split = load_split(config.data, _SPLIT.value)
             d = config.data
@@ -75,7 +75,7 @@ def main(argv) -> None:
                 print(report.format_example(number, pair, tokenizer), end="\n\n")
             stats = report.split_statistics(split, tokenizer, config.data, _MAX_PAIRS.value)
             print(report.format_statistics(stats))
-    except DataError as error:
+    except (DataError, ConfigError) as error:
         sys.exit(f"error: {error}")
 
 

@@ -103,7 +103,9 @@ class StableHLOTranslator:
             raise TypeError(f"translate takes a list of sentences, not one "
                             f"{type(sentences).__name__}: pass [sentence]")
         tokenizer = self._load_tokenizer()
-        ids = [pieces + [EOS_ID] for pieces in tokenizer.encode(list(sentences), out_type=int)]
+        # Whitespace alone is an empty line, as in transformer_jax's translation.sentence_list.
+        sentences = ["" if isinstance(s, str) and not s.strip() else s for s in sentences]
+        ids = [pieces + [EOS_ID] for pieces in tokenizer.encode(sentences, out_type=int)]
         cap = max_input_length or float("inf")
         _refuse_too_long(ids, cap, f"max_input_length={cap}", "split it or raise the limit")
         # An empty line (no pieces) is "" unsearched, as transformer_jax's predict.skip_empty.
