@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from transformer_jax.model_config import ModelConfig, get_model_config
@@ -68,6 +69,19 @@ def test_bad_value_raises_value_error_naming_the_field(field, value):
         get_model_config("tiny", **{field: value})
     with pytest.raises(ValueError, match=field):  # the constructor validates too
         ModelConfig(**{field: value})
+
+
+def test_numpy_integers_are_integers_and_a_rate_must_be_a_number():
+    """Sizes from NumPy (a sweep over np.arange) are stored as Python ints; a rate given as
+    text is refused by name, where comparing it raised a TypeError naming nothing."""
+    config = get_model_config("tiny", d_model=np.int64(64), num_layers=np.int32(2),
+                              dropout_bits=np.int64(8))
+    assert (config.d_model, config.num_layers, config.dropout_bits) == (64, 2, 8)
+    assert all(type(v) is int for v in (config.d_model, config.num_layers, config.dropout_bits))
+    for field in ("dropout_rate", "attention_dropout_rate"):
+        with pytest.raises(ValueError) as error:
+            get_model_config("tiny", **{field: "0.1"})
+        assert str(error.value) == f"ModelConfig.{field} must be a number in [0, 1), got '0.1'"
 
 
 def test_unknown_preset_raises():

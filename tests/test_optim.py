@@ -70,10 +70,14 @@ def test_arrays_give_float32_equal_to_python():
 
 
 def test_step_zero():
-    """A Python step 0 raises (steps are 1-based); an array step 0 gives 0, not inf."""
-    with pytest.raises(ValueError, match="1-based"):
-        learning_rate(0, **BASE)
-    assert float(learning_rate(jnp.array(0), **BASE)) == 0.0
+    """An integer step 0 raises (steps are 1-based), NumPy's as Python's; an array step of 0
+    or less gives 0, not inf or NaN (rsqrt of a negative); NumPy's integers give floats."""
+    for zero in (0, np.int64(0)):
+        with pytest.raises(ValueError, match="^step is 1-based, got 0$"):
+            learning_rate(zero, **BASE)
+    assert np.asarray(learning_rate(jnp.array([-3, -1, 0]), **BASE)).tolist() == [0.0] * 3
+    assert learning_rate(np.int32(4000), **BASE) == learning_rate(4000, **BASE)
+    assert isinstance(learning_rate(np.int32(4000), **BASE), float)
 
 
 # --- learning_rate_schedule ---------------------------------------------------

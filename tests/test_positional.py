@@ -88,8 +88,15 @@ def test_relative_offset_is_a_linear_rotation(k):
     assert_allclose(pe_PD @ m_DD.T, shifted_PD, atol=1e-4)
 
 
-@pytest.mark.parametrize("d_model", [0, -3])
-def test_nonpositive_d_model_raises(d_model):
-    """d_model < 1 raises ValueError."""
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("d_model", [0, -3, 16.0, True])
+def test_a_d_model_that_is_no_positive_integer_raises(d_model):
+    """d_model < 1, or not an integer (16.0 failed in jnp.arange's shape), raises ValueError."""
+    with pytest.raises(ValueError, match=f"^d_model must be a positive integer, got {d_model}$"):
         sinusoidal_encoding(np.arange(3), d_model)
+
+
+@pytest.mark.parametrize("max_timescale", [0.0, -1.0, float("nan")])
+def test_a_timescale_that_is_not_positive_raises(max_timescale):
+    """The 10000 of §3.5 must be > 0: 0 or less gave columns of NaN."""
+    with pytest.raises(ValueError, match="^max_timescale must be > 0"):
+        sinusoidal_encoding(np.arange(3), 8, max_timescale=max_timescale)

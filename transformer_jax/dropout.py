@@ -16,6 +16,8 @@ of the small and base models on the 2-core CPU: 1.05 × faster with 16 bits than
 2026-11-27"). `--config.model.dropout_bits` picks.
 """
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,8 +58,8 @@ def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
 
 def rate_problem(rate: float, bits: int) -> str | None:
     """What keeps `rate` from being drawn with `bits` random bits, or None."""
-    if not 0.0 <= rate < 1.0:
-        return f"must be in [0, 1), got {rate!r}"
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= rate < 1.0:
+        return f"must be a number in [0, 1), got {rate!r}"
     threshold = round(rate * 2**bits)
     if rate > 0.0 and threshold == 0:
         return (f"{rate!r} rounds to 0 in {bits} random bits (the least rate above 0 they "

@@ -1,6 +1,7 @@
 """The architecture as a frozen dataclass, with the paper's presets (Table 3)."""
 
 import dataclasses
+import numbers
 
 import jax.numpy as jnp
 
@@ -41,10 +42,12 @@ class ModelConfig:
     layer_norm_epsilon: float = 1e-6
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_length"):
+        for name in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_length",
+                     "dropout_bits"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and not isinstance(value, bool), name,
+            _require(isinstance(value, numbers.Integral) and not isinstance(value, bool), name,
                      "must be an integer", value)
+            object.__setattr__(self, name, int(value))  # NumPy's integers as Python's
         for name in ("d_model", "d_ff", "num_heads", "num_layers", "max_length"):
             _require(getattr(self, name) > 0, name, "must be positive", getattr(self, name))
         _require(self.vocab_size >= 2, "vocab_size", "must be at least 2", self.vocab_size)

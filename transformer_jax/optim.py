@@ -7,6 +7,7 @@ logs: the update that moves the step count from c to c + 1 uses
     make_optimizer(...).learning_rate_fn(c) == learning_rate(c + 1, ...)
 """
 
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -22,15 +23,16 @@ def learning_rate(step, *, d_model: int, warmup_steps: int = 4000, scale: float 
     warmup_steps^-0.5 (about 7.0e-4 for base: d_model 512, warmup 4000), then
     decays as step^-0.5. `scale` is not in the paper (it is 1 there).
 
-    A Python int gives a Python float (step must be >= 1); an array gives
-    float32 (a step of 0 gives 0).
+    An integer (Python's or NumPy's) gives a Python float (step must be >= 1); an array
+    or a float gives float32 (a step of 0 or less gives 0: no update yet).
     """
     _check_schedule_args(d_model, warmup_steps, scale)
-    if isinstance(step, int):
+    if isinstance(step, numbers.Integral) and not isinstance(step, bool):
         if step < 1:
             raise ValueError(f"step is 1-based, got {step}")
+        step = int(step)
         return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
-    step = jnp.asarray(step, jnp.float32)
+    step = jnp.maximum(jnp.asarray(step, jnp.float32), 0.0)  # rsqrt of a negative: NaN
     decay = jnp.minimum(jax.lax.rsqrt(step), step * jnp.float32(warmup_steps**-1.5))
     return jnp.float32(scale * d_model**-0.5) * decay
 

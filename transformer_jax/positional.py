@@ -1,5 +1,7 @@
 """Sinusoidal positional encoding (§3.5). Pure jax.numpy, no Flax."""
 
+import numbers
+
 import jax.numpy as jnp
 
 
@@ -21,8 +23,10 @@ def sinusoidal_encoding(positions, d_model: int, *, max_timescale: float = 10_00
     Returns:
       float32 array `(..., d_model)`.
     """
-    if d_model < 1:
-        raise ValueError(f"d_model must be positive, got {d_model}")
+    if isinstance(d_model, bool) or not isinstance(d_model, numbers.Integral) or d_model < 1:
+        raise ValueError(f"d_model must be a positive integer, got {d_model!r}")
+    if not max_timescale > 0:
+        raise ValueError(f"max_timescale must be > 0 (the paper's 10000), got {max_timescale!r}")
     positions = jnp.asarray(positions)
     dims_D = jnp.arange(d_model)
     two_i_D = (dims_D // 2) * 2  # 2i, shared by the sin/cos pair (2i, 2i+1)
