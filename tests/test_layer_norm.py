@@ -166,6 +166,9 @@ def test_bad_implementation_and_width_are_refused_in_one_line():
     x, y, scale, bias, _ = inputs((2, 3, 6))
     with pytest.raises(ValueError, match="power-of-two width .*got 6"):
         add_layer_norm(x, y, scale, bias, epsilon=EPS, implementation="pallas")
+    with pytest.raises(ValueError, match=r"^x \(2, 3, 6\) and y \(2, 3, 4\) must have one "
+                                         r"shape: LayerNorm\(x \+ y\) adds"):
+        add_layer_norm(x, y[..., :4], scale, bias, epsilon=EPS)
     with pytest.raises(ValueError, match="layer_norm_implementation must be one of"):
         ModelConfig(layer_norm_implementation="cudnn")
     with pytest.raises(ValueError, match="d_model must be a power of two for layer_norm_impl"):

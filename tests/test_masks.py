@@ -135,6 +135,8 @@ def test_combine_rejects_rank3_mask():
      r"key_input must be \(B, length\) ids, got shape \(3,\)"),
     (lambda: segment_mask(jnp.array([1, 1, 2])), r"query_input must be \(B, length\) ids"),
     (lambda: segment_mask(jnp.ones((1, 3), jnp.int32), jnp.array([1, 2])), "key_input must be"),
+    (lambda: segment_mask(jnp.ones((2, 4), jnp.int32), jnp.ones((3, 5), jnp.int32)),
+     r"^query_input \(2, 4\) and key_input \(3, 5\) must have the same batch B$"),
     (lambda: causal_mask(0), "an int >= 1, got 0"),
     (lambda: causal_mask(2.5), "an int >= 1, got 2.5"),
     (lambda: combine_masks(causal_mask(4), causal_mask(3)),

@@ -59,6 +59,16 @@ def test_shift_right_restarts_in_each_segment():
     np.testing.assert_array_equal(shift_right(targets_BT, segments_BT), [[0, 5, 6, 0, 8, 0]])
 
 
+def test_shift_right_refuses_what_is_not_a_batch_of_targets():
+    """One unbatched sequence (jnp.pad's error, before) and segment ids of another shape."""
+    with pytest.raises(ValueError, match=r"^x must be \(B, T\) targets, got shape \(3,\); "
+                                         r"a single sequence is x\[None\]$"):
+        shift_right(jnp.array([5, 6, 7]))
+    with pytest.raises(ValueError, match=r"^segment_ids must have the shape of x, \(1, 3\), "
+                                         r"got \(1, 4\)$"):
+        shift_right(jnp.array([[5, 6, 7]]), jnp.array([[1, 1, 2, 2]]))
+
+
 # --- masks: causality, padding, packing ---------------------------------------------------
 
 

@@ -53,11 +53,19 @@ def _block_rows(rows: int, width: int) -> int:
 
 
 def add_layer_norm(x, y, scale, bias, *, epsilon: float, implementation: str = "xla"):
-    """LayerNorm(x + y) · `scale` + `bias` over the last axis (the module's formula), in
-    `x`'s dtype; `y` None normalizes `x` alone. `scale`, `bias` are `(D,)`."""
+    """The residual connection and layer norm of every sublayer (§3.1, "LayerNorm(x +
+    Sublayer(x))", Ba et al. 2016), over the last axis, with y = Sublayer(x):
+
+        LayerNorm(s) = (s - mean(s)) / sqrt(var(s) + ε) · scale + bias,   s = x + y
+
+    statistics in float32, the result in `x`'s dtype; `y` None normalizes `x` alone.
+    `scale` and `bias` are `(D,)`, and `x` and `y` `(..., D)` of one shape."""
     if implementation not in LAYER_NORM_IMPLEMENTATIONS:
         raise ValueError(f"layer norm implementation must be one of "
                          f"{LAYER_NORM_IMPLEMENTATIONS}, got {implementation!r}")
+    if y is not None and jnp.shape(x) != jnp.shape(y):
+        raise ValueError(f"x {jnp.shape(x)} and y {jnp.shape(y)} must have one shape: "
+                         f"LayerNorm(x + y) adds a sublayer's output to its input")
     if implementation == "xla":
         s = x if y is None else x + y
         norm = nn.LayerNorm(epsilon=epsilon, dtype=x.dtype, param_dtype=jnp.float32)
@@ -77,8 +85,10 @@ def add_layer_norm(x, y, scale, bias, *, epsilon: float, implementation: str = "
 
 
 class LayerNorm(nn.Module):
-    """`add_layer_norm` as a module, with `nn.LayerNorm`'s parameters: `norm(x, y)` is
-    LayerNorm(x + y), `norm(x)` LayerNorm(x)."""
+    """`add_layer_norm` as a module (§3.1, "LayerNorm(x + Sublayer(x))"), with
+    `nn.LayerNorm`'s parameters: `norm(x, y)` is LayerNorm(x + y), `norm(x)` LayerNorm(x),
+
+        LayerNorm(s) = (s - mean(s)) / sqrt(var(s) + ε) · scale + bias."""
 
     epsilon: float = 1e-6
     implementation: str = "xla"

@@ -27,7 +27,8 @@ from transformer_jax.train_state import abstract_params
 
 def shift_right(x, segment_ids=None):
     """The decoder input: targets `x` `(B, T)` moved one step right, `DECODER_START_ID` (0)
-    at the start of each sequence (the arguments of Flax's `shift_inputs`).
+    at the start of each sequence (the arguments of Flax's `shift_inputs`). §3.1: "the
+    output embeddings are offset by one position", so position t reads targets before t.
 
     With packed rows (`segment_ids` `(B, T)`) the shift restarts in every segment, so no
     example sees the previous example's last token:
@@ -36,6 +37,12 @@ def shift_right(x, segment_ids=None):
         shifted      [[0, 5, 6, 0, 8, 0]]
     """
     targets_BT = jnp.asarray(x)
+    if targets_BT.ndim != 2:
+        raise ValueError(f"x must be (B, T) targets, got shape {targets_BT.shape}; a single "
+                         f"sequence is x[None]")
+    if segment_ids is not None and jnp.shape(segment_ids) != targets_BT.shape:
+        raise ValueError(f"segment_ids must have the shape of x, {targets_BT.shape}, got "
+                         f"{jnp.shape(segment_ids)}")
     shifted_BT = jnp.pad(targets_BT, ((0, 0), (1, 0)), constant_values=DECODER_START_ID)[:, :-1]
     if segment_ids is not None:
         segments_BT = jnp.asarray(segment_ids)
