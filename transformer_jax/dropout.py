@@ -44,6 +44,9 @@ def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
                                  or key_dtype == np.uint32):  # a typed key, or a raw one
         raise TypeError(f"dropout's key must be a JAX PRNG key, e.g. jax.random.key(0), "
                         f"got {key!r}")
+    if not hasattr(x, "dtype"):
+        raise TypeError(f"dropout's x must be an array, got a {type(x).__name__} (jnp.asarray "
+                        f"makes one)")
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"dropout scales x by 1 / (1 - rate): x must be floating point, "
                         f"got {x.dtype}")
@@ -58,6 +61,9 @@ def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
 
 def rate_problem(rate: float, bits: int) -> str | None:
     """What keeps `rate` from being drawn with `bits` random bits, or None."""
+    if isinstance(rate, jax.Array):  # a traced rate has no value to draw a threshold from
+        return (f"must be a Python number in [0, 1) (under jax.jit, a static argument), "
+                f"got {rate!r}")
     if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= rate < 1.0:
         return f"must be a number in [0, 1), got {rate!r}"
     threshold = round(rate * 2**bits)

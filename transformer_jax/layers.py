@@ -76,6 +76,9 @@ class MultiHeadAttention(nn.Module):
     use_bias: bool = True  # a deviation (below); False is the paper's
 
     def setup(self):
+        if not self.num_heads >= 1 or not self.d_model >= 1:
+            raise ValueError(f"num_heads and d_model must be positive, got "
+                             f"num_heads={self.num_heads}, d_model={self.d_model}")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by "
                              f"num_heads={self.num_heads}")
