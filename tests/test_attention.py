@@ -522,21 +522,29 @@ def test_register_custom_implementation():
     assert name not in attention_implementations()
 
 
-def test_a_registration_never_replaces_an_implementation():
+def test_a_registration_never_replaces_a_built_in_implementation():
     """A built-in's name (or "auto"), an empty name and a decorated non-function are refused:
-    `implementation="reference"` stays the reference."""
+    `implementation="reference"` stays the reference. A name registered before is replaced
+    (a notebook cell run again)."""
     for name in ("reference", "cudnn", "auto"):
-        with pytest.raises(ValueError, match=f"^attention implementation '{name}' is already "
-                                             "registered; choose another name \\(registered: "
+        with pytest.raises(ValueError, match=f"^attention implementation '{name}' is built in; "
+                                             "choose another name \\(registered: "
                                              "reference, xla, cudnn, auto\\)$"):
             register_attention(name)
     for name in ("", "  ", None):
-        with pytest.raises(ValueError, match="name must be a non-empty str, got "):
+        with pytest.raises(TypeError, match="name must be a non-empty str, got "):
             register_attention(name)
     with pytest.raises(TypeError, match=r"^register_attention\('mine'\) decorates a function, "
                                         r"got NoneType$"):
         register_attention("mine")(None)
     assert attention_implementations() == ("reference", "xla", "cudnn", "auto")
+    first, second = (lambda *a, **k: 1), (lambda *a, **k: 2)
+    try:
+        register_attention("mine")(first)
+        register_attention("mine")(second)
+        assert attention_module._IMPLEMENTATIONS["mine"] is second
+    finally:
+        del attention_module._IMPLEMENTATIONS["mine"]
 
 
 # --- input checks and jit ---------------------------------------------------

@@ -137,9 +137,13 @@ def test_an_override_of_a_key_that_is_nowhere_close_lists_its_groups_keys():
                                 "b1, b2, eps, grad_clip_norm, label_smoothing, "
                                 "learning_rate_scale, warmup_steps",
         "--config.model.d_modle=3": "'d_modle' Did you mean \"d_model\" instead of "
-                                    "\"d_modle\"?"}
-    for override, message in expected.items():
-        argv = ["train.py", f"--config={CONFIGS[0]}", override]
+                                    "\"d_modle\"?",
+        # The override whose group lacks the key, not the first that names it.
+        "--config.seed=1 --config.decode.seed=2": "--config.decode.seed: config.decode has no "
+                                                  "key 'seed'; its keys: " + ", ".join(sorted(
+                                                      load_config_file(str(CONFIGS[0])).decode))}
+    for overrides, message in expected.items():
+        argv = ["train.py", f"--config={CONFIGS[0]}", *overrides.split()]
         with pytest.raises((AttributeError, KeyError)) as caught:
             _parse_config_flag(*argv[1:])
         assert command_line._bad_override(caught.value, argv) == (

@@ -78,6 +78,8 @@ def test_a_misused_command_line_is_one_line(tmp_path):
                            "tokenizer and the prepared ids are kept"),
              ([f"--workdir={tmp_path / 'a_file'}"],
               f"error: --workdir {tmp_path / 'a_file'} is a file, not a folder"),
+             (["--workdir="], "error: --workdir is empty (an unset shell variable?); name a "
+                              "folder"),
              ([f"--workdir={tmp_path / 'a_file' / 'run'}"],
               f"error: --workdir {tmp_path / 'a_file' / 'run'} is not a writable folder: Not a "
               f"directory")]

@@ -265,9 +265,10 @@ def test_mha_refuses_a_width_the_heads_do_not_divide():
     q_BTD, kv_BSD = _inputs(10)
     with pytest.raises(ValueError, match="d_model=10 is not divisible by num_heads=3"):
         MultiHeadAttention(num_heads=3, d_model=10).init(jax.random.key(0), q_BTD, kv_BSD)
-    with pytest.raises(ValueError, match=r"^num_heads and d_model must be positive, got "
-                                         r"num_heads=0, d_model=10\n"):  # was ZeroDivisionError
+    with pytest.raises(ValueError) as error:  # was a ZeroDivisionError
         MultiHeadAttention(num_heads=0, d_model=10).init(jax.random.key(0), q_BTD, kv_BSD)
+    assert str(error.value).splitlines()[0] == ("num_heads and d_model must be positive, got "
+                                                "num_heads=0, d_model=10")
 
 
 def test_mha_extend_writes_at_the_position_and_attends_to_the_written_slots():

@@ -136,7 +136,7 @@ def test_combine_rejects_rank3_mask():
     (lambda: segment_mask(jnp.array([1, 1, 2])), r"query_input must be \(B, length\) ids"),
     (lambda: segment_mask(jnp.ones((1, 3), jnp.int32), jnp.array([1, 2])), "key_input must be"),
     (lambda: segment_mask(jnp.ones((2, 4), jnp.int32), jnp.ones((3, 5), jnp.int32)),
-     r"^query_input \(2, 4\) and key_input \(3, 5\) must have the same batch B$"),
+     r"^query_input \(2, 4\) and key_input \(3, 5\) must have the same batch B \(or 1\)$"),
     (lambda: causal_mask(0), "an int >= 1, got 0"),
     (lambda: causal_mask(2.5), "an int >= 1, got 2.5"),
     (lambda: combine_masks(causal_mask(4), causal_mask(3)),
@@ -145,6 +145,14 @@ def test_combine_rejects_rank3_mask():
 def test_bad_inputs_are_one_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_a_segment_mask_of_one_row_broadcasts_over_the_others():
+    """Query segments of one row against keys of two, as flax's make_attention_mask takes
+    them: (2, 1, T, S), row b comparing the one query row with key row b."""
+    mask = segment_mask(jnp.array([[1, 1, 2]]), jnp.array([[1, 2, 2], [2, 2, 0]]))
+    np.testing.assert_array_equal(mask[:, 0], [[[1, 0, 0], [1, 0, 0], [0, 1, 1]],
+                                               [[0, 0, 0], [0, 0, 0], [1, 1, 0]]])
 
 
 def test_causal_mask_takes_numpy_ints():

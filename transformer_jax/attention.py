@@ -35,15 +35,16 @@ _HALF_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
 def register_attention(name: str):
-    """Decorator adding an implementation with the signature above, under a new name: a
-    registered one, "auto" or an empty name is a ValueError (a built-in is never replaced
-    behind the configs that name it); delete it from the registry to register it again."""
+    """Decorator adding an implementation with the signature above under `name`, or
+    replacing one registered so before (a notebook cell run again). The names defined here
+    ("reference", "xla", "cudnn") and "auto" are refused: a config naming one always gets
+    this module's."""
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"an attention implementation's name must be a non-empty str, "
-                         f"got {name!r}")
-    if name in attention_implementations():
-        raise ValueError(f"attention implementation {name!r} is already registered; choose "
-                         f"another name (registered: {', '.join(attention_implementations())})")
+        raise TypeError(f"an attention implementation's name must be a non-empty str, "
+                        f"got {name!r}")
+    if name == "auto" or getattr(_IMPLEMENTATIONS.get(name), "__module__", None) == __name__:
+        raise ValueError(f"attention implementation {name!r} is built in; choose another "
+                         f"name (registered: {', '.join(attention_implementations())})")
 
     def add(fn: AttentionFn) -> AttentionFn:
         if not callable(fn):

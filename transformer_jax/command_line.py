@@ -217,18 +217,20 @@ def _bad_override(error: Exception, argv: list[str] = ()) -> str:
 
 def _no_such_key(key: str, argv) -> str | None:
     """"--config.model.preset: config.model has no key 'preset'; its keys: ..." for the
-    override in `argv` that names `key`, the keys from `base_config` (every config file's)."""
+    override in `argv` whose group lacks `key`, the keys from `base_config` (every config
+    file's); None if no override's group lacks it."""
     for arg in argv[1:]:
         name = arg.split("=", 1)[0]
         path = name.removeprefix("--config.").split(".")
-        if name.startswith("--config.") and key in path:
-            group = ["config", *path[:path.index(key)]]
-            keys = base_config(model=model_fields("base"), data=data_fields())
-            for part in group[1:]:
-                keys = keys.get(part)
-            listing = (f"; its keys: {', '.join(sorted(keys))}"
-                       if isinstance(keys, ml_collections.ConfigDict) else "")
-            return f"{name}: {'.'.join(group)} has no key {key!r}{listing}"
+        if not name.startswith("--config.") or key not in path:
+            continue
+        group = path[:path.index(key)]
+        keys = base_config(model=model_fields("base"), data=data_fields())
+        for part in group:
+            keys = keys.get(part) if isinstance(keys, ml_collections.ConfigDict) else None
+        if isinstance(keys, ml_collections.ConfigDict) and key not in keys:
+            where = ".".join(["config", *group])
+            return f"{name}: {where} has no key {key!r}; its keys: {', '.join(sorted(keys))}"
     return None
 
 

@@ -49,10 +49,10 @@ def check_config(config) -> None:
     _require_choice(config, "parallelism", STRATEGIES)
     _require_choice(config, "data.too_long", TOO_LONG)
     try:
-        dataset_kind(config.data.dataset)
+        kind, _ = dataset_kind(config.data.dataset)
     except DataError as error:
         raise ConfigError(f"config.data.dataset: {error}") from None
-    if config.data.dataset == "numbers":
+    if kind == "numbers":
         _require_choice(config, "data.numbers_size", tuple(NUMBERS_SIZES))
     try:
         model_config = build_model_config(config.model, vocab_size=config.data.vocab_size)

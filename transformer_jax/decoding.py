@@ -63,18 +63,24 @@ def length_penalty(length, alpha: float) -> jax.Array:
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def _check_search(cache, batch_size, max_length, beam_size=1) -> None:
+def _check_search(cache, batch_size, max_length, beam_size=None) -> None:
     """One-line errors, before anything is traced, for sizes that would otherwise fail deep
-    in JAX or, past the end of a model's cache, silently overwrite its last slot."""
-    for name, value in (("batch_size", batch_size), ("beam_size", beam_size),
-                        ("max_length", max_length)):
+    in JAX or, past the end of a model's cache, silently overwrite its last slot; for beam
+    search (`beam_size` given), the rows of the parts of `cache` it repeats."""
+    sizes = {"batch_size": batch_size, "max_length": max_length} | (
+        {} if beam_size is None else {"beam_size": beam_size})  # greedy search has none
+    for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     capacity = getattr(cache, "cache_length", None)  # the model's DecodingCache has one
     if capacity is not None and max_length > capacity:
         raise ValueError(f"max_length={max_length} is more than the cache's {capacity} "
                          f"positions; make it with init_cache(..., max_length={max_length})")
-    rows = {jnp.shape(x)[0] for x in jax.tree.leaves(cache) if jnp.ndim(x) >= 1}
+    if beam_size is None:  # greedy search threads its state through as it is
+        return
+    repeated = jax.tree.leaves(cache, is_leaf=lambda x: isinstance(x, PerExample))
+    rows = {jnp.shape(x)[0] for x in repeated
+            if not isinstance(x, PerExample) and jnp.ndim(x) >= 1}
     if rows - {batch_size}:
         raise ValueError(f"batch_size={batch_size}, but the cache's arrays have "
                          f"{', '.join(map(str, sorted(rows)))} rows (their leading axis)")

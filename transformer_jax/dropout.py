@@ -16,8 +16,6 @@ of the small and base models on the 2-core CPU: 1.05 × faster with 16 bits than
 2026-11-27"). `--config.model.dropout_bits` picks.
 """
 
-import numbers
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +33,7 @@ def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
         raise ValueError(f"dropout bits must be one of {DROPOUT_BITS}, got {bits!r}")
     if problem := rate_problem(rate, bits):
         raise ValueError(f"dropout rate {problem}")
+    rate = float(rate)  # a NumPy or concrete JAX scalar too
     if rate == 0.0:
         return x
     if key is None:
@@ -60,11 +59,18 @@ def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
 
 
 def rate_problem(rate: float, bits: int) -> str | None:
-    """What keeps `rate` from being drawn with `bits` random bits, or None."""
-    if isinstance(rate, jax.Array):  # a traced rate has no value to draw a threshold from
+    """What keeps `rate` from being drawn with `bits` random bits, or None. A scalar of
+    NumPy or JAX counts as its number; a traced one has no value to draw a threshold from."""
+    if isinstance(rate, (bool, str, bytes)) or np.ndim(rate) != 0:
+        return f"must be a number in [0, 1), got {rate!r}"
+    try:
+        rate = float(rate)
+    except jax.errors.ConcretizationTypeError:
         return (f"must be a Python number in [0, 1) (under jax.jit, a static argument), "
                 f"got {rate!r}")
-    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= rate < 1.0:
+    except TypeError:  # a PRNG key, ...
+        return f"must be a number in [0, 1), got {rate!r}"
+    if not 0.0 <= rate < 1.0:
         return f"must be a number in [0, 1), got {rate!r}"
     threshold = round(rate * 2**bits)
     if rate > 0.0 and threshold == 0:

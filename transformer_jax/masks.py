@@ -74,9 +74,9 @@ def segment_mask(query_input, key_input=None):
     query_segments_BT = _ids_BX(query_input, "query_input")
     key_segments_BS = query_segments_BT if key_input is None else _ids_BX(key_input,
                                                                            "key_input")
-    if key_segments_BS.shape[0] != query_segments_BT.shape[0]:
+    if 1 != key_segments_BS.shape[0] != query_segments_BT.shape[0] != 1:  # 1 broadcasts
         raise ValueError(f"query_input {query_segments_BT.shape} and key_input "
-                         f"{key_segments_BS.shape} must have the same batch B")
+                         f"{key_segments_BS.shape} must have the same batch B (or 1)")
     return query_segments_BT[:, None, :, None] == key_segments_BS[:, None, None, :]
 
 

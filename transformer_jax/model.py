@@ -276,12 +276,18 @@ class Decoder(nn.Module):
 
 
 def _check_shaped_as(ids_BT, name: str, **arrays) -> None:
-    """A ValueError unless each of `arrays` (None: not given) has the shape of the token ids
-    it goes with (positions and segment numbers: one per token)."""
+    """A ValueError unless each of `arrays` (None: not given) broadcasts to the shape of the
+    token ids it goes with (positions and segment numbers: one per token; `(1, T)` serves
+    every row)."""
+    shape = tuple(jnp.shape(ids_BT))
     for other, x in arrays.items():
-        if x is not None and jnp.shape(x) != jnp.shape(ids_BT):
-            raise ValueError(f"{other} must have the shape of {name}, "
-                             f"{tuple(jnp.shape(ids_BT))}, got {tuple(jnp.shape(x))}")
+        try:
+            fits = x is None or jnp.broadcast_shapes(jnp.shape(x), shape) == shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{other} must have the shape of {name}, {shape}, got "
+                             f"{tuple(jnp.shape(x))}")
 
 
 def _final_norm(c: ModelConfig) -> LayerNorm:

@@ -33,6 +33,11 @@ def learning_rate(step, *, d_model: int, warmup_steps: int = 4000, scale: float 
         step = int(step)
         return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
     step = jnp.maximum(jnp.asarray(step, jnp.float32), 0.0)  # rsqrt of a negative: NaN
+    return _rate(step, d_model, warmup_steps, scale)
+
+
+def _rate(step, d_model: int, warmup_steps: int, scale: float) -> jax.Array:
+    """Eq. 3 of a float32 `step` >= 0 (0 gives 0: min(inf, 0))."""
     decay = jnp.minimum(jax.lax.rsqrt(step), step * jnp.float32(warmup_steps**-1.5))
     return jnp.float32(scale * d_model**-0.5) * decay
 
@@ -47,9 +52,8 @@ def learning_rate_schedule(
     """
     _check_schedule_args(d_model, warmup_steps, scale)
 
-    def schedule(count):
-        step = jnp.asarray(count, jnp.float32) + 1.0
-        return learning_rate(step, d_model=d_model, warmup_steps=warmup_steps, scale=scale)
+    def schedule(count):  # count >= 0: no clamp in the compiled step
+        return _rate(jnp.asarray(count, jnp.float32) + 1.0, d_model, warmup_steps, scale)
 
     return schedule
 

@@ -220,7 +220,7 @@ def _style_panel(ax, panel: Panel, drawn: list[Series], several: bool) -> None:
     ax.grid(True, which="major", alpha=0.35)
     ax.spines["right"].set_visible(False)
     key, legend_at = panel.series[0].key, "best"
-    if panel.yscale == "log":  # ticks at 1, 2, 5 times powers of ten, written plainly
+    if panel.yscale == "log":  # ticks at 1, 2, 5 (more within a decade) × 10^k, plainly
         low, high = ax.get_ylim()  # within one decade, 1, 2, 5 would leave a tick or two
         subs = (1.0, 2.0, 5.0) if high > 10 * low else (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0)
         ax.yaxis.set_major_locator(LogLocator(subs=subs))

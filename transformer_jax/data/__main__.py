@@ -63,13 +63,14 @@ def main(argv) -> None:
         return
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            workdir = writable_folder(_WORKDIR.value) if _WORKDIR.value else scratch
+            given = _WORKDIR.value is not None  # "" is refused, as an unset variable
+            workdir = writable_folder(_WORKDIR.value) if given else scratch
             tokenizer = get_tokenizer(config.data, workdir)
             split = load_split(config.data, _SPLIT.value)
             d = config.data
             print(f"{d.dataset} ({d.source_lang} -> {d.target_lang}), split {split.name}: "
                   f"{len(split):,} pairs")
-            where = tokenizer_path(workdir) if _WORKDIR.value else "(temporary)"
+            where = tokenizer_path(workdir) if given else "(temporary)"
             print(report.format_tokenizer(tokenizer, where), end="\n\n")
             for number, pair in enumerate(split.pairs[: _SHOW.value], start=1):
                 print(report.format_example(number, pair, tokenizer), end="\n\n")
