@@ -87,6 +87,7 @@ def test_cached_beam_search_equals_the_full_decoder_rerun_per_beam():
     assert len({tuple(row) for row in np.asarray(cached_seqs).reshape(12, -1)}) == 12
 
 
+@pytest.mark.usefixtures("on_the_cpu")  # the two greedy searches below: bit for bit
 def test_searches_refuse_sizes_the_cache_cannot_hold():
     """A search longer than the model's cache (whose last slot it would overwrite at every
     step past the end, silently), a beam search's batch other than the cache's, and sizes
