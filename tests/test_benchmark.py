@@ -278,6 +278,23 @@ def test_an_xla_option_in_vary_reaches_the_compiled_step(strategy, tmp_path):
     assert any(step_scope.search(program) for program in programs), os.listdir(tmp_path)
 
 
+def test_the_attention_grid_refuses_what_it_cannot_time_before_timing():
+    """From a notebook, `attention.run(**overrides)`: an unknown key, float64 (float32 under
+    JAX's default, timed under float64's name), and sizes of 0 (a ZeroDivisionError deep in
+    the suite), each one ValueError naming the key."""
+    from transformer_jax.benchmark import attention as attention_suite
+
+    for overrides, message in [
+            ({"implementations": ("xla",)}, r"^unknown attention grid keys \['implementations'\]"),
+            ({"dtypes": ("float64",)}, r"^dtypes must be among \('float32', 'bfloat16', "
+                                       r"'float16'\), got \['float64'\]$"),
+            ({"head_dims": (0,)}, r"^head_dims must be positive integers, got \(0,\)$"),
+            ({"seq_lens": (16, 0)}, r"^seq_lens must be positive integers, got \(16, 0\)$"),
+            ({"tokens": 0}, r"^tokens must be a positive integer, got 0$")]:
+        with pytest.raises(ValueError, match=message):
+            attention_suite.run(quick=True, **overrides)
+
+
 def test_a_tokamax_layer_norm_that_cannot_run_stops_the_model_suite_first(monkeypatch, capsys):
     """--vary layer_norm_implementation=...,tokamax without tokamax: one clear line before
     the other variants are timed."""

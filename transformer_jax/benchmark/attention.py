@@ -302,6 +302,19 @@ def mask_rows(g: dict, quick: bool) -> tuple[list[dict], list[str]]:
     return rows, list(dict.fromkeys(skipped))
 
 
+def _check_grid(g: dict) -> None:
+    """A ValueError naming the grid key whose value cannot be timed: a float64 row would be
+    float32 under JAX's default (x64 off) with float64's name, and sizes of 0 divide by 0."""
+    for key in ("seq_lens", "head_dims"):
+        if not all(isinstance(n, int) and n >= 1 for n in g[key]):
+            raise ValueError(f"{key} must be positive integers, got {g[key]!r}")
+    for key in ("num_heads", "tokens"):
+        if not (isinstance(g[key], int) and g[key] >= 1):
+            raise ValueError(f"{key} must be a positive integer, got {g[key]!r}")
+    if bad := [d for d in g["dtypes"] if d not in (*DTYPES, "float16")]:
+        raise ValueError(f"dtypes must be among {(*DTYPES, 'float16')}, got {bad!r}")
+
+
 def run(quick: bool = False, **overrides) -> tuple[list[dict], list[str]]:
     """(one row per case, notes on how to read them).
 
@@ -313,6 +326,7 @@ def run(quick: bool = False, **overrides) -> tuple[list[dict], list[str]]:
     if unknown:
         raise ValueError(f"unknown attention grid keys {sorted(unknown)}; use {sorted(g)}")
     g.update(overrides)
+    _check_grid(g)
     grid_cases = [dict(implementation=name, dtype=dtype, head_dim=head_dim, causal=causal,
                        backward=backward, seq_len=seq_len)
                   for dtype in g["dtypes"]
