@@ -12,9 +12,12 @@ The words come from the num2words library (no hand-written grammar here).
 Splits (disjoint, deterministic, independent of machine and process count):
   "full"  (default): train 200,000 / validation 2,000 / test 2,000
   "small" (tests, quick demos): train 4,000 / validation 200 / test 200
-Train always holds every number below 1,000; all other numbers are drawn without
-replacement from 1,000..999,999 with a fixed seed. Each split of "small" is a
-subset of the same split of "full".
+Train always holds every number below 1,000, each `small_repeats` times so that they are
+a tenth of it or more (20 times in "full"; once in "small", where they are a quarter): at
+0.5 % of "full", `make train`'s 800 steps wrote "two thousand and two" for "zwei" and got
+458 of them right; at 10 %, 994, and test BLEU rose from 99.85 to 99.96. All other numbers
+are drawn without replacement from 1,000..999,999 with a fixed seed. Each split of "small"
+is a subset of the same split of "full".
 
     builder = prepare_numbers(data_dir, config="small")  # builds once, array_record
     source = builder.as_data_source(split="train")       # source[i] == {"de": b"...", "en": b"..."}
@@ -38,6 +41,7 @@ CONFIG_SIZES = {"full": FULL_SIZES, "small": SMALL_SIZES}
 
 MAX_NUMBER = 999_999
 ALWAYS_IN_TRAIN = 1_000  # 0..999: the building blocks of every larger number
+SMALL_SHARE = 10  # 0..999 repeated to 1 / SMALL_SHARE of train, at least once
 SEED = 20_240_342
 
 # Splits larger than this are spelled by a pool of processes; smaller ones in-process,
@@ -56,8 +60,14 @@ def number_words(n: int) -> dict[str, str]:
     return {"de": german, "en": num2words(n, lang="en")}
 
 
+def small_repeats(train_size: int) -> int:
+    """How many times train holds each number below 1,000: a tenth of train, at least 1."""
+    return max(1, train_size // SMALL_SHARE // ALWAYS_IN_TRAIN)
+
+
 def split_numbers(split: str, sizes: Mapping[str, int] = FULL_SIZES) -> np.ndarray:
-    """The numbers of one split, sorted (int64). Pure: nothing is built or read.
+    """The numbers of one split, sorted (int64); train's below 1,000 `small_repeats` times
+    each. Pure: nothing is built or read.
 
     One fixed permutation of 1,000..999,999 is dealt round-robin into three streams,
     one per split; a split takes the first numbers of its stream. So the splits are
@@ -71,7 +81,8 @@ def split_numbers(split: str, sizes: Mapping[str, int] = FULL_SIZES) -> np.ndarr
     if sizes["train"] < ALWAYS_IN_TRAIN:
         raise ValueError(f"train must hold at least the {ALWAYS_IN_TRAIN} numbers below "
                          f"{ALWAYS_IN_TRAIN}, got {sizes['train']}")
-    drawn_sizes = dict(sizes, train=sizes["train"] - ALWAYS_IN_TRAIN)
+    repeats = small_repeats(sizes["train"])
+    drawn_sizes = dict(sizes, train=sizes["train"] - repeats * ALWAYS_IN_TRAIN)
     rng = np.random.default_rng(SEED)
     pool = rng.permutation(np.arange(ALWAYS_IN_TRAIN, MAX_NUMBER + 1, dtype=np.int64))
     stream = pool[SPLITS.index(split)::len(SPLITS)]
@@ -79,7 +90,8 @@ def split_numbers(split: str, sizes: Mapping[str, int] = FULL_SIZES) -> np.ndarr
         raise ValueError(f"{split} size {sizes[split]} is out of range")
     drawn = stream[:drawn_sizes[split]]
     if split == "train":
-        drawn = np.concatenate([np.arange(ALWAYS_IN_TRAIN, dtype=np.int64), drawn])
+        drawn = np.concatenate([np.repeat(np.arange(ALWAYS_IN_TRAIN, dtype=np.int64), repeats),
+                                drawn])
     return np.sort(drawn)
 
 
@@ -117,8 +129,9 @@ class Numbers(tfds.core.GeneratorBasedBuilder):
     Without TensorFlow only the array_record file format can be written.
     """
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release (num2words 0.5.14, \"einstausend\" corrected)."}
+    VERSION = tfds.core.Version("1.1.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release (num2words 0.5.14, \"einstausend\" corrected).",
+                     "1.1.0": "Train holds 0..999 20 times in \"full\" (a tenth of it)."}
     BUILDER_CONFIGS = [  # the first is the default
         tfds.core.BuilderConfig(
             name="full", description="train 200,000 / validation 2,000 / test 2,000"),
@@ -144,9 +157,10 @@ class Numbers(tfds.core.GeneratorBasedBuilder):
         return {split: self._generate_examples(split_numbers(split, sizes)) for split in SPLITS}
 
     def _generate_examples(self, numbers: np.ndarray):
-        """Yields (n, {"de": ..., "en": ...}); the number itself is the unique key."""
-        for n, words in zip(numbers, _spelled(numbers), strict=True):
-            yield int(n), words
+        """Yields (i, {"de": ..., "en": ...}): the index is the unique key (train repeats
+        the numbers below 1,000)."""
+        for i, words in enumerate(_spelled(numbers)):
+            yield i, words
 
 
 def prepare_numbers(data_dir: str | None = None, config: str = "full") -> tfds.core.DatasetBuilder:
