@@ -25,6 +25,7 @@ is a subset of the same split of "full".
 Records are stored in TFDS's key-hash order, not in numeric order.
 """
 
+import collections
 import concurrent.futures
 import multiprocessing
 import os
@@ -157,10 +158,13 @@ class Numbers(tfds.core.GeneratorBasedBuilder):
         return {split: self._generate_examples(split_numbers(split, sizes)) for split in SPLITS}
 
     def _generate_examples(self, numbers: np.ndarray):
-        """Yields (i, {"de": ..., "en": ...}): the index is the unique key (train repeats
-        the numbers below 1,000)."""
-        for i, words in enumerate(_spelled(numbers)):
-            yield i, words
+        """Yields (key, {"de": ..., "en": ...}), the key unique: the number, plus 1,000,000
+        per copy of it before (train repeats the numbers below 1,000). A split without
+        copies keeps version 1.0.0's keys, so its records keep their order."""
+        copies = collections.Counter()
+        for n, words in zip(numbers, _spelled(numbers), strict=True):
+            yield int(n) + (MAX_NUMBER + 1) * copies[int(n)], words
+            copies[int(n)] += 1
 
 
 def prepare_numbers(data_dir: str | None = None, config: str = "full") -> tfds.core.DatasetBuilder:
