@@ -40,9 +40,7 @@ def shift_right(x, segment_ids=None):
     if targets_BT.ndim != 2:
         raise ValueError(f"x must be (B, T) targets, got shape {targets_BT.shape}; a single "
                          f"sequence is x[None]")
-    if segment_ids is not None and jnp.shape(segment_ids) != targets_BT.shape:
-        raise ValueError(f"segment_ids must have the shape of x, {targets_BT.shape}, got "
-                         f"{jnp.shape(segment_ids)}")
+    _check_shaped_as(targets_BT, "x", segment_ids=segment_ids)
     shifted_BT = jnp.pad(targets_BT, ((0, 0), (1, 0)), constant_values=DECODER_START_ID)[:, :-1]
     if segment_ids is not None:
         segments_BT = jnp.asarray(segment_ids)
