@@ -25,7 +25,10 @@ from transformer_jax.command_line import loaded_config, parse_flags
 from transformer_jax.run_log import MetricsWriteError
 from transformer_jax.stop_signal import StoppedAtOnce
 
-DEFAULT_CONFIG = "configs/default.py"
+# Beside this file, as a path from the current folder ("configs/default.py" from here),
+# so that `python path/to/train.py --workdir=...` finds it from any folder.
+DEFAULT_CONFIG = os.path.relpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                              "configs", "default.py"))
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, f"a config file (configs/*.py; default {DEFAULT_CONFIG})", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, logs and the tokenizer go",

@@ -151,7 +151,8 @@ def test_an_override_of_a_key_that_is_nowhere_close_lists_its_groups_keys():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("optim.label_smoothing", 1.5, "config.optim.label_smoothing must be in [0, 1), got 1.5"),
+    ("optim.label_smoothing", 1.5,
+     "config.optim.label_smoothing must be a number in [0, 1), got 1.5"),
     ("optim.b1", -0.1, "config.optim.b1 must be a number in [0, 1), got -0.1"),
     ("optim.b2", 1.0, "config.optim.b2 must be a number in [0, 1), got 1.0"),
     ("optim.eps", 0.0, "config.optim.eps must be a number > 0, got 0.0"),

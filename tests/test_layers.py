@@ -260,6 +260,22 @@ def test_encoder_layer_dropout_only_when_not_deterministic():
     assert np.abs(np.asarray(dropped_BSD) - np.asarray(first_BSD)).max() > 1e-3
 
 
+def test_mha_refuses_inputs_not_batched_or_of_another_width():
+    """An unbatched (T, D) input was reported in per-head shapes the caller never gave, and
+    inputs of another width, with trained weights, as a Flax kernel shape."""
+    q_BTD, kv_BSD = _inputs(8)
+    layer = MultiHeadAttention(num_heads=2, d_model=8)
+    variables = layer.init(jax.random.key(0), q_BTD, kv_BSD)
+    for args, expected in [((q_BTD[0], kv_BSD[0]), f"inputs_q must be (B, T, D) with D = "
+                            f"d_model = 8, got shape {q_BTD[0].shape}"),
+                           ((q_BTD, kv_BSD[..., :4]), f"inputs_kv must be (B, S, D) with D = "
+                            f"d_model = 8, got shape {kv_BSD[..., :4].shape}")]:
+        with pytest.raises(ValueError) as error:
+            layer.apply(variables, *args)
+        assert str(error.value) == expected
+    assert layer.apply(variables, q_BTD, kv_BSD).shape == q_BTD.shape
+
+
 def test_mha_refuses_a_width_the_heads_do_not_divide():
     """d_model = 10 over 3 heads has no whole head dim: a clear error, not a shape error."""
     q_BTD, kv_BSD = _inputs(10)
@@ -267,8 +283,7 @@ def test_mha_refuses_a_width_the_heads_do_not_divide():
         MultiHeadAttention(num_heads=3, d_model=10).init(jax.random.key(0), q_BTD, kv_BSD)
     with pytest.raises(ValueError) as error:  # was a ZeroDivisionError
         MultiHeadAttention(num_heads=0, d_model=10).init(jax.random.key(0), q_BTD, kv_BSD)
-    assert str(error.value).splitlines()[0] == ("num_heads and d_model must be positive, got "
-                                                "num_heads=0, d_model=10")
+    assert str(error.value) == "num_heads must be a positive integer, got 0"
 
 
 def test_mha_extend_writes_at_the_position_and_attends_to_the_written_slots():

@@ -485,9 +485,10 @@ def test_mismatched_batches_positions_and_configs_are_refused_in_one_line(variab
     inputs_BS, targets_BT = map(np.asarray, _batch(0))
     (b, s), t = inputs_BS.shape, targets_BT.shape[1]
     model = Transformer(TINY)
+    shapes = f"must be (B, S, D), (B, S) and (B, T) with D = d_model = {TINY.d_model}"
     cases = [((inputs_BS, targets_BT[:1]), {},
               f"the memory ({b}, {s}, {TINY.d_model}), inputs ({b}, {s}) and targets (1, {t}) "
-              f"must be (B, S, D), (B, S) and (B, T): row b of each is one example"),
+              f"{shapes}: row b of each is one example"),
              ((inputs_BS, targets_BT), {"inputs_positions": np.zeros((b, s - 1), np.int32)},
               f"inputs_positions must have the shape of inputs, ({b}, {s}), got ({b}, {s - 1})"),
              ((inputs_BS, targets_BT), {"inputs_segmentation": np.ones((b, s), np.int32),
@@ -498,6 +499,13 @@ def test_mismatched_batches_positions_and_configs_are_refused_in_one_line(variab
         with pytest.raises(ValueError) as error:
             model.apply(variables, *args, **keywords)
         assert str(error.value) == expected
+    # A memory of another width: Flax's parameter shapes named the cross-attention's kernel.
+    encoded_BSD = model.apply(variables, inputs_BS, method=Transformer.encode)
+    with pytest.raises(ValueError) as error:
+        model.apply(variables, encoded_BSD[..., :3], inputs_BS, targets_BT,
+                    method=Transformer.decode)
+    assert str(error.value) == (f"the memory ({b}, {s}, 3), inputs ({b}, {s}) and targets "
+                                f"({b}, {t}) {shapes}: row b of each is one example")
     # Positions of one row serve every row, as the default 0, 1, ... does (two programs: on a
     # GPU their sines may round apart).
     np.testing.assert_allclose(

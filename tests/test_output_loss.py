@@ -181,7 +181,7 @@ def _dot_outputs(jaxpr) -> list:
 
 @pytest.mark.parametrize("bad, match", [
     (dict(chunk_size=0), "chunk_size must be a positive integer"),
-    (dict(label_smoothing=1.0), "label_smoothing must be in"),
+    (dict(label_smoothing=1.0), "label_smoothing must be a number in"),
 ])
 def test_bad_arguments_raise(bad, match):
     features, table, targets = problem()

@@ -603,9 +603,10 @@ def test_train_py_rejects_bad_config_before_compiling(tmp_path):
         assert process.returncode != 0 and message in err, err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()  # nothing was started
-    # Without --config (configs/default.py), where ml_collections applies overrides at import.
-    done = subprocess.run([sys.executable, "train.py", f"--workdir={tmp_path / 'run'}",
-                           "--config.num_train_stepz=5"], cwd=ROOT, capture_output=True,
+    # Without --config (configs/default.py), where ml_collections applies overrides at import;
+    # from another folder, the one beside train.py.
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), f"--workdir={tmp_path / 'run'}",
+                           "--config.num_train_stepz=5"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == ("error in the command line: 'num_train_stepz' Did you mean "

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.argument_checks import fraction
 from transformer_jax.dropout import dropout
 from transformer_jax.masks import causal_mask, combine_masks
 
@@ -319,8 +320,7 @@ def dot_product_attention(
     (_, t, _, h), s = query_BTNH.shape, key_BSNH.shape[1]
     if is_causal and t != s:
         raise ValueError(f"is_causal needs as many queries as keys, got T={t}, S={s}")
-    if not 0.0 <= dropout_rate < 1.0:
-        raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
+    dropout_rate = fraction("dropout_rate", dropout_rate)
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
     name = resolve_implementation(implementation, query_BTNH.dtype, dropout_rate,

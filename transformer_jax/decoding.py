@@ -21,7 +21,6 @@ static) and it compiles once per input shape. The paper's setting is
 + 50. Sequences hold generated tokens only: EOS included, 0 (padding) after.
 """
 
-import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -29,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from transformer_jax.argument_checks import positive_int
 from transformer_jax.token_ids import DECODER_START_ID, EOS_ID, PAD_ID
 
 TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
@@ -70,8 +70,7 @@ def _check_search(cache, batch_size, max_length, beam_size=None) -> None:
     sizes = {"batch_size": batch_size, "max_length": max_length} | (
         {} if beam_size is None else {"beam_size": beam_size})  # greedy search has none
     for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(name, value)
     capacity = getattr(cache, "cache_length", None)  # the model's DecodingCache has one
     if capacity is not None and max_length > capacity:
         raise ValueError(f"max_length={max_length} is more than the cache's {capacity} "

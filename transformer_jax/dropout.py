@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from transformer_jax.argument_checks import fraction
+
 DROPOUT_BITS = (8, 16, 32)
 DEFAULT_BITS = 16
 
@@ -31,9 +33,7 @@ def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
     docstring has the formula); `key` is a JAX PRNG key. `rate` 0 returns `x`."""
     if bits not in DROPOUT_BITS:
         raise ValueError(f"dropout bits must be one of {DROPOUT_BITS}, got {bits!r}")
-    if problem := rate_problem(rate, bits):
-        raise ValueError(f"dropout rate {problem}")
-    rate = float(rate)  # a NumPy or concrete JAX scalar too
+    rate = checked_rate("dropout rate", rate, bits)
     if rate == 0.0:
         return x
     if key is None:
@@ -58,28 +58,18 @@ def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
     return lax.select(keep, kept, lax.full_like(x, 0))
 
 
-def rate_problem(rate: float, bits: int) -> str | None:
-    """What keeps `rate` from being drawn with `bits` random bits, or None. A scalar of
-    NumPy or JAX counts as its number; a traced one has no value to draw a threshold from."""
-    if isinstance(rate, (bool, str, bytes)) or np.ndim(rate) != 0:
-        return f"must be a number in [0, 1), got {rate!r}"
-    try:
-        rate = float(rate)
-    except jax.errors.ConcretizationTypeError:
-        return (f"must be a Python number in [0, 1) (under jax.jit, a static argument), "
-                f"got {rate!r}")
-    except TypeError:  # a PRNG key, ...
-        return f"must be a number in [0, 1), got {rate!r}"
-    if not 0.0 <= rate < 1.0:
-        return f"must be a number in [0, 1), got {rate!r}"
+def checked_rate(name: str, rate, bits: int) -> float:
+    """`rate` as a float that `bits` random bits can draw (`argument_checks.fraction`, and
+    neither rounded to 0 nor to 1), or a ValueError that starts with `name`."""
+    rate = fraction(name, rate)
     threshold = round(rate * 2**bits)
     if rate > 0.0 and threshold == 0:
-        return (f"{rate!r} rounds to 0 in {bits} random bits (the least rate above 0 they "
-                f"draw is {2.0 ** -bits})")
+        raise ValueError(f"{name} {rate!r} rounds to 0 in {bits} random bits (the least rate "
+                         f"above 0 they draw is {2.0 ** -bits})")
     if threshold == 2**bits:
-        return (f"{rate!r} rounds to 1 in {bits} random bits (the largest rate they draw "
-                f"is {1 - 2.0 ** -bits})")
-    return None
+        raise ValueError(f"{name} {rate!r} rounds to 1 in {bits} random bits (the largest "
+                         f"rate they draw is {1 - 2.0 ** -bits})")
+    return rate
 
 
 def _uniform_bits(key, shape: tuple, dtype: np.dtype):

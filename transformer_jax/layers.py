@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.argument_checks import positive_int
 from transformer_jax.attention import dot_product_attention
 from transformer_jax.dropout import DEFAULT_BITS, dropout
 from transformer_jax.layer_norm import LayerNorm
@@ -76,9 +77,8 @@ class MultiHeadAttention(nn.Module):
     use_bias: bool = True  # a deviation (below); False is the paper's
 
     def setup(self):
-        if not self.num_heads >= 1 or not self.d_model >= 1:
-            raise ValueError(f"num_heads and d_model must be positive, got "
-                             f"num_heads={self.num_heads}, d_model={self.d_model}")
+        positive_int("num_heads", self.num_heads)
+        positive_int("d_model", self.d_model)
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by "
                              f"num_heads={self.num_heads}")
@@ -110,6 +110,10 @@ class MultiHeadAttention(nn.Module):
         `dot_product_attention`.
         """
         inputs_kv = inputs_q if inputs_kv is None else inputs_kv
+        for name, x, length in (("inputs_q", inputs_q, "T"), ("inputs_kv", inputs_kv, "S")):
+            if jnp.ndim(x) != 3 or jnp.shape(x)[-1] != self.d_model:  # else a per-head shape
+                raise ValueError(f"{name} must be (B, {length}, D) with D = d_model = "
+                                 f"{self.d_model}, got shape {jnp.shape(x)}")
         return self.attend(inputs_q, self.keys_values(inputs_kv), mask, is_causal=is_causal,
                            deterministic=deterministic)
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from transformer_jax.argument_checks import fraction
 from transformer_jax.token_ids import PAD_ID, check_ids
 
 
@@ -192,8 +193,7 @@ def is_correct(terms: LogitTerms, targets) -> jax.Array:
 def smoothed_target(label_smoothing: float, vocab_size: int) -> tuple[float, float, float]:
     """(1 - ε, ε / (V - 1), H(q)): the smoothed target q of `label_smoothed_cross_entropy`
     (its weight on the true token, on every other token, and its entropy)."""
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    label_smoothing = fraction("label_smoothing", label_smoothing)
     if label_smoothing > 0.0 and vocab_size < 2:
         raise ValueError(f"label smoothing needs a vocabulary of 2 or more, got V={vocab_size}")
     confidence = 1.0 - label_smoothing

@@ -206,10 +206,11 @@ class Decoder(nn.Module):
         _check_shaped_as(targets, "targets", targets_positions=targets_positions,
                          targets_segmentation=targets_segmentation)
         if not (jnp.shape(inputs)[0] == targets.shape[0] == jnp.shape(encoded)[0]
-                and jnp.shape(encoded)[1:2] == jnp.shape(inputs)[1:2]):
+                and jnp.shape(encoded)[1:] == (*jnp.shape(inputs)[1:2], self.config.d_model)):
             raise ValueError(f"the memory {jnp.shape(encoded)}, inputs {jnp.shape(inputs)} and "
-                             f"targets {targets.shape} must be (B, S, D), (B, S) and (B, T): "
-                             f"row b of each is one example")
+                             f"targets {targets.shape} must be (B, S, D), (B, S) and (B, T) "
+                             f"with D = d_model = {self.config.d_model}: row b of each is one "
+                             f"example")
         decoder_inputs_BT, self_mask_B1TT, cross_mask_B1TS = self._masks(
             inputs, targets, inputs_segmentation, targets_segmentation)
         y_BTD = self.positions(self.embedder.encode(decoder_inputs_BT), targets_positions,

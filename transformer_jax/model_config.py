@@ -1,12 +1,12 @@
 """The architecture as a frozen dataclass, with the paper's presets (Table 3)."""
 
 import dataclasses
-import numbers
 
 import jax.numpy as jnp
 
+from transformer_jax.argument_checks import positive_int
 from transformer_jax.attention import attention_implementations
-from transformer_jax.dropout import DEFAULT_BITS, DROPOUT_BITS, rate_problem
+from transformer_jax.dropout import DEFAULT_BITS, DROPOUT_BITS, checked_rate
 from transformer_jax.layer_norm import LAYER_NORM_IMPLEMENTATIONS
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none")
@@ -43,13 +43,8 @@ class ModelConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_length",
-                     "dropout_bits"):
-            value = getattr(self, name)
-            _require(isinstance(value, numbers.Integral) and not isinstance(value, bool), name,
-                     "must be an integer", value)
-            object.__setattr__(self, name, int(value))  # NumPy's integers as Python's
-        for name in ("d_model", "d_ff", "num_heads", "num_layers", "max_length"):
-            _require(getattr(self, name) > 0, name, "must be positive", getattr(self, name))
+                     "dropout_bits"):  # stored as Python ints, NumPy's included
+            object.__setattr__(self, name, positive_int(f"ModelConfig.{name}", getattr(self, name)))
         _require(self.vocab_size >= 2, "vocab_size", "must be at least 2", self.vocab_size)
         _require(
             self.d_model % self.num_heads == 0,
@@ -64,8 +59,7 @@ class ModelConfig:
         # implementations' signature, as jax.nn's, has no place for them).
         for name, bits in (("dropout_rate", self.dropout_bits),
                            ("attention_dropout_rate", DEFAULT_BITS)):
-            if problem := rate_problem(getattr(self, name), bits):
-                raise ValueError(f"ModelConfig.{name} {problem}")
+            checked_rate(f"ModelConfig.{name}", getattr(self, name), bits)
         for name in ("pre_layer_norm", "attention_bias"):
             _require(isinstance(getattr(self, name), bool), name, "must be True or False",
                      getattr(self, name))

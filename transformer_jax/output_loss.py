@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax.argument_checks import positive_int
 from transformer_jax.losses import (is_correct, logit_terms, smoothed_loss, smoothed_target,
                                     target_mask)
 from transformer_jax.token_ids import PAD_ID, check_ids
@@ -62,8 +63,7 @@ def output_loss(features, table, targets, weights=None, *, label_smoothing: floa
                          f"with table (V, D), got table {table.shape}")
     if weights is None:
         weights = (targets != PAD_ID).astype(jnp.float32)
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    chunk_size = positive_int("chunk_size", chunk_size)
     smoothed_target(label_smoothing, table.shape[0])  # checks ε
     rows = targets.size
     chunk = min(chunk_size, rows)

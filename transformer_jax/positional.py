@@ -1,8 +1,8 @@
 """Sinusoidal positional encoding (§3.5). Pure jax.numpy, no Flax."""
 
-import numbers
-
 import jax.numpy as jnp
+
+from transformer_jax.argument_checks import positive_int
 
 
 def sinusoidal_encoding(positions, d_model: int, *, max_timescale: float = 10_000.0):
@@ -23,8 +23,7 @@ def sinusoidal_encoding(positions, d_model: int, *, max_timescale: float = 10_00
     Returns:
       float32 array `(..., d_model)`.
     """
-    if isinstance(d_model, bool) or not isinstance(d_model, numbers.Integral) or d_model < 1:
-        raise ValueError(f"d_model must be a positive integer, got {d_model!r}")
+    d_model = positive_int("d_model", d_model)
     if not max_timescale > 0:
         raise ValueError(f"max_timescale must be > 0 (the paper's 10000), got {max_timescale!r}")
     positions = jnp.asarray(positions)

@@ -28,6 +28,7 @@ import numpy as np
 import tqdm
 import jax.numpy as jnp
 
+from transformer_jax.argument_checks import positive_int
 from transformer_jax.attention import (attention_implementations, available_implementations,
                                       cudnn_unsupported, dot_product_attention,
                                       resolve_implementation)
@@ -306,11 +307,12 @@ def _check_grid(g: dict) -> None:
     """A ValueError naming the grid key whose value cannot be timed: a float64 row would be
     float32 under JAX's default (x64 off) with float64's name, and sizes of 0 divide by 0."""
     for key in ("seq_lens", "head_dims"):
-        if not all(isinstance(n, int) and n >= 1 for n in g[key]):
-            raise ValueError(f"{key} must be positive integers, got {g[key]!r}")
+        try:
+            [positive_int(key, n) for n in g[key]]
+        except ValueError:
+            raise ValueError(f"{key} must be positive integers, got {g[key]!r}") from None
     for key in ("num_heads", "tokens"):
-        if not (isinstance(g[key], int) and g[key] >= 1):
-            raise ValueError(f"{key} must be a positive integer, got {g[key]!r}")
+        positive_int(key, g[key])
     if bad := [d for d in g["dtypes"] if d not in (*DTYPES, "float16")]:
         raise ValueError(f"dtypes must be among {(*DTYPES, 'float16')}, got {bad!r}")
 

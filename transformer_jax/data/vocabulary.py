@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Callable
 
 from transformer_jax.atomic_file import atomic_write
-from transformer_jax.data.sources import DataError, describe_split, load_split
+from transformer_jax.data.sources import DataError, dataset_kind, describe_split, load_split
 from transformer_jax.data.tokenizer import Tokenizer, train_tokenizer
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -84,7 +84,7 @@ def settings_path(model_path: str | os.PathLike) -> str:
 def vocabulary_settings(data_config) -> dict:
     """The values of `data_config` that the vocabulary depends on, by key."""
     keys = [key for key in VOCABULARY_SETTINGS
-            if key != "numbers_size" or data_config.dataset == "numbers"]
+            if key != "numbers_size" or dataset_kind(data_config.dataset)[0] == "numbers"]
     return {key: data_config[key] for key in keys}
 
 

@@ -1,0 +1,62 @@
+"""The rules for sizes and fractions given as arguments, and the callers that share them."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax.losses import label_smoothed_cross_entropy
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.positional import sinusoidal_encoding
+from transformer_jax.argument_checks import fraction, positive_int
+
+
+@pytest.mark.parametrize("value", [np.int64(3), np.uint8(3), 3])
+def test_integers_of_any_kind_are_python_ints(value):
+    result = positive_int("n", value)
+    assert result == 3 and type(result) is int
+
+
+@pytest.mark.parametrize("value", [0, -2, True, 2.0, "3", None, np.float32(3)])
+def test_everything_else_is_refused_by_name(value):
+    with pytest.raises(ValueError) as error:
+        positive_int("beam_size", value)
+    assert str(error.value) == f"beam_size must be a positive integer, got {value!r}"
+
+
+def test_callers_name_their_argument():
+    """The model config prefixes its class; the encoding takes NumPy's widths as its own."""
+    with pytest.raises(ValueError) as error:
+        ModelConfig(d_ff=2048.0)
+    assert str(error.value) == "ModelConfig.d_ff must be a positive integer, got 2048.0"
+    np.testing.assert_array_equal(sinusoidal_encoding(jnp.arange(3), np.int64(4)),
+                                  sinusoidal_encoding(jnp.arange(3), 4))
+
+
+@pytest.mark.parametrize("value", [0.0, 0.5, np.float32(0.25), jnp.float32(0.1), 0])
+def test_fractions_of_any_kind_are_python_floats(value):
+    result = fraction("rate", value)
+    assert result == float(value) and type(result) is float
+
+
+@pytest.mark.parametrize("value", [1.0, -0.1, float("nan"), "0.1", True, [0.1], None])
+def test_a_fraction_outside_zero_to_one_is_refused_by_name(value):
+    with pytest.raises(ValueError) as error:
+        fraction("label_smoothing", value)
+    assert str(error.value) == f"label_smoothing must be a number in [0, 1), got {value!r}"
+
+
+def test_traced_arguments_are_asked_to_be_static():
+    """Under jax.jit a size or an ε has no value: the message says to make it static, where
+    Python's comparison raised a TracerBoolConversionError naming no argument."""
+    targets = jnp.ones((1, 2), jnp.int32)
+    with pytest.raises(ValueError, match=r"^label_smoothing must be a Python number in \[0, 1\) "
+                                         r"\(under jax.jit, a static argument\), got "):
+        jax.jit(lambda eps: label_smoothed_cross_entropy(jnp.zeros((1, 2, 5)), targets,
+                                                         label_smoothing=eps))(0.1)
+    with pytest.raises(ValueError, match=r"^d_model must be a Python integer \(under jax.jit, "
+                                         r"a static argument\), got "):
+        jax.jit(lambda d: sinusoidal_encoding(jnp.arange(3), d))(4)
+    # A concrete JAX integer is its number.
+    np.testing.assert_array_equal(sinusoidal_encoding(jnp.arange(3), jnp.int32(4)),
+                                  sinusoidal_encoding(jnp.arange(3), 4))
