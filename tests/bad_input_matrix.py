@@ -58,11 +58,25 @@ def bad_inputs(workdir, scratch):
     # A full disk: files end at 100 bytes (writes past it fail with EFBIG).
     full = [sys.executable, "-c", "import os, resource, sys; resource.setrlimit("
             "resource.RLIMIT_FSIZE, (100, 100)); os.execv(sys.argv[1], sys.argv[1:])"]
-    # Ctrl-C once the input is read (job control on, so the background job takes SIGINT).
-    ctrl_c = ["bash", "-c", f'set -m; "$@" 2>{scratch}/ctrl_c.err & until grep -q "^checkpoint"'
-              f' {scratch}/ctrl_c.err || ! kill -0 $!; do sleep 0.2; done; kill -INT $!; '
-              f'wait $!; status=$?; cat {scratch}/ctrl_c.err >&2; exit $status', "bash"]
+    def ctrl_c(started: str) -> list[str]:
+        """Ctrl-C once the shell test `started` holds (job control on, so the background
+        job takes SIGINT); stderr is in ctrl_c.err."""
+        return ["bash", "-c", f'set -m; "$@" 2>{scratch}/ctrl_c.err & until {started} || '
+                f'! kill -0 $!; do sleep 0.2; done; kill -INT $!; wait $!; status=$?; '
+                f'cat {scratch}/ctrl_c.err >&2; exit $status', "bash"]
+
     t = [sys.executable, "translate.py", f"--workdir={workdir}"]
+    x = [sys.executable, "-m", "transformer_jax.export", f"--workdir={workdir}"]
+    hlo = os.path.join(scratch, "hlo")
+    subprocess.run([*x, "--format=stablehlo", f"--output={hlo}", "--batch_sizes=1",
+                    "--lengths=16"], cwd=ROOT, capture_output=True, check=True)
+    damaged = {}
+    for name, damage in (("no artifact", lambda d: os.remove(f"{d}/greedy_b1_s16.jaxexport")),
+                         ("params not npz", lambda d: open(f"{d}/params.npz", "w").close())):
+        damaged[name] = os.path.join(scratch, name.replace(" ", "_"))
+        subprocess.run(["cp", "-r", hlo, damaged[name]], check=True)
+        damage(damaged[name])
+    s = [sys.executable, "translate.py", "--engine=stablehlo", "--beam_size=1"]
     e = [sys.executable, "evaluate.py", f"--workdir={workdir}"]
     d = [sys.executable, "-m", "transformer_jax.data", "--config=configs/default.py",
          "--config.data.numbers_size=small"]
@@ -84,8 +98,23 @@ def bad_inputs(workdir, scratch):
         ("output on a full disk", [*full, *t, f"--output={scratch}/out.txt"], "null\n" * 200),
         ("output /dev/full", [*t, "--output=/dev/full"], "null\n"),
         ("stdout /dev/full", ["bash", "-c", 'exec "$@" > /dev/full', "bash", *t], "null\n"),
-        ("Ctrl-C while translating", [*ctrl_c, *t, f"--input={scratch}/many.txt",
+        ("Ctrl-C while translating", [*ctrl_c(f"grep -q ^checkpoint {scratch}/ctrl_c.err"),
+                                      *t, f"--input={scratch}/many.txt",
                                       f"--output={scratch}/out.txt"], ""),
+        ("export: --force on the workdir", [*x, "--format=ctranslate2", f"--output={workdir}",
+                                            "--force"], ""),
+        ("export: --force on an empty --output", [*x, "--format=stablehlo", "--output=",
+                                                  "--force"], ""),
+        ("export: --lengths for ctranslate2", [*x, "--format=ctranslate2", "--lengths=8",
+                                               f"--output={scratch}/ct"], ""),
+        ("export: --batch_sizes=0", [*x, "--format=stablehlo", "--batch_sizes=0",
+                                     f"--output={scratch}/h"], ""),
+        ("Ctrl-C while exporting", [*ctrl_c(f"ls -d {scratch}/.h.partial-* >/dev/null 2>&1"),
+                                    *x, "--format=stablehlo", f"--output={scratch}/h"], ""),
+        ("stablehlo: an artifact missing", [*s, f"--exported={damaged['no artifact']}"],
+         "null\n"),
+        ("stablehlo: params.npz empty", [*s, f"--exported={damaged['params not npz']}"],
+         "null\n"),
         ("evaluate: no checkpoints", [*e[:2], f"--workdir={scratch}"], ""),
         ("evaluate: split", [*e, "--split=nonsense"], ""),
         ("evaluate: average 0", [*e, "--checkpoint=average:0"], ""),

@@ -6,6 +6,8 @@ import collections
 import importlib.util
 import pathlib
 import random
+import sys
+import types
 
 import pytest
 
@@ -228,9 +230,49 @@ def test_write_corpus_gives_the_folder_layout_with_no_chapter_in_two_splits(tmp_
 def test_an_output_that_cannot_be_made_stops_before_any_reading(tmp_path, monkeypatch):
     monkeypatch.setattr(bible, "read_modules", lambda path: pytest.fail("read the modules"))
     (tmp_path / "a_file").write_text("")
+    for output in (tmp_path / "a_file", tmp_path / "a_file" / "corpus"):
+        with pytest.raises(SystemExit) as exit_info:
+            bible.main([f"--output={output}"])
+        assert exit_info.value.code == (f"error: cannot make --output={output}: "
+                                        f"{tmp_path / 'a_file'} is a file")
+
+
+def test_a_run_that_stops_early_leaves_no_empty_output(tmp_path, monkeypatch):
+    """The folder was made first, so a run without pysword or the modules left it empty
+    (and train.py then read "holds: nothing"); it is made when the corpus is written."""
+    def no_modules(path):
+        raise SystemExit(f"error: SWORD module spaRV1909eb not found in {path}")
+
+    monkeypatch.setattr(bible, "read_modules", no_modules)
+    with pytest.raises(SystemExit):
+        bible.main([f"--output={tmp_path / 'new' / 'corpus'}", f"--sword_path={tmp_path}"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_module_without_its_text_is_one_line(tmp_path, monkeypatch):
+    """pysword finds the module's .conf, then fails to open its text: an OSError traceback.
+    (pysword 0.2.8's own words, from a stand-in: pysword is not a test dependency.)"""
+    class SwordModules:
+        def __init__(self, path):
+            pass
+
+        def parse_modules(self):
+            return {name: {} for name, _ in bible.MODULES.values()}
+
+        def get_bible_from_module(self, name):
+            raise OSError("Could not open OT or NT for module")
+
+    canon = {"kjv": {"ot": [("Genesis", "Gen", "Gen", [2])], "nt": []}}
+    monkeypatch.setitem(sys.modules, "pysword", types.ModuleType("pysword"))
+    monkeypatch.setitem(sys.modules, "pysword.canons", types.SimpleNamespace(canons=canon))
+    monkeypatch.setitem(sys.modules, "pysword.modules",
+                        types.SimpleNamespace(SwordModules=SwordModules))
+    (tmp_path / "mods.d").mkdir()
     with pytest.raises(SystemExit) as exit_info:
-        bible.main([f"--output={tmp_path / 'a_file'}"])
-    assert exit_info.value.code == f"error: cannot make --output={tmp_path / 'a_file'}: File exists"
+        bible.read_modules(str(tmp_path))
+    assert exit_info.value.code == (
+        f"error: SWORD module spaRV1909eb in {tmp_path} cannot be read (Could not open OT or "
+        f"NT for module); reinstall it with: apt-get install --reinstall sword-text-sparv")
 
 
 # --- The config -----------------------------------------------------------------------------

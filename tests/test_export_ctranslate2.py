@@ -184,11 +184,13 @@ def test_outputs_and_sources_stay_within_the_exported_positions(translating_run,
     fitting = [i for i in ids if len(i) <= positions][:50]
     outputs = theirs.translate_ids(fitting, beam_size=2, alpha=0.6, max_extra_length=50)
     assert max(map(len, outputs)) == positions  # some reach the end of the table
-    longer = next(p["source"] for p, i in zip(pairs, ids) if len(i) > positions)
+    longer, length = next((pair["source"], len(i)) for pair, i in zip(pairs, ids)
+                          if len(i) > positions)
     with pytest.raises(SentenceTooLongError) as error:
         theirs.translate(["null", longer])
-    assert str(error.value).endswith(f"more than the export's max_positions={positions}; split "
-                                     f"it or export with a larger --max_positions")
+    assert str(error.value) == (f"sentence 2 has {length} tokens, more than the export's "
+                                f"max_positions={positions} (1 sentence(s) too long); split "
+                                f"it or export with a larger --max_positions")
 
 
 def _run(*args, stdin=None):
@@ -233,3 +235,38 @@ def test_export_cli_refuses_an_existing_output_and_leaves_nothing_half_made(trai
                "--format=ctranslate2", f"--output={tmp_path / 'new'}", "--checkpoint=3")
     assert bad.returncode == 1 and "checkpoint '3'" in bad.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no partial folder left
+
+
+def test_a_damaged_ctranslate2_export_is_one_error(exported, tmp_path):
+    """An export without its tokenizer got the advice for a training run, and an export.json
+    without its search settings a KeyError."""
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(exported / "float32", damaged)
+    (damaged / "tokenizer.model").unlink()
+    with pytest.raises(ExportError) as error:
+        CTranslate2Translator.from_export(str(damaged))
+    assert str(error.value) == f"{damaged} has no tokenizer.model; export again"
+    manifest = json.loads((damaged / "export.json").read_text())
+    del manifest["search"], manifest["steps"]
+    (damaged / "export.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportError) as error:
+        CTranslate2Translator.from_export(str(damaged))
+    assert str(error.value) == f"{damaged / 'export.json'} lacks steps, search; export again"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--format=ctranslate2", "--lengths=8"],
+     "--lengths is for --format=stablehlo, not --format=ctranslate2"),
+    (["--format=stablehlo", "--quantization=int8", "--max_positions=8"],
+     "--quantization and --max_positions are for --format=ctranslate2, not --format=stablehlo"),
+    (["--format=stablehlo", "--batch_sizes=0"],
+     "--batch_sizes and --lengths are lists of positive integers, e.g. --lengths=16,32,64"),
+])
+def test_export_cli_refuses_the_other_formats_flags(flags, message, tmp_path):
+    """Flags of the other format were ignored; they are refused before any work."""
+    result = _run("-m", "transformer_jax.export", f"--workdir={tmp_path / 'none'}",
+                  f"--output={tmp_path / 'out'}", *flags)
+    assert result.returncode == 1 and result.stderr == f"error: {message}\n"
+    assert not (tmp_path / "out").exists()

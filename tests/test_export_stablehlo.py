@@ -12,18 +12,21 @@ import sys
 import textwrap
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from run_configs import ROOT
 from transformer_jax.data import load_split
 from transformer_jax.export import serve_stablehlo
-from transformer_jax.export.manifest import ExportError, staged_directory, write_manifest
+from transformer_jax.export.manifest import (MANIFEST_FILE, ExportError, staged_directory,
+                                             write_manifest)
 from transformer_jax.export.serve_stablehlo import StableHLOError, StableHLOTranslator
 from transformer_jax.export.stablehlo import export_stablehlo, portable_config
+from transformer_jax.model import Transformer
 from transformer_jax.model_config import get_model_config
 from transformer_jax.predict import predict
-from transformer_jax.trained_params import load_trained_params
+from transformer_jax.trained_params import TrainedParams, load_trained_params
 from transformer_jax.translation import TranslationError, Translator
 
 # Buckets equal to the shapes predict.py gives the chosen sources (`sources` below): 4 rows,
@@ -289,16 +292,40 @@ def test_a_staged_export_replaces_the_old_one_only_when_done(tmp_path):
     block that fails leaves the old one as it was. No temporary folder stays either way."""
     output = tmp_path / "export"
     output.mkdir()
-    (output / "old.txt").write_text("old")
+    (output / MANIFEST_FILE).write_text("{}")  # an earlier export
     with pytest.raises(RuntimeError), staged_directory(str(output), force=True) as staging:
         pathlib.Path(staging, "new.txt").write_text("new")
         raise RuntimeError("the export failed")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
-    assert [p.name for p in output.iterdir()] == ["old.txt"]
+    assert [p.name for p in output.iterdir()] == [MANIFEST_FILE]
     with staged_directory(str(output), force=True) as staging:
         pathlib.Path(staging, "new.txt").write_text("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
     assert [p.name for p in output.iterdir()] == ["new.txt"]
+
+
+def test_force_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeypatch):
+    """--force used to delete whatever --output named: an empty --output (the current
+    folder), a training run, a parent folder. Each is refused, and left as it was."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    export = tmp_path / "exports" / "hlo"
+    export.mkdir(parents=True)
+    (export / MANIFEST_FILE).write_text("{}")
+    monkeypatch.chdir(export)
+    for output, message in [
+            ("", "--output is empty; name the folder to write"),
+            (str(run), f"--output {run} exists and is no export (no {MANIFEST_FILE}); "
+                       f"--force replaces only an earlier export"),
+            (str(export / ".."), f"--output {export.parent} exists and is no export (no "
+                                 f"{MANIFEST_FILE}); --force replaces only an earlier export"),
+            (".", f"--output {export} holds the current folder; --force would move it away "
+                  f"from under this command; choose another")]:
+        with pytest.raises(ExportError) as error, staged_directory(output, force=True):
+            pytest.fail("staged")
+        assert str(error.value) == message
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
+        ["run", "checkpoints", "exports", "hlo", MANIFEST_FILE])
 
 
 def test_an_output_under_a_file_is_one_export_error(tmp_path):
@@ -328,3 +355,60 @@ def test_exports_lower_with_implementations_every_platform_has():
     for name in ("auto", "cudnn", "xla", "reference"):
         half = dataclasses.replace(trained, dtype="float16", attention_implementation=name)
         assert portable_config(half).attention_implementation == "reference"
+
+
+def test_a_learned_position_table_bounds_the_buckets_and_the_outputs(tmp_path):
+    """A model with 12 learned positions, exported with lengths 8 and 16: the 16 bucket
+    becomes 12 (a 16-token source has no encoding; the export crashed on it), and every
+    output stops at 12 tokens, as predict.py's do: the ids are predict's. predict.py pads
+    an 11-token source to 12, where it padded to 16 and crashed as well."""
+    model = Transformer(get_model_config("tiny", vocab_size=40, positional_encoding="learned",
+                                         max_length=12))
+    ids = jnp.ones((1, 4), jnp.int32)
+    params = model.init(jax.random.key(0), ids, ids)["params"]
+    trained = TrainedParams(steps=[1], metadata={}, model=model, params=params)
+    search = {"beam_size": 2, "alpha": 0.6, "max_extra_length": 50}
+    with staged_directory(str(tmp_path / "learned")) as staging:
+        entry = export_stablehlo(trained, staging, search=search, batch_sizes=(2,),
+                                 lengths=(8, 16))
+        with open(os.path.join(staging, MANIFEST_FILE), "w") as f:
+            json.dump({"format": "stablehlo", **entry}, f)
+    buckets = entry["stablehlo"]["searches"]["beam"]["buckets"]
+    assert [(b["length"], b["max_length"]) for b in buckets] == [(8, 12), (12, 12)]
+    rng = np.random.default_rng(0)
+    sources = [[*rng.integers(4, 40, n).tolist(), 1] for n in (3, 10, 5, 11)]
+    served = StableHLOTranslator(tmp_path / "learned")
+    for beam_size in (1, 2):
+        expected = predict(model, params, sources, beam_size=beam_size, alpha=0.6,
+                           max_extra_length=50, batch_size=2)
+        got = served.translate_ids(sources, beam_size=beam_size)
+        assert max(len(output) for output in expected) == 12
+        for want, have in zip(expected, got):
+            np.testing.assert_array_equal(have[:len(want)], want)
+            assert not have[len(want):].any()  # PAD after
+
+
+def test_a_damaged_export_is_one_error_naming_the_file(exported, tmp_path):
+    """A missing or truncated artifact, parameters that are no .npz and an export.json
+    without its entry's keys ended in FileNotFoundError, struct.error, numpy's ValueError or
+    a KeyError: each is a StableHLOError naming the file."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(exported, damaged)
+    translator = StableHLOTranslator(damaged)
+    artifact = damaged / translator.searches["greedy"]["buckets"][0]["file"]
+    artifact.unlink()
+    assert one_line_error(lambda: translator.translate_ids([[5, 1]], beam_size=1)) == (
+        f"cannot read {artifact}: No such file or directory; export again")
+    artifact.write_bytes((exported / artifact.name).read_bytes()[:1000])
+    message = one_line_error(lambda: translator.translate_ids([[5, 1]], beam_size=1))
+    assert message.startswith(f"{artifact} is not a jax.export artifact (damaged?): ")
+    assert message.endswith("; export again")
+    for content in (b"not an archive", b""):
+        (damaged / "params.npz").write_bytes(content)
+        assert one_line_error(lambda: StableHLOTranslator(damaged)).startswith(
+            f"cannot read the parameters {damaged / 'params.npz'}: ")
+    manifest = json.loads((exported / "export.json").read_text())
+    del manifest["stablehlo"]["searches"]
+    (damaged / "export.json").write_text(json.dumps(manifest))
+    assert one_line_error(lambda: StableHLOTranslator(damaged)) == (
+        f"{damaged / 'export.json'} lacks stablehlo.searches; export again")

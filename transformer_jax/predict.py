@@ -22,11 +22,16 @@ _predict_step = jax.jit(predict_step,
                         static_argnames=("model", "beam_size", "max_length", "alpha"))
 
 
-def _padded_batch(rows: list[list[int]], batch_size: int) -> np.ndarray:
+def _padded_batch(rows: list[list[int]], batch_size: int,
+                  max_length: int | None = None) -> np.ndarray:
     """`rows` as one int32 `(B, S)` array: S the longest row rounded up to a multiple of
-    BUCKET, B the row count rounded up to a power of two (at most `batch_size`); PAD_ID
-    fills the rest, so few shapes compile."""
-    length = -(-max(len(ids) for ids in rows) // BUCKET) * BUCKET
+    BUCKET (but not past `max_length`, a learned position table's rows, where given), B the
+    row count rounded up to a power of two (at most `batch_size`); PAD_ID fills the rest,
+    so few shapes compile."""
+    longest = max(len(ids) for ids in rows)
+    length = -(-longest // BUCKET) * BUCKET
+    if max_length is not None:  # a longer row fails in the model, naming the table
+        length = max(min(length, max_length), longest)
     height = min(batch_size, 1 << (len(rows) - 1).bit_length())
     inputs_BS = np.full((height, length), PAD_ID, np.int32)
     for row, ids in enumerate(rows):
@@ -59,12 +64,16 @@ def predict(model, params, source_ids: list[list[int]], *, beam_size: int, alpha
     return skip_empty(search, source_ids)
 
 
+def position_rows(config) -> int | None:
+    """The rows of the model's learned position table (`config.max_length`): no position
+    past them has an encoding, in a source or an output. None for encodings of any length."""
+    return config.max_length if config.positional_encoding == "learned" else None
+
+
 def output_length(config, source_length: int, max_extra_length: int) -> int:
     """The most tokens a search writes: the (padded) source length + `max_extra_length`
-    (§6.1), and no more than the rows of a learned position table (`config.max_length`),
-    since no position past them has an encoding."""
-    longest = source_length + max_extra_length
-    return min(longest, config.max_length) if config.positional_encoding == "learned" else longest
+    (§6.1), and no more than a learned position table's rows (`position_rows`)."""
+    return min(source_length + max_extra_length, position_rows(config) or float("inf"))
 
 
 def skip_empty(search, source_ids: list[list[int]]) -> list:
@@ -94,7 +103,8 @@ def _search_sorted(model, params, source_ids: list[list[int]], *, beam_size: int
     with tqdm.tqdm(starts, desc="translating", unit="batch", disable=not progress) as bar:
         for start in bar:
             chosen = order[start:start + batch_size]
-            inputs_BS = _padded_batch([source_ids[i] for i in chosen], batch_size)
+            inputs_BS = _padded_batch([source_ids[i] for i in chosen], batch_size,
+                                      position_rows(model.config))
             outputs_BT = _predict_step(params, inputs_BS, model=model, beam_size=beam_size,
                                        alpha=alpha, max_length=output_length(
                                            model.config, inputs_BS.shape[1], max_extra_length))

@@ -175,18 +175,20 @@ def sentence_list(sentences) -> list[str]:
     return [sentence if sentence.strip() else "" for sentence in sentences]
 
 
-def check_lengths(source_ids: list[list[int]], max_input_length: int | None) -> None:
+def check_lengths(source_ids: list[list[int]], max_input_length: int | None, *,
+                  limit: str = "max_input_length={}",
+                  advice: str = "split it or raise the limit") -> None:
     """A SentenceTooLongError naming the first source of more than `max_input_length` ids
-    (None: no limit), raised before any search: "sentence N has ..." ("the sentence" when
-    there is one)."""
+    (None: no limit), raised before any search: "sentence N has ... tokens, more than
+    `limit` ...; `advice`" ("the sentence" when there is one)."""
     cap = max_input_length or float("inf")
     too_long = [(i, len(x)) for i, x in enumerate(source_ids) if len(x) > cap]
     if too_long:
         line, length = too_long[0]
         which, count = (("the sentence", "") if len(source_ids) == 1 else
                         (f"sentence {line + 1}", f" ({len(too_long)} sentence(s) too long)"))
-        raise SentenceTooLongError(f"{which} has {length} tokens, more than max_input_length="
-                                   f"{cap}{count}; split it or raise the limit")
+        raise SentenceTooLongError(f"{which} has {length} tokens, more than "
+                                   f"{limit.format(cap)}{count}; {advice}")
 
 
 @functools.partial(jax.jit, static_argnames=("model",))

@@ -33,6 +33,7 @@ import random
 import re
 import subprocess
 import sys
+import zlib
 from typing import NamedTuple
 
 import tqdm
@@ -262,11 +263,17 @@ def read_modules(sword_path: str) -> tuple[dict, dict]:
              for name, osis, _, lengths in canons["kjv"][testament]]
     verses, info = {}, {}
     for lang, (name, package) in MODULES.items():
-        bible = modules.get_bible_from_module(name)
-        if hasattr(bible, "_decompressed_text"):  # pysword unzips a whole book for each verse
-            bible._decompressed_text = functools.lru_cache(maxsize=4)(bible._decompressed_text)
-        verses[lang] = [((osis, c, v), _verse(bible, book, c, v)) for book, osis, lengths in books
-                        for c, count in enumerate(lengths, 1) for v in range(1, count + 1)]
+        try:  # a module whose .conf is there but whose text is not, or is damaged
+            bible = modules.get_bible_from_module(name)
+            if hasattr(bible, "_decompressed_text"):  # pysword unzips a whole book per verse
+                bible._decompressed_text = functools.lru_cache(maxsize=4)(
+                    bible._decompressed_text)
+            verses[lang] = [((osis, c, v), _verse(bible, book, c, v))
+                            for book, osis, lengths in books
+                            for c, count in enumerate(lengths, 1) for v in range(1, count + 1)]
+        except (OSError, ValueError, zlib.error) as error:
+            sys.exit(f"error: SWORD module {name} in {sword_path} cannot be read ({error}); "
+                     f"reinstall it with: apt-get install --reinstall {package}")
         conf = found[name]
         info[lang] = {"module": name, "description": conf.get("description"),
                       "version": conf.get("version"), "date": conf.get("swordversiondate"),
@@ -322,6 +329,19 @@ def align_bible(verses: dict) -> tuple[list, collections.Counter]:
     return pairs, kinds
 
 
+def check_writable(output: str) -> None:
+    """Exits in one line unless `output` is a folder, or can be made, that this user may
+    write. Nothing is made: a run that stops later (no pysword, no modules) leaves no
+    empty folder behind."""
+    path = os.path.abspath(output)
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        sys.exit(f"error: cannot make --output={output}: {path} is a file")
+    if not os.access(path, os.W_OK | os.X_OK):
+        sys.exit(f"error: cannot write into --output={output} ({path} is not writable)")
+
+
 def write_corpus(output: str, pairs: list, split_of: dict) -> dict:
     """OUTPUT/{split}.{es,en}; the number of pairs in each split."""
     os.makedirs(output, exist_ok=True)
@@ -342,12 +362,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sword_path", default=os.environ.get("SWORD_PATH", SWORD_PATH),
                         help="SWORD library holding mods.d/ (default %(default)s)")
     args = parser.parse_args(argv)
-    try:  # now, not after the minute of reading and aligning
-        os.makedirs(args.output, exist_ok=True)
-    except OSError as error:
-        sys.exit(f"error: cannot make --output={args.output}: {error.strerror}")
-    if not os.access(args.output, os.W_OK):
-        sys.exit(f"error: cannot write into --output={args.output}")
+    check_writable(args.output)  # now, not after the minute of reading and aligning
     raw, sources = read_modules(args.sword_path)
     verses = clean_bible(raw)
     print(f"with text: {len(verses['es']):,} Spanish and {len(verses['en']):,} English "

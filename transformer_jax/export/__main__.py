@@ -5,13 +5,23 @@
     --batch_sizes=1,8,32 --lengths=...  stablehlo: the buckets compiled ahead
 
 Then `translate.py --engine=ctranslate2|stablehlo --exported=OUT` translates with it.
+A flag of the other format is refused, not ignored. Ctrl-C ends it in one line and leaves
+no half-written --output.
 """
+
+import signal
+
+# Ctrl-C while JAX is imported ends the command at once and quietly, as it would a C
+# program; from main on, interrupt_in_one_line says so in one line (as translate.py).
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import sys
 
 from absl import app, flags, logging
 
 from transformer_jax.command_line import one_line_warnings
+from transformer_jax.commands import interrupt_in_one_line
 from transformer_jax.export import FORMATS, ExportError, export
 from transformer_jax.export.ctranslate2_model import QUANTIZATIONS
 from transformer_jax.trained_params import CheckpointChoiceError
@@ -31,18 +41,28 @@ _LENGTHS = flags.DEFINE_list("lengths", ["16", "32", "64", "128"],
                              "stablehlo: source-length buckets (tokens, EOS included)")
 
 
+# Each format's own flags; the other format's, given, are an error rather than ignored.
+FORMAT_FLAGS = {"ctranslate2": (_QUANTIZATION, _MAX_POSITIONS),
+                "stablehlo": (_BATCH_SIZES, _LENGTHS)}
+
+
 def _options() -> dict:
+    for fmt, own in FORMAT_FLAGS.items():
+        given = [f"--{flag.name}" for flag in own if flags.FLAGS[flag.name].present]
+        if fmt != _FORMAT.value and given:
+            raise ExportError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} "
+                              f"for --format={fmt}, not --format={_FORMAT.value}")
     if _FORMAT.value == "ctranslate2":
         return {"quantization": _QUANTIZATION.value, "max_positions": _MAX_POSITIONS.value}
-    if _QUANTIZATION.value:
-        raise ExportError("--quantization is for --format=ctranslate2")
     try:
-        sizes = {name: tuple(sorted({int(x) for x in flag.value}))
-                 for name, flag in (("batch_sizes", _BATCH_SIZES), ("lengths", _LENGTHS))}
+        sizes = {flag.name: tuple(sorted({int(x) for x in flag.value}))
+                 for flag in (_BATCH_SIZES, _LENGTHS)}
     except ValueError:
+        sizes = None
+    if not sizes or not all(sizes.values()) or min(min(s) for s in sizes.values()) < 1:
         raise ExportError("--batch_sizes and --lengths are lists of positive integers, "
-                          "e.g. --lengths=16,32,64") from None
-    return sizes  # export_stablehlo refuses sizes below 1
+                          "e.g. --lengths=16,32,64")
+    return sizes
 
 
 def main(argv) -> None:
@@ -61,4 +81,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    with interrupt_in_one_line():
+        app.run(main)

@@ -33,8 +33,8 @@ from transformer_jax.model_config import ModelConfig
 from transformer_jax.positional import sinusoidal_encoding
 from transformer_jax.predict import BUCKET
 from transformer_jax.token_ids import BOS_ID, DECODER_START_ID, EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.translation import (SentenceTooLongError, check_lengths, check_setting,
-                                         search_settings, sentence_list)
+from transformer_jax.translation import (check_lengths, check_setting, search_settings,
+                                         sentence_list)
 
 # ModelSpec.optimize's choices that a CPU or GPU runs; CTranslate2 converts at load time too.
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16",
@@ -190,6 +190,8 @@ class CTranslate2Translator:
         from transformer_jax.data.vocabulary import TOKENIZER_FILE
 
         manifest = read_manifest(directory, "ctranslate2")
+        if not os.path.isfile(tokenizer := os.path.join(directory, TOKENIZER_FILE)):
+            raise ExportError(f"{directory} has no {TOKENIZER_FILE}; export again")
         try:
             translator = ctranslate2.Translator(directory, device=device,
                                                 compute_type=compute_type,
@@ -199,7 +201,7 @@ class CTranslate2Translator:
         except (RuntimeError, ValueError, OSError) as error:
             raise ExportError(f"CTranslate2 cannot load {directory}: {error}") from None
         return cls(translator, pieces, manifest["search"],
-                   Tokenizer.load(os.path.join(directory, TOKENIZER_FILE)),
+                   Tokenizer.load(tokenizer),
                    manifest.get("max_positions"))
 
     def translate_ids(self, source_ids: list[list[int]], *, beam_size: int, alpha: float,
@@ -243,10 +245,7 @@ class CTranslate2Translator:
         batch_size = check_setting("batch_size", batch_size)
         ids = self.tokenizer.encode_batch(sentence_list(sentences), add_eos=True)
         check_lengths(ids, check_setting("max_input_length", max_input_length))
-        if self.max_positions and (longest := max(map(len, ids), default=0)) > self.max_positions:
-            raise SentenceTooLongError(
-                f"a sentence has {longest} tokens, more than the export's "
-                f"max_positions={self.max_positions}; split it or export with a larger "
-                f"--max_positions")
+        check_lengths(ids, self.max_positions, limit="the export's max_positions={}",
+                      advice="split it or export with a larger --max_positions")
         outputs = self.translate_ids(ids, batch_size=batch_size, progress=progress, **search)
         return self.tokenizer.decode_batch(outputs)

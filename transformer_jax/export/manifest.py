@@ -18,6 +18,7 @@ import tempfile
 from transformer_jax.data.vocabulary import TOKENIZER_FILE, tokenizer_path
 
 MANIFEST_FILE = "export.json"
+MANIFEST_KEYS = ("format", "workdir", "steps", "model", "search")  # what readers use
 FORMATS = ("ctranslate2", "stablehlo")
 
 
@@ -30,10 +31,23 @@ class ExportError(ValueError):
 def staged_directory(output: str, *, force: bool = False):
     """Yields a temporary folder beside `output`; renamed to `output` when the block ends
     without an error (replacing it when `force`: the old one is renamed aside first, then
-    deleted, so a kill in between leaves it whole), deleted otherwise."""
+    deleted, so a kill in between leaves it whole), deleted otherwise.
+
+    `force` replaces an earlier export only (a folder with export.json), never the folder
+    the command runs in or one above it: a mistyped `--output` (empty, `.`, a workdir)
+    would otherwise delete whatever it named."""
+    if not output:
+        raise ExportError("--output is empty; name the folder to write")
     output = os.path.abspath(output)
-    if os.path.exists(output) and not force:
-        raise ExportError(f"--output {output} exists; choose another or pass --force")
+    if os.path.exists(output):
+        if not force:
+            raise ExportError(f"--output {output} exists; choose another or pass --force")
+        if not os.path.isfile(os.path.join(output, MANIFEST_FILE)):
+            raise ExportError(f"--output {output} exists and is no export (no "
+                              f"{MANIFEST_FILE}); --force replaces only an earlier export")
+        if os.path.commonpath([output, os.getcwd()]) == output:
+            raise ExportError(f"--output {output} holds the current folder; --force would "
+                              f"move it away from under this command; choose another")
     parent = os.path.dirname(output)
     try:
         os.makedirs(parent, exist_ok=True)
@@ -78,9 +92,13 @@ def read_manifest(directory: str, fmt: str) -> dict:
                           f"one with python -m transformer_jax.export") from None
     except (OSError, ValueError) as error:
         raise ExportError(f"{path} cannot be read: {error}") from None
+    if not isinstance(manifest, dict):
+        raise ExportError(f"{path} holds no export's record; export again")
     if manifest.get("format") != fmt:
         raise ExportError(f"{directory} holds a {manifest.get('format')} export, not "
                           f"{fmt}; pass --engine={manifest.get('format')}")
+    if missing := [key for key in MANIFEST_KEYS if key not in manifest]:
+        raise ExportError(f"{path} lacks {', '.join(missing)}; export again")
     return manifest
 
 

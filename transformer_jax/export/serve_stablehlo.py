@@ -27,6 +27,7 @@ EOS_ID = 1  # ends every source and output
 
 MANIFEST_FILE = "export.json"
 TOKENIZER_FILE = "tokenizer.model"
+ENTRY_KEYS = ("params", "platforms", "searches")  # what export.json's entry must hold
 
 
 class StableHLOError(ValueError):
@@ -139,13 +140,20 @@ class StableHLOTranslator:
     def _run(self, bucket: dict, inputs_BS: np.ndarray) -> np.ndarray:
         """The bucket's artifact on `inputs_BS`, deserialized and compiled on first use."""
         if bucket["file"] not in self._functions:
-            with open(os.path.join(self.directory, bucket["file"]), "rb") as f:
-                blob = bytearray(f.read())
+            path = os.path.join(self.directory, bucket["file"])
             try:
+                with open(path, "rb") as f:
+                    blob = bytearray(f.read())
                 exported = jax.export.deserialize(blob)
             except ImportError:  # jax reads the artifact with the flatbuffers package
                 raise StableHLOError("reading a stablehlo export needs the flatbuffers "
                                      "package (pip install flatbuffers)") from None
+            except OSError as error:
+                raise StableHLOError(f"cannot read {path}: {error.strerror or error}; "
+                                     f"export again") from None
+            except Exception as error:  # noqa: BLE001 -- flatbuffers' struct.error, ...
+                raise StableHLOError(f"{path} is not a jax.export artifact (damaged?): "
+                                     f"{type(error).__name__}: {error}; export again") from None
             self._functions[bucket["file"]] = jax.jit(exported.call)
         return np.asarray(self._functions[bucket["file"]](self._params, inputs_BS))
 
@@ -171,10 +179,15 @@ def _read_entry(directory: str) -> dict:
             from None
     except (OSError, ValueError) as error:
         raise StableHLOError(f"{path} cannot be read: {error}") from None
-    if manifest.get("format") != "stablehlo" or "stablehlo" not in manifest:
-        raise StableHLOError(f"{directory} holds a {manifest.get('format')} export, "
-                             f"not stablehlo")
-    return manifest["stablehlo"]
+    if not isinstance(manifest, dict) or manifest.get("format") != "stablehlo":
+        fmt = manifest.get("format") if isinstance(manifest, dict) else None
+        raise StableHLOError(f"{directory} holds a {fmt} export, not stablehlo")
+    entry = manifest.get("stablehlo")
+    missing = [key for key in ENTRY_KEYS if not isinstance(entry, dict) or key not in entry]
+    if missing:
+        raise StableHLOError(f"{path} lacks stablehlo.{', stablehlo.'.join(missing)}; "
+                             f"export again")
+    return entry
 
 
 def _load_params(path: str) -> tuple:
@@ -182,7 +195,7 @@ def _load_params(path: str) -> tuple:
     try:
         with np.load(path) as npz:
             return tuple(jax.device_put(npz[key]) for key in sorted(npz.files))
-    except OSError as error:
+    except (OSError, ValueError, EOFError) as error:  # not an .npz: "pickled data", empty
         raise StableHLOError(f"cannot read the parameters {path}: {error}") from None
 
 

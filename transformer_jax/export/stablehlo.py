@@ -7,9 +7,12 @@
     OUT/export.json, OUT/tokenizer.model    (manifest.py)
 
 Each artifact is `translate(params_leaves, inputs_BS) -> outputs_BT`, int32: `predict_step`
-(encode, then the cached greedy or beam search) with max_length = S + max_extra_length, the
-output length `predict.py` gives a batch padded to S. `serve_stablehlo.py` loads and calls
-them with numpy and jax only.
+(encode, then the cached greedy or beam search) with max_length = S + max_extra_length (no
+more than a learned position table's rows), the output length `predict.py` gives a batch
+padded to S. predict.py pads to a multiple of 8 (`predict.BUCKET`), an export to its bucket:
+where the buckets are those lengths the two give the same ids; elsewhere a translation that
+reaches the limit without EOS (a runaway) runs longer in the export's longer bucket.
+`serve_stablehlo.py` loads and calls them with numpy and jax only.
 
 The parameters are an argument, not constants baked into the artifacts: one copy of the
 weights serves every bucket and search (baked in, a base model would be stored once per
@@ -34,6 +37,7 @@ import tqdm
 
 from transformer_jax.attention import xla_unsupported
 from transformer_jax.export.manifest import ExportError
+from transformer_jax.predict import output_length, position_rows
 from transformer_jax.steps import predict_step
 
 PARAMS_FILE = "params.npz"
@@ -50,10 +54,13 @@ def export_stablehlo(trained, directory: str, *, search: dict, batch_sizes=(1, 8
     `trained` is a `TrainedParams`; `search` the run's beam_size, alpha and
     max_extra_length. Searches: "greedy", and "beam" unless beam_size is 1. `platforms`
     None: ("cpu", "cuda") and this machine's where lowering for all of them works,
-    else this machine's alone.
+    else this machine's alone. A model with a learned position table encodes no source, and
+    writes no output, longer than its rows: lengths above `config.max_length` become it, and
+    outputs stop there too (`predict.output_length`), as with predict.py.
     """
+    config = trained.model.config
     searches = _searches(search)
-    buckets = _buckets(batch_sizes, lengths)
+    buckets = _buckets(batch_sizes, lengths, position_rows(config))
     platforms = None if platforms is None else _checked_platforms(platforms)
     model = trained.model.clone(config=portable_config(trained.model.config))
     leaves, treedef = jax.tree.flatten(trained.params)
@@ -62,15 +69,15 @@ def export_stablehlo(trained, directory: str, *, search: dict, batch_sizes=(1, 8
     jobs = [(name, b, s) for name in searches for b, s in buckets]
     for name, b, s in tqdm.tqdm(jobs, desc="exporting", unit="artifact"):
         settings = searches[name]
+        max_length = output_length(config, s, settings["max_extra_length"])
         translate = _translate_fn(model, treedef, beam_size=settings["beam_size"],
-                                  alpha=settings.get("alpha", 0.0),
-                                  max_length=s + settings["max_extra_length"])
+                                  alpha=settings.get("alpha", 0.0), max_length=max_length)
         args = (specs, jax.ShapeDtypeStruct((b, s), np.int32))
         if platforms is None:
             platforms, exported = _lower_where_possible(translate, args)
         else:
             exported = jax.export.export(translate, platforms=platforms)(*args)
-        bucket = {"batch_size": b, "length": s, "max_length": s + settings["max_extra_length"],
+        bucket = {"batch_size": b, "length": s, "max_length": max_length,
                   "file": f"{name}_b{b}_s{s}.jaxexport"}
         with open(os.path.join(directory, bucket["file"]), "wb") as f:
             f.write(_serialized(exported))
@@ -142,13 +149,14 @@ def _searches(search: dict) -> dict:
     return searches
 
 
-def _buckets(batch_sizes, lengths) -> list[tuple[int, int]]:
-    """Every (batch size, length) pair, ascending; an ExportError for a size that is no
-    positive integer or for none at all."""
+def _buckets(batch_sizes, lengths, longest: int | None) -> list[tuple[int, int]]:
+    """Every (batch size, length) pair, ascending, with lengths no more than `longest` (None:
+    any); an ExportError for a size that is no positive integer or for none at all."""
     for name, sizes in (("batch_sizes", batch_sizes), ("lengths", lengths)):
         if not sizes or not all(_int_at_least(n, 1) for n in sizes):
             raise ExportError(f"{name} must be positive integers, got {list(sizes)}")
-    return [(int(b), int(s)) for b in sorted(set(batch_sizes)) for s in sorted(set(lengths))]
+    lengths = {min(int(s), longest or int(s)) for s in lengths}
+    return [(int(b), s) for b in sorted(set(batch_sizes)) for s in sorted(lengths)]
 
 
 def _checked_platforms(platforms) -> tuple[str, ...]:
