@@ -57,11 +57,13 @@ def test_number_words_german_hundred_and_one_thousand():
 # --- split_numbers -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sizes, repeats", [(FULL_SIZES, 20), (SMALL_SIZES, 1)],
+@pytest.mark.parametrize("sizes, copies",
+                         [(FULL_SIZES, (160, 32, 16)), (SMALL_SIZES, (1, 1, 1))],
                          ids=["full", "small"])
-def test_split_numbers_sizes_disjoint_in_range(sizes, repeats):
-    """Train holds 0..999 `repeats` times (a tenth of "full"'s 200,000; once in "small"),
-    then distinct numbers; the splits share no number."""
+def test_split_numbers_sizes_disjoint_in_range(sizes, copies):
+    """Train holds each number of 1, 2 and 3 digits `copies` times (in "full" 10:2:1, the
+    most that fits a tenth of its 200,000: 1,600 + 2,880 + 14,400 = 18,880; once in
+    "small"), then distinct numbers; the splits share no number."""
     splits = {split: split_numbers(split, sizes) for split in SPLITS}
     for split, nums in splits.items():
         assert len(nums) == sizes[split]
@@ -71,9 +73,9 @@ def test_split_numbers_sizes_disjoint_in_range(sizes, repeats):
         assert len(np.unique(large)) == len(large)
     for a, b in itertools.combinations(SPLITS, 2):
         assert len(np.intersect1d(splits[a], splits[b])) == 0, (a, b)
-    np.testing.assert_array_equal(splits["train"][:1000 * repeats],
-                                  np.repeat(np.arange(1000), repeats))
-    assert splits["train"][1000 * repeats] >= 1000
+    below_1000 = np.repeat(np.arange(1000), np.repeat(copies, (10, 90, 900)))
+    np.testing.assert_array_equal(splits["train"][:len(below_1000)], below_1000)
+    assert splits["train"][len(below_1000)] >= 1000
     assert splits["validation"].min() >= 1000 and splits["test"].min() >= 1000
 
 

@@ -12,12 +12,14 @@ The words come from the num2words library (no hand-written grammar here).
 Splits (disjoint, deterministic, independent of machine and process count):
   "full"  (default): train 200,000 / validation 2,000 / test 2,000
   "small" (tests, quick demos): train 4,000 / validation 200 / test 200
-Train always holds every number below 1,000, each `small_repeats` times so that they are
-a tenth of it or more (20 times in "full"; once in "small", where they are a quarter): at
-0.5 % of "full", `make train`'s model wrote "two thousand and two" for "zwei" and got 458
-of them right; at a tenth, 998, and test BLEU rose from 99.85 to 99.95. All other numbers
-are drawn without replacement from 1,000..999,999 with a fixed seed. Each split of "small"
-is a subset of the same split of "full".
+Train always holds every number below 1,000, in "full" by their digits (`small_copies`):
+each of 0..9 160 times, of 10..99 32 times, of 100..999 16 times, 9.4 % of train; once
+each in "small", where they are a quarter. Once each in "full" (0.5 %, version 1.0.0),
+`make train`'s model wrote "two thousand and two" for "zwei" and got 458 of them right; 20
+times each (1.1.0), 998, but "zwei" came out as "two two two two two two"; by digits, 997
+and every digit but "null" right. All other numbers are drawn without replacement from
+1,000..999,999 with a fixed seed. Each split of "small" is a subset of the same split of
+"full".
 
     builder = prepare_numbers(data_dir, config="small")  # builds once, array_record
     source = builder.as_data_source(split="train")       # source[i] == {"de": b"...", "en": b"..."}
@@ -43,6 +45,8 @@ CONFIG_SIZES = {"full": FULL_SIZES, "small": SMALL_SIZES}
 MAX_NUMBER = 999_999
 ALWAYS_IN_TRAIN = 1_000  # 0..999: the building blocks of every larger number
 SMALL_SHARE = 10  # 0..999 repeated to 1 / SMALL_SHARE of train, at least once
+# Copies of each number of 1, 2 and 3 digits per copy of one of 3 (`small_copies`).
+DIGIT_WEIGHTS = (10, 2, 1)
 SEED = 20_240_342
 
 # Splits larger than this are spelled by a pool of processes; smaller ones in-process,
@@ -61,13 +65,18 @@ def number_words(n: int) -> dict[str, str]:
     return {"de": german, "en": num2words(n, lang="en")}
 
 
-def small_repeats(train_size: int) -> int:
-    """How many times train holds each number below 1,000: a tenth of train, at least 1."""
-    return max(1, train_size // SMALL_SHARE // ALWAYS_IN_TRAIN)
+def small_copies(train_size: int) -> np.ndarray:
+    """How many times train holds each number n below 1,000 (at index n): DIGIT_WEIGHTS
+    times a unit by its count of digits, the unit as large as a tenth of train allows, or
+    each once where a tenth has no room for the weights ("small")."""
+    digits = np.searchsorted([10, 100], np.arange(ALWAYS_IN_TRAIN), side="right")
+    weights = np.asarray(DIGIT_WEIGHTS)[digits]
+    unit = train_size // SMALL_SHARE // int(weights.sum())
+    return weights * unit if unit else np.ones_like(weights)
 
 
 def split_numbers(split: str, sizes: Mapping[str, int] = FULL_SIZES) -> np.ndarray:
-    """The numbers of one split, sorted (int64); train's below 1,000 `small_repeats` times
+    """The numbers of one split, sorted (int64); train's below 1,000 `small_copies` times
     each. Pure: nothing is built or read.
 
     One fixed permutation of 1,000..999,999 is dealt round-robin into three streams,
@@ -82,8 +91,8 @@ def split_numbers(split: str, sizes: Mapping[str, int] = FULL_SIZES) -> np.ndarr
     if sizes["train"] < ALWAYS_IN_TRAIN:
         raise ValueError(f"train must hold at least the {ALWAYS_IN_TRAIN} numbers below "
                          f"{ALWAYS_IN_TRAIN}, got {sizes['train']}")
-    repeats = small_repeats(sizes["train"])
-    drawn_sizes = dict(sizes, train=sizes["train"] - repeats * ALWAYS_IN_TRAIN)
+    copies = small_copies(sizes["train"])
+    drawn_sizes = dict(sizes, train=sizes["train"] - int(copies.sum()))
     rng = np.random.default_rng(SEED)
     pool = rng.permutation(np.arange(ALWAYS_IN_TRAIN, MAX_NUMBER + 1, dtype=np.int64))
     stream = pool[SPLITS.index(split)::len(SPLITS)]
@@ -91,7 +100,7 @@ def split_numbers(split: str, sizes: Mapping[str, int] = FULL_SIZES) -> np.ndarr
         raise ValueError(f"{split} size {sizes[split]} is out of range")
     drawn = stream[:drawn_sizes[split]]
     if split == "train":
-        drawn = np.concatenate([np.repeat(np.arange(ALWAYS_IN_TRAIN, dtype=np.int64), repeats),
+        drawn = np.concatenate([np.repeat(np.arange(ALWAYS_IN_TRAIN, dtype=np.int64), copies),
                                 drawn])
     return np.sort(drawn)
 
@@ -130,9 +139,11 @@ class Numbers(tfds.core.GeneratorBasedBuilder):
     Without TensorFlow only the array_record file format can be written.
     """
 
-    VERSION = tfds.core.Version("1.1.0")
+    VERSION = tfds.core.Version("1.2.0")
     RELEASE_NOTES = {"1.0.0": "Initial release (num2words 0.5.14, \"einstausend\" corrected).",
-                     "1.1.0": "Train holds 0..999 20 times in \"full\" (a tenth of it)."}
+                     "1.1.0": "Train holds 0..999 20 times in \"full\" (a tenth of it).",
+                     "1.2.0": "Train holds 0..9 160 times, 10..99 32 and 100..999 16 in "
+                              "\"full\" (9.4 % of it)."}
     BUILDER_CONFIGS = [  # the first is the default
         tfds.core.BuilderConfig(
             name="full", description="train 200,000 / validation 2,000 / test 2,000"),
