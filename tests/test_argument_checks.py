@@ -17,7 +17,8 @@ def test_integers_of_any_kind_are_python_ints(value):
     assert result == 3 and type(result) is int
 
 
-@pytest.mark.parametrize("value", [0, -2, True, 2.0, "3", None, np.float32(3)])
+@pytest.mark.parametrize("value", [0, -2, True, 2.0, "3", None, np.float32(3), np.bool_(True),
+                                   jnp.array(True)])
 def test_everything_else_is_refused_by_name(value):
     with pytest.raises(ValueError) as error:
         positive_int("beam_size", value)
@@ -39,7 +40,8 @@ def test_fractions_of_any_kind_are_python_floats(value):
     assert result == float(value) and type(result) is float
 
 
-@pytest.mark.parametrize("value", [1.0, -0.1, float("nan"), "0.1", True, [0.1], None])
+@pytest.mark.parametrize("value", [1.0, -0.1, float("nan"), "0.1", True, [0.1], None,
+                                   np.bool_(False), np.array("0.5"), np.complex128(0.5)])
 def test_a_fraction_outside_zero_to_one_is_refused_by_name(value):
     with pytest.raises(ValueError) as error:
         fraction("label_smoothing", value)
@@ -60,3 +62,12 @@ def test_traced_arguments_are_asked_to_be_static():
     # A concrete JAX integer is its number.
     np.testing.assert_array_equal(sinusoidal_encoding(jnp.arange(3), jnp.int32(4)),
                                   sinusoidal_encoding(jnp.arange(3), 4))
+
+
+def test_checked_numbers_are_stored_as_python_numbers():
+    """The config is a static argument of jit (hashed) and goes to JSON: a NumPy or JAX rate
+    is kept as a float, where a jnp.float32 made the config unhashable."""
+    config = ModelConfig(dropout_rate=jnp.float32(0.25), attention_dropout_rate=np.float64(0.5))
+    assert (config.dropout_rate, config.attention_dropout_rate) == (0.25, 0.5)
+    assert type(config.dropout_rate) is float and type(config.attention_dropout_rate) is float
+    hash(config)

@@ -293,6 +293,12 @@ def test_the_attention_grid_refuses_what_it_cannot_time_before_timing():
             ({"tokens": 0}, r"^tokens must be a positive integer, got 0$")]:
         with pytest.raises(ValueError, match=message):
             attention_suite.run(quick=True, **overrides)
+    # NumPy sizes (a sweep over np.arange) are timed and written to JSON as Python ints.
+    rows, _ = attention_suite.run(quick=True, seq_lens=(np.int64(8),), head_dims=(np.int64(8),),
+                                  num_heads=np.int64(1), tokens=np.int64(8), dtypes=("float32",),
+                                  causal=(False,), models={})
+    assert rows and all(type(row["seq_len"]) is int for row in rows)
+    json.dumps(rows)
 
 
 def test_a_tokamax_layer_norm_that_cannot_run_stops_the_model_suite_first(monkeypatch, capsys):

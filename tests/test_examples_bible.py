@@ -234,7 +234,7 @@ def test_an_output_that_cannot_be_made_stops_before_any_reading(tmp_path, monkey
         with pytest.raises(SystemExit) as exit_info:
             bible.main([f"--output={output}"])
         assert exit_info.value.code == (f"error: cannot make --output={output}: "
-                                        f"{tmp_path / 'a_file'} is a file")
+                                        f"{tmp_path / 'a_file'} is not a folder")
 
 
 def test_a_run_that_stops_early_leaves_no_empty_output(tmp_path, monkeypatch):

@@ -252,6 +252,9 @@ def test_one_str_is_refused_as_translator_refuses_it(exported):
 def test_a_ctranslate2_export_is_refused(tmp_path):
     (tmp_path / "export.json").write_text(json.dumps({"format": "ctranslate2"}))
     assert "holds a ctranslate2 export" in one_line_error(lambda: StableHLOTranslator(tmp_path))
+    (tmp_path / "export.json").write_text("{}")  # was "holds a None export"
+    assert one_line_error(lambda: StableHLOTranslator(tmp_path)) == (
+        f"{tmp_path / 'export.json'} holds no export's format; export again")
 
 
 def test_a_missing_directory_is_refused(tmp_path):
@@ -324,8 +327,14 @@ def test_force_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeypatch
         with pytest.raises(ExportError) as error, staged_directory(output, force=True):
             pytest.fail("staged")
         assert str(error.value) == message
+    # The current folder reached through a symlink: getcwd() names the real one.
+    (tmp_path / "link").symlink_to(tmp_path / "exports")
+    monkeypatch.chdir(tmp_path / "link" / "hlo")
+    with pytest.raises(ExportError, match="holds the current folder"), \
+            staged_directory(str(tmp_path / "link" / "hlo"), force=True):
+        pytest.fail("staged")
     assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
-        ["run", "checkpoints", "exports", "hlo", MANIFEST_FILE])
+        ["run", "checkpoints", "exports", "hlo", MANIFEST_FILE, "link"])
 
 
 def test_an_output_under_a_file_is_one_export_error(tmp_path):

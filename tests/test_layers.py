@@ -260,20 +260,22 @@ def test_encoder_layer_dropout_only_when_not_deterministic():
     assert np.abs(np.asarray(dropped_BSD) - np.asarray(first_BSD)).max() > 1e-3
 
 
-def test_mha_refuses_inputs_not_batched_or_of_another_width():
-    """An unbatched (T, D) input was reported in per-head shapes the caller never gave, and
-    inputs of another width, with trained weights, as a Flax kernel shape."""
+def test_mha_refuses_unbatched_inputs_and_takes_keys_of_another_width():
+    """An unbatched (T, D) input was reported in per-head shapes the caller never gave. Keys
+    and values of another width than the queries are projected, as in Flax's layer."""
     q_BTD, kv_BSD = _inputs(8)
     layer = MultiHeadAttention(num_heads=2, d_model=8)
     variables = layer.init(jax.random.key(0), q_BTD, kv_BSD)
-    for args, expected in [((q_BTD[0], kv_BSD[0]), f"inputs_q must be (B, T, D) with D = "
-                            f"d_model = 8, got shape {q_BTD[0].shape}"),
-                           ((q_BTD, kv_BSD[..., :4]), f"inputs_kv must be (B, S, D) with D = "
-                            f"d_model = 8, got shape {kv_BSD[..., :4].shape}")]:
+    for args, expected in [((q_BTD[0], kv_BSD[0]), "inputs_q must be (B, T, features), got "
+                                                   f"shape {q_BTD[0].shape}"),
+                           ((q_BTD, kv_BSD[0]), "inputs_kv must be (B, S, features), got "
+                                                f"shape {kv_BSD[0].shape}")]:
         with pytest.raises(ValueError) as error:
             layer.apply(variables, *args)
-        assert str(error.value) == expected
-    assert layer.apply(variables, q_BTD, kv_BSD).shape == q_BTD.shape
+        assert str(error.value) == f"{expected}; a single sequence is x[None]"
+    narrow = layer.init(jax.random.key(0), q_BTD, kv_BSD[..., :6])
+    assert narrow["params"]["key"]["kernel"].shape == (6, 2, 4)
+    assert layer.apply(narrow, q_BTD, kv_BSD[..., :6]).shape == q_BTD.shape
 
 
 def test_mha_refuses_a_width_the_heads_do_not_divide():

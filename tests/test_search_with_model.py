@@ -115,6 +115,10 @@ def test_searches_refuse_sizes_the_cache_cannot_hold():
         assert str(caught.value) == message
     short = greedy(batch_size=3, max_length=np.int64(MAX_LENGTH - 2))
     np.testing.assert_array_equal(short, greedy(batch_size=3, max_length=MAX_LENGTH)[:, :-2])
+    # A concrete JAX integer is its number (it passed the check, then failed to hash).
+    np.testing.assert_array_equal(beam(batch_size=jnp.int32(3), beam_size=jnp.int32(2),
+                                       max_length=3)[0],
+                                  beam(batch_size=3, beam_size=2, max_length=3)[0])
 
 
 def test_a_learned_position_table_bounds_the_output_length():

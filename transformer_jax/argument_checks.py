@@ -8,6 +8,7 @@ message saying to make the argument static, where Python's comparison would rais
 TracerBoolConversionError from inside the function.
 """
 
+import numbers
 import operator
 
 import jax
@@ -16,7 +17,7 @@ import numpy as np
 
 def positive_int(name: str, value) -> int:
     """`value` as a Python int, or a ValueError "`name` must be a positive integer, got ..."."""
-    if not isinstance(value, bool):  # Python's int, but no size
+    if not isinstance(value, bool) and _kind(value) in "iu":  # bool: Python's int, no size
         try:
             number = operator.index(value)  # not 2.0: a float is no size
         except jax.errors.TracerIntegerConversionError:
@@ -33,7 +34,7 @@ def positive_int(name: str, value) -> int:
 def fraction(name: str, value) -> float:
     """`value` as a Python float in [0, 1), or a ValueError "`name` must be a number in
     [0, 1), got ..."."""
-    if not isinstance(value, (bool, str, bytes)) and np.ndim(value) == 0:
+    if not isinstance(value, bool) and _kind(value) in "iuf" and np.ndim(value) == 0:
         try:
             number = float(value)
         except jax.errors.ConcretizationTypeError:
@@ -45,3 +46,16 @@ def fraction(name: str, value) -> float:
             if 0.0 <= number < 1.0:  # not NaN
                 return number
     raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+
+
+def _kind(value) -> str:
+    """NumPy's kind letter of `value`'s dtype ("b" bool, "i" int, "u" unsigned, "f" float,
+    "c" complex, "U" text, ...); "i" or "f" for Python's int and float, "?" otherwise."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:
+        try:
+            return np.dtype(dtype).kind
+        except TypeError:  # a PRNG key's dtype
+            return "?"
+    return "i" if isinstance(value, numbers.Integral) else (
+        "f" if isinstance(value, numbers.Real) else "?")

@@ -63,26 +63,28 @@ def length_penalty(length, alpha: float) -> jax.Array:
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def _check_search(cache, batch_size, max_length, beam_size=None) -> None:
-    """One-line errors, before anything is traced, for sizes that would otherwise fail deep
+def _check_search(cache, batch_size, max_length, beam_size=None) -> tuple:
+    """(batch_size, max_length, beam_size) as Python ints (beam_size None for greedy search),
+    or one-line errors, before anything is traced, for sizes that would otherwise fail deep
     in JAX or, past the end of a model's cache, silently overwrite its last slot; for beam
     search (`beam_size` given), the rows of the parts of `cache` it repeats."""
-    sizes = {"batch_size": batch_size, "max_length": max_length} | (
-        {} if beam_size is None else {"beam_size": beam_size})  # greedy search has none
-    for name, value in sizes.items():
-        positive_int(name, value)
+    batch_size, max_length = (positive_int("batch_size", batch_size),
+                              positive_int("max_length", max_length))
+    if beam_size is not None:  # greedy search has none
+        beam_size = positive_int("beam_size", beam_size)
     capacity = getattr(cache, "cache_length", None)  # the model's DecodingCache has one
     if capacity is not None and max_length > capacity:
         raise ValueError(f"max_length={max_length} is more than the cache's {capacity} "
                          f"positions; make it with init_cache(..., max_length={max_length})")
     if beam_size is None:  # greedy search threads its state through as it is
-        return
+        return batch_size, max_length, None
     repeated = jax.tree.leaves(cache, is_leaf=lambda x: isinstance(x, PerExample))
     rows = {jnp.shape(x)[0] for x in repeated
             if not isinstance(x, PerExample) and jnp.ndim(x) >= 1}
     if rows - {batch_size}:
         raise ValueError(f"batch_size={batch_size}, but the cache's arrays have "
                          f"{', '.join(map(str, sorted(rows)))} rows (their leading axis)")
+    return batch_size, max_length, beam_size
 
 
 def _previous_tokens(seqs, step):
@@ -105,7 +107,7 @@ def greedy_search(
     0); the loop stops when every row has ended or after `max_length` tokens.
     """
 
-    _check_search(cache, batch_size, max_length)
+    batch_size, max_length, _ = _check_search(cache, batch_size, max_length)
 
     def not_done(state):
         step, _, ended_B, _ = state
@@ -190,7 +192,7 @@ def beam_search(
     """
     if unroll < 1:
         raise ValueError(f"unroll must be at least 1 step per iteration, got {unroll}")
-    _check_search(cache, batch_size, max_length, beam_size)
+    batch_size, max_length, beam_size = _check_search(cache, batch_size, max_length, beam_size)
     state = _initial_state(cache, batch_size, beam_size, max_length)
     max_penalty = length_penalty(max_length, alpha)
 

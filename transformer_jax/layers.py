@@ -111,9 +111,9 @@ class MultiHeadAttention(nn.Module):
         """
         inputs_kv = inputs_q if inputs_kv is None else inputs_kv
         for name, x, length in (("inputs_q", inputs_q, "T"), ("inputs_kv", inputs_kv, "S")):
-            if jnp.ndim(x) != 3 or jnp.shape(x)[-1] != self.d_model:  # else a per-head shape
-                raise ValueError(f"{name} must be (B, {length}, D) with D = d_model = "
-                                 f"{self.d_model}, got shape {jnp.shape(x)}")
+            if jnp.ndim(x) != 3:  # else attention names per-head shapes the caller never gave
+                raise ValueError(f"{name} must be (B, {length}, features), got shape "
+                                 f"{jnp.shape(x)}; a single sequence is x[None]")
         return self.attend(inputs_q, self.keys_values(inputs_kv), mask, is_causal=is_causal,
                            deterministic=deterministic)
 

@@ -59,7 +59,8 @@ class ModelConfig:
         # implementations' signature, as jax.nn's, has no place for them).
         for name, bits in (("dropout_rate", self.dropout_bits),
                            ("attention_dropout_rate", DEFAULT_BITS)):
-            checked_rate(f"ModelConfig.{name}", getattr(self, name), bits)
+            object.__setattr__(self, name,  # a Python float: the config is hashed (jit)
+                               checked_rate(f"ModelConfig.{name}", getattr(self, name), bits))
         for name in ("pre_layer_norm", "attention_bias"):
             _require(isinstance(getattr(self, name), bool), name, "must be True or False",
                      getattr(self, name))

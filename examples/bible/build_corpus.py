@@ -337,7 +337,7 @@ def check_writable(output: str) -> None:
     while not os.path.lexists(path):
         path = os.path.dirname(path)
     if not os.path.isdir(path):
-        sys.exit(f"error: cannot make --output={output}: {path} is a file")
+        sys.exit(f"error: cannot make --output={output}: {path} is not a folder")
     if not os.access(path, os.W_OK | os.X_OK):
         sys.exit(f"error: cannot write into --output={output} ({path} is not writable)")
 

@@ -304,15 +304,16 @@ def mask_rows(g: dict, quick: bool) -> tuple[list[dict], list[str]]:
 
 
 def _check_grid(g: dict) -> None:
-    """A ValueError naming the grid key whose value cannot be timed: a float64 row would be
-    float32 under JAX's default (x64 off) with float64's name, and sizes of 0 divide by 0."""
+    """`g`'s sizes as Python ints (the rows go to JSON), or a ValueError naming the grid key
+    whose value cannot be timed: a float64 row would be float32 under JAX's default (x64
+    off) with float64's name, and sizes of 0 divide by 0."""
     for key in ("seq_lens", "head_dims"):
         try:
-            [positive_int(key, n) for n in g[key]]
+            g[key] = tuple(positive_int(key, n) for n in g[key])
         except ValueError:
             raise ValueError(f"{key} must be positive integers, got {g[key]!r}") from None
     for key in ("num_heads", "tokens"):
-        positive_int(key, g[key])
+        g[key] = positive_int(key, g[key])
     if bad := [d for d in g["dtypes"] if d not in (*DTYPES, "float16")]:
         raise ValueError(f"dtypes must be among {(*DTYPES, 'float16')}, got {bad!r}")
 

@@ -30,7 +30,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", re
 _FORMAT = flags.DEFINE_enum("format", None, FORMATS, "what to export to", required=True)
 _OUTPUT = flags.DEFINE_string("output", None, "the directory to write", required=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, a step, or average:N")
-_FORCE = flags.DEFINE_bool("force", False, "replace --output if it exists")
+_FORCE = flags.DEFINE_bool("force", False, "replace --output if it is an earlier export "
+                           "(a folder with export.json); never another folder")
 _QUANTIZATION = flags.DEFINE_enum("quantization", None, QUANTIZATIONS,
                                   "ctranslate2: the weights' type (default: float32)")
 _MAX_POSITIONS = flags.DEFINE_integer("max_positions", 1024, "ctranslate2: rows of the "

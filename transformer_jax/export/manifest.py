@@ -45,7 +45,8 @@ def staged_directory(output: str, *, force: bool = False):
         if not os.path.isfile(os.path.join(output, MANIFEST_FILE)):
             raise ExportError(f"--output {output} exists and is no export (no "
                               f"{MANIFEST_FILE}); --force replaces only an earlier export")
-        if os.path.commonpath([output, os.getcwd()]) == output:
+        real = os.path.realpath(output)  # getcwd() is a real path, with no symlink in it
+        if os.path.commonpath([real, os.path.realpath(os.getcwd())]) == real:
             raise ExportError(f"--output {output} holds the current folder; --force would "
                               f"move it away from under this command; choose another")
     parent = os.path.dirname(output)
@@ -94,11 +95,11 @@ def read_manifest(directory: str, fmt: str) -> dict:
         raise ExportError(f"{path} cannot be read: {error}") from None
     if not isinstance(manifest, dict):
         raise ExportError(f"{path} holds no export's record; export again")
-    if manifest.get("format") != fmt:
-        raise ExportError(f"{directory} holds a {manifest.get('format')} export, not "
-                          f"{fmt}; pass --engine={manifest.get('format')}")
     if missing := [key for key in MANIFEST_KEYS if key not in manifest]:
         raise ExportError(f"{path} lacks {', '.join(missing)}; export again")
+    if manifest["format"] != fmt:
+        raise ExportError(f"{directory} holds a {manifest['format']} export, not "
+                          f"{fmt}; pass --engine={manifest['format']}")
     return manifest
 
 

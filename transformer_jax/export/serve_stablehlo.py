@@ -179,9 +179,10 @@ def _read_entry(directory: str) -> dict:
             from None
     except (OSError, ValueError) as error:
         raise StableHLOError(f"{path} cannot be read: {error}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != "stablehlo":
-        fmt = manifest.get("format") if isinstance(manifest, dict) else None
-        raise StableHLOError(f"{directory} holds a {fmt} export, not stablehlo")
+    if not isinstance(manifest, dict) or "format" not in manifest:
+        raise StableHLOError(f"{path} holds no export's format; export again")
+    if manifest["format"] != "stablehlo":
+        raise StableHLOError(f"{directory} holds a {manifest['format']} export, not stablehlo")
     entry = manifest.get("stablehlo")
     missing = [key for key in ENTRY_KEYS if not isinstance(entry, dict) or key not in entry]
     if missing:
