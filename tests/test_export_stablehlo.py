@@ -305,6 +305,15 @@ def test_a_staged_export_replaces_the_old_one_only_when_done(tmp_path):
         pathlib.Path(staging, "new.txt").write_text("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
     assert [p.name for p in output.iterdir()] == ["new.txt"]
+    # An --output that links to the old export: the link is replaced, nothing is left over.
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / MANIFEST_FILE).write_text("{}")
+    (tmp_path / "current").symlink_to(tmp_path / "old")
+    with staged_directory(str(tmp_path / "current"), force=True) as staging:
+        pathlib.Path(staging, "new.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "export", "old"]
+    assert [p.name for p in (tmp_path / "current").iterdir()] == ["new.txt"]
+    assert not (tmp_path / "current").is_symlink()
 
 
 def test_force_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeypatch):

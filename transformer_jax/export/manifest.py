@@ -65,6 +65,8 @@ def staged_directory(output: str, *, force: bool = False):
         if os.path.exists(output):
             os.rename(output, replaced)
         os.rename(staging, output)
+        if os.path.islink(replaced):  # --output was a link to the old export: the link goes
+            os.remove(replaced)
         shutil.rmtree(replaced, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
