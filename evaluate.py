@@ -2,11 +2,16 @@
 
     python evaluate.py --workdir=runs/default [--split=test] [--checkpoint=average:N]
 
-Writes DIR/eval/<split>-<name>.hyp.txt and DIR/eval/<split>-<name>.json (bleu, chrf,
-the sacreBLEU signature, the checkpoints, the decoding settings and sentences/s);
-<name> is the step, or "<last step>-average<N>" for N averaged checkpoints. The scores are
-printed first; the two files are written whole or not at all (a full disk: one error line,
-exit status 1, and earlier results of the same name as they were).
+Writes DIR/eval/<split>-<name>.hyp.txt (the translations), <split>-<name>.ref.txt (the
+references they were scored against, line by line: `sacrebleu X.ref.txt -i X.hyp.txt`
+scores them again) and <split>-<name>.json (bleu, chrf, their sacreBLEU signatures, the
+checkpoints, the search settings and batch size, pairs skipped and sentences/s,
+compilation included).
+<name> is the step, or "<last step>-average<N>" for N averaged checkpoints, then
+"-beam<K>", "-alpha<A>", "-extra<E>" for search settings other than the run config's.
+Pairs with an empty side are not scored; their count is printed. The scores are printed
+first; the files are written whole or not at all (a full disk: one error line, exit
+status 1, and earlier results of the same name as they were).
 """
 
 import signal
@@ -24,13 +29,15 @@ import time
 from absl import app, flags, logging
 
 from transformer_jax.bleu import score
-from transformer_jax.config_checks import ConfigError, writable_folder
+from transformer_jax.config_checks import ConfigError
+from transformer_jax.output_paths import OutputPathError, writable_folder
 from transformer_jax.data import DataError, load_split
 from transformer_jax import command_line
-from transformer_jax.command_line import define_search_flags, parse_flags
+from transformer_jax.command_line import define_search_flags, define_setting_flag, parse_flags
 from transformer_jax.compilation_cache import use_compilation_cache
-from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
-                                      write_whole)
+from transformer_jax.commands import (OutputError, interrupt_in_one_line,
+                                      write_stdout_and_go_on, write_whole)
+from transformer_jax.trained_params import checkpoints_named
 from transformer_jax.translation import TranslationError, Translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
@@ -40,6 +47,8 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", "latest",
 _AVERAGE = flags.DEFINE_integer("average_last", None, "deprecated: --checkpoint=average:N",
                                 lower_bound=1)
 _BEAM, _ALPHA, _EXTRA = define_search_flags()
+_BATCH = define_setting_flag("batch_size", 32, "sentences per search (more: faster, if they "
+                                               "fit in memory)")
 flags.adopt_module_key_flags(command_line)  # so that --helpshort lists them
 
 
@@ -47,68 +56,79 @@ def checkpoint_spec() -> str:
     """--checkpoint, or the deprecated --average_last=N as average:N."""
     if _AVERAGE.value is None:
         return _CHECKPOINT.value
-    if _CHECKPOINT.value != "latest":
+    if _CHECKPOINT.present:
         raise ConfigError("give --checkpoint or the deprecated --average_last, not both")
     print(f"warning: --average_last is deprecated; use --checkpoint=average:{_AVERAGE.value}",
           file=sys.stderr)
     return f"average:{_AVERAGE.value}"
 
 
-def evaluate(translator: Translator, pairs: list[dict], **search) -> dict:
-    """Translates the sources of `pairs` and scores them against their targets."""
+def evaluate(translator: Translator, pairs: list[dict], batch_size: int = 32, **search) -> dict:
+    """Translates the sources of `pairs` and scores them against their targets (BLEU and
+    chrF, §6.1). A source longer than a learned position table is a TranslationError."""
     start = time.perf_counter()
-    hypotheses = translator.translate([p["source"] for p in pairs], progress=True, **search)
+    hypotheses = translator.translate([p["source"] for p in pairs], progress=True,
+                                      batch_size=batch_size, **search)
     seconds = time.perf_counter() - start
     return dict(score(hypotheses, [p["target"] for p in pairs]), hypotheses=hypotheses,
                 sentences_per_sec=len(pairs) / seconds)
 
 
+def results_name(translator: Translator, settings: dict) -> str:
+    """"500", "500-average5", "500-beam1": the step, the checkpoints averaged, and the
+    search settings that are not the run config's (their results would replace those)."""
+    steps = translator.steps
+    name = f"{steps[-1]}" if len(steps) == 1 else f"{steps[-1]}-average{len(steps)}"
+    config = translator.search_settings()
+    for key, short in (("beam_size", "beam"), ("alpha", "alpha"), ("max_extra_length", "extra")):
+        if settings[key] != config[key]:
+            name += f"-{short}{settings[key]:g}"
+    return name
+
+
 def main(argv) -> None:
+    """Loads the checkpoints and the split, translates, prints the scores, saves the files."""
     del argv
     logging.set_verbosity(logging.WARNING)
     use_compilation_cache(_WORKDIR.value)  # the searches of earlier commands, loaded
     try:
         translator = Translator.from_workdir(_WORKDIR.value, checkpoint_spec())
+        split = load_split(translator.run_config.data, _SPLIT.value)
+        if not split.pairs:
+            raise DataError(f"the {_SPLIT.value} split has no pairs with text on both sides "
+                            f"({split.skipped_empty} with an empty side)")
         out = writable_folder(os.path.join(_WORKDIR.value, "eval"), "the results folder")
-        pairs = load_split(translator.run_config.data, _SPLIT.value).pairs
-    except (TranslationError, DataError, ConfigError) as error:
+        settings = translator.search_settings(beam_size=_BEAM.value, alpha=_ALPHA.value,
+                                              max_extra_length=_EXTRA.value)
+        result = evaluate(translator, split.pairs, batch_size=_BATCH.value, **settings)
+    except (TranslationError, DataError, ConfigError, OutputPathError) as error:
         sys.exit(f"error: {error}")
-    settings = translator.search_settings(beam_size=_BEAM.value, alpha=_ALPHA.value,
-                                          max_extra_length=_EXTRA.value)
-    result = evaluate(translator, pairs, **settings)
-    steps = translator.steps
-    name = f"{steps[-1]}" if len(steps) == 1 else f"{steps[-1]}-average{len(steps)}"
     d = translator.run_config.data
-    record = {"split": _SPLIT.value, "step": steps[-1], "checkpoints": steps,
-              "direction": f"{d.source_lang}-{d.target_lang}", "sentences": len(pairs),
-              **{k: v for k, v in result.items() if k != "hypotheses"}, **settings}
-    which = (f"step {steps[0]}" if len(steps) == 1
-             else f"steps {', '.join(map(str, steps))} averaged")
-    report(f"{record['direction']} {_SPLIT.value} ({len(pairs)} sentences, {which}): "
-           f"BLEU {record['bleu']:.2f}, chrF {record['chrf']:.2f}\n"
-           f"sacreBLEU signature: {record['signature']}\n")
-    save(os.path.join(out, f"{_SPLIT.value}-{name}"), result["hypotheses"], record)
+    record = {"split": _SPLIT.value, "step": translator.steps[-1],
+              "checkpoints": translator.steps, "direction": f"{d.source_lang}-{d.target_lang}",
+              "sentences": len(split.pairs), "skipped_empty": split.skipped_empty,
+              **{k: v for k, v in result.items() if k != "hypotheses"}, **settings,
+              "batch_size": _BATCH.value}
+    skipped = (f"; {split.skipped_empty} with an empty side skipped" if split.skipped_empty
+               else "")
+    write_stdout_and_go_on(
+        f"{record['direction']} {_SPLIT.value} ({len(split.pairs)} sentences{skipped}, "
+        f"{checkpoints_named(translator.steps)}): BLEU {record['bleu']:.2f}, "
+        f"chrF {record['chrf']:.2f}\nsacreBLEU signatures: BLEU {record['signature']}, "
+        f"chrF {record['chrf_signature']}\n")
+    save(os.path.join(out, f"{_SPLIT.value}-{results_name(translator, settings)}"),
+         result["hypotheses"], [p["target"] for p in split.pairs], record)
 
 
-def save(stem: str, hypotheses: list[str], record: dict) -> None:
-    """STEM.hyp.txt and STEM.json, both whole or neither; a write error is one line."""
+def save(stem: str, hypotheses: list[str], references: list[str], record: dict) -> None:
+    """STEM.hyp.txt, STEM.ref.txt and STEM.json, all whole or none; a write error is one
+    line."""
     try:
         write_whole({f"{stem}.hyp.txt": "".join(h + "\n" for h in hypotheses),
+                     f"{stem}.ref.txt": "".join(r + "\n" for r in references),
                      f"{stem}.json": json.dumps(record, indent=2)})
     except OutputError as error:
         sys.exit(f"error: cannot write {error.filename}: {error.strerror}")
-
-
-def report(scores: str) -> None:
-    """Prints `scores` before the files are written, so that a full disk does not lose them; a
-    reader of stdout that went away (`| head`) does not stop the files."""
-    try:
-        write_stdout(scores)
-    except BrokenPipeError:
-        pass
-    except OSError as error:
-        print(f"warning: cannot write the scores to stdout: {error.strerror or error}",
-              file=sys.stderr)
 
 
 if __name__ == "__main__":

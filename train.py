@@ -3,7 +3,8 @@
 Override any config key with `--config.key=value` (e.g. `--config.num_train_steps=500`).
 Running the same command again resumes from the latest checkpoint in the workdir.
 Several hosts: start one process per host with --coordinator_address, --num_processes
-and --process_id (or let JAX read them from a cluster environment such as SLURM).
+and --process_id, or with --cluster where the cluster started them (SLURM, Open MPI,
+Cloud TPU) and JAX reads them from its environment.
 """
 
 import functools
@@ -14,10 +15,11 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer_jax import parallel, profiling, trainer
+from transformer_jax import processes, profiling, trainer
 from transformer_jax.compilation_cache import use_compilation_cache
 from transformer_jax.checkpoint import CheckpointWriteError
 from transformer_jax.config_checks import ConfigError
+from transformer_jax.output_paths import OutputPathError
 from transformer_jax.data import DataError
 from transformer_jax.metrics_window import NonFiniteLossError
 from transformer_jax.plot import MetricsError
@@ -37,6 +39,12 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0, for runs of several processes")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "processes in the run")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's index")
+_CLUSTER = flags.DEFINE_bool("cluster", False, "join the run of several processes the cluster "
+                             "started (SLURM, Open MPI, Cloud TPU): JAX reads the coordinator, "
+                             "the count and this process's index from its environment")
+_JOIN_TIMEOUT = flags.DEFINE_integer("initialization_timeout", processes.JOIN_TIMEOUT_S,
+                                     "seconds the processes of a run wait for one another "
+                                     "to start", lower_bound=1)
 
 
 def main(argv) -> None:
@@ -46,11 +54,16 @@ def main(argv) -> None:
     age = profiling.seconds_since_process_start()
     launched = None if age is None else time.monotonic() - age  # for the first step's line
     logging.set_verbosity(logging.WARNING)  # orbax and TFDS report every file at INFO
-    parallel.initialize_processes(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    try:
+        processes.initialize_processes(_COORDINATOR.value, _NUM_PROCESSES.value,
+                                       _PROCESS_ID.value, cluster=_CLUSTER.value,
+                                       timeout_s=_JOIN_TIMEOUT.value)
+    except processes.JoinError as error:
+        sys.exit(f"error: {error}")
     use_compilation_cache(_WORKDIR.value)
     try:
         trainer.train(loaded_config(_CONFIG.value), _WORKDIR.value, launched=launched)
-    except (ConfigError, DataError, NonFiniteLossError,
+    except (ConfigError, OutputPathError, DataError, NonFiniteLossError,
             CheckpointWriteError, MetricsError, MetricsWriteError) as error:
         sys.exit(f"error: {error}")
     except StoppedAtOnce as error:

@@ -26,7 +26,8 @@ import sys
 
 from absl import app, flags, logging
 
-from transformer_jax.config_checks import ConfigError, writable_folder
+from transformer_jax.config_checks import ConfigError
+from transformer_jax.output_paths import OutputPathError, writable_folder
 from transformer_jax.data import DataError
 from transformer_jax.data.sources import decode_lines, read_lines
 from transformer_jax import command_line
@@ -70,7 +71,7 @@ def main(argv) -> None:
                              checkpoint=_CHECKPOINT.value)
         typed = not _INPUT.value and sys.stdin is not None and sys.stdin.isatty()
         lines = [] if typed else read_lines(_INPUT.value) if _INPUT.value else _read_stdin()
-    except (TranslationError, DataError, ConfigError, OSError) as error:
+    except (TranslationError, DataError, ConfigError, OutputPathError, OSError) as error:
         sys.exit(f"error: {error}")
     print(engine.source, file=sys.stderr)  # stdout: translations
     translate = functools.partial(

@@ -11,7 +11,10 @@ errors: "FATAL Flags parsing error: ..." and a line pointing at --helpshort; arg
 first. Not part of the test suite (a minute of process starts); its result is in docs/faults.md.
 """
 
+import glob
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,6 +55,24 @@ def write_inputs(scratch) -> None:
         f.write("dreihundertzweiundvierzig\n" * 20_000)
 
 
+def blank_run(workdir, scratch) -> None:
+    """scratch/blank_run: `workdir` with its checkpoints pointed at a folder corpus whose
+    test split has no pair with text on both sides."""
+    corpus, run = os.path.join(scratch, "blank_corpus"), os.path.join(scratch, "blank_run")
+    shutil.copytree(workdir, run)
+    os.makedirs(corpus)
+    for split in ("train", "validation", "test"):
+        for lang, text in (("de", "eins\n \n"), ("en", "\none\n")):
+            with open(os.path.join(corpus, f"{split}.{lang}"), "w") as f:
+                f.write(text)
+    for path in glob.glob(os.path.join(run, "checkpoints", "*", "metadata", "metadata")):
+        with open(path) as f:
+            metadata = json.load(f)
+        metadata["config"]["data"]["dataset"] = f"folder:{corpus}"
+        with open(path, "w") as f:
+            json.dump(metadata, f)
+
+
 def bad_inputs(workdir, scratch):
     """(name, command, stdin) of translate.py, evaluate.py and the data CLI."""
     write_inputs(scratch)
@@ -65,6 +86,9 @@ def bad_inputs(workdir, scratch):
                 f'! kill -0 $!; do sleep 0.2; done; kill -INT $!; wait $!; status=$?; '
                 f'cat {scratch}/ctrl_c.err >&2; exit $status', "bash"]
 
+    os.makedirs(os.path.join(scratch, "fifo_run"))
+    os.mkfifo(os.path.join(scratch, "fifo_run", "metrics.jsonl"))
+    blank_run(workdir, scratch)
     t = [sys.executable, "translate.py", f"--workdir={workdir}"]
     x = [sys.executable, "-m", "transformer_jax.export", f"--workdir={workdir}"]
     hlo = os.path.join(scratch, "hlo")
@@ -147,6 +171,24 @@ def bad_inputs(workdir, scratch):
         ("benchmark: workdir untrained", [sys.executable, "-m", "transformer_jax.benchmark",
                                           "decode", "--peers", f"--workdir={scratch}"], ""),
         ("plot: no metrics", [sys.executable, "-m", "transformer_jax.plot", scratch], ""),
+        ("plot: a run twice", [sys.executable, "-m", "transformer_jax.plot", workdir,
+                               f"{workdir}/"], ""),
+        ("plot: metrics a FIFO", [sys.executable, "-m", "transformer_jax.plot",
+                                  f"{scratch}/fifo_run"], ""),
+        ("main: vocabulary past int32", [sys.executable, "-m", "transformer_jax",
+                                         "--vocab_size=10000000000"], ""),
+        ("main: parameters out of memory", [sys.executable, "-m", "transformer_jax",
+                                            "--vocab_size=2000000000"], ""),
+        ("benchmark: pipeline --profile", [sys.executable, "-m", "transformer_jax.benchmark",
+                                           "pipeline", f"--profile={scratch}/p"], ""),
+        ("benchmark: --json empty", [sys.executable, "-m", "transformer_jax.benchmark",
+                                     "loss", "--json="], ""),
+        ("evaluate: nothing to score", [*e, f"--workdir={scratch}/blank_run"], ""),
+        ("train.py: --process_id alone", [sys.executable, "train.py", f"--workdir={scratch}/x",
+                                          "--process_id=1"], ""),
+        ("train.py: no process 0", [sys.executable, "train.py", f"--workdir={scratch}/x",
+                                    "--coordinator_address=localhost:1", "--num_processes=2",
+                                    "--process_id=1", "--initialization_timeout=2"], ""),
     ]
 
 

@@ -15,10 +15,10 @@ pid, nproc, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sy
 mode = sys.argv[5] if len(sys.argv) > 5 else "compare"
 jax.config.update("jax_num_cpu_devices", 4 // nproc)  # before anything starts the backend
 
-from transformer_jax import parallel  # noqa: E402
+from transformer_jax import parallel, processes  # noqa: E402
 
 if nproc > 1:
-    parallel.initialize_processes(f"localhost:{port}", nproc, pid)
+    processes.initialize_processes(f"localhost:{port}", nproc, pid)
 
 import functools  # noqa: E402
 import itertools  # noqa: E402

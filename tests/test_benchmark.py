@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from importlib import metadata
@@ -209,13 +210,21 @@ def test_compare_has_torch_and_flax_peers(tmp_path):
     (["decode", "--searches=greedy,beam"], "--searches: a search is greedy or beamK"),
     (["decode", "--searches=beam1"], "with a beam size K of 2 or more (beam4), got 'beam1'"),
     (["model", "--searches=greedy"], "--searches is for the decode suite"),
-    (["decode", "--peers", "--searches=greedy"], "--searches is for the decode suite"),
+    (["decode", "--peers", "--searches=greedy"], "--searches is not for decode --peers"),
     (["attention", "--models=base"], "--models and --loss-chunks are for the model suite"),
     (["decode", "--loss-chunks=0"], "--models and --loss-chunks are for the model suite"),
     (["attention", "--vary", "xla_gpu_enable_cublaslt=true"],
      "--vary is for the model and decode suites"),
     (["decode", "--peers", "--vary", "xla_gpu_enable_cublaslt=true"],
-     "--vary is for the model and decode suites"),
+     "--vary is not for decode --peers, which times one search of its own"),
+    (["decode", "--peers", "--dtypes=float32"], "--dtypes is not for decode --peers"),
+    (["model", "--models=tiny,"], "--models='tiny,' holds an empty name; give names separated "
+                                  "by commas"),
+    (["model", "--models="], "--models='' holds an empty name"),
+    (["decode", "--dtypes="], "--dtypes takes float32, bfloat16, float16, got ''"),
+    (["decode", "--searches="], "--searches='' holds an empty name"),
+    (["pipeline", "--profile=/tmp/unused"], "--profile traces compiled calls; the pipeline "
+                                            "suite times the input pipeline on the host"),
     (["decode", "--quick", "--vary", "attention_implementation=auto,fast"],
      "tiny with {'attention_implementation': 'fast'}: ModelConfig.attention_implementation "
      "must be one of"),
@@ -311,23 +320,90 @@ def test_a_tokamax_layer_norm_that_cannot_run_stops_the_model_suite_first(monkey
 
 
 def test_output_files_are_checked_before_anything_runs(tmp_path, capsys):
-    """--json and --plot in a folder that cannot be made, or naming a folder, and a
-    --profile folder that is a file, stop the command before the suite runs; a missing
-    folder is made."""
+    """--json and --plot in a folder that cannot be made or written (/proc, even to root),
+    naming a folder, empty, or both naming one file; a --profile folder that is a file or
+    holds an earlier run's traces: each stops the command before the suite runs, with one
+    line. A missing folder is made; a path through a missing folder (x/..) or a link is
+    resolved to the file it names."""
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    for argv, message in [(["attention", f"--json={blocker}/x.json"], "cannot make its folder"),
-                          (["attention", f"--plot={blocker}/x.png"], "cannot make its folder"),
-                          (["attention", f"--json={tmp_path}"], "is a folder"),
-                          (["model", f"--profile={blocker}"],
-                           f"error: --profile {blocker} is a file, not a folder"),
-                          (["model", f"--profile={blocker}/traces"],
-                           f"error: --profile {blocker}/traces is not a writable folder")]:
-        with pytest.raises(SystemExit):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "timed-000").mkdir()
+    for argv, message in [
+            (["attention", f"--json={blocker}/x.json"],
+             f"--json's folder {blocker} is a file, not a folder"),
+            (["attention", f"--plot={blocker}/x.png"],
+             f"--plot's folder {blocker} is a file, not a folder"),
+            (["attention", "--json=/proc/x.json"],
+             "--json's folder /proc is not a writable folder: "),
+            (["attention", f"--json={tmp_path}"], f"--json={tmp_path} is a folder; give a "
+                                                  f"file name"),
+            (["attention", "--json="], "--json is empty (an unset shell variable?); name a file"),
+            (["attention", f"--json={tmp_path}/r.png", f"--plot={tmp_path}/r.png"],
+             f"--json and --plot name one file, {tmp_path}/r.png; give each its own"),
+            (["model", f"--profile={blocker}"],
+             f"error: --profile {blocker} is a file, not a folder"),
+            (["model", f"--profile={blocker}/traces"],
+             f"error: --profile {blocker}/traces is not a writable folder"),
+            (["model", f"--profile={tmp_path / 'used'}"],
+             f"error: --profile {tmp_path / 'used'} is not empty; give a new folder")]:
+        with pytest.raises(SystemExit) as exit_info:
             main(argv)
-        assert message in capsys.readouterr().err
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err.splitlines()[-1]
     args = parse_args(["attention", f"--json={tmp_path}/new/deeper/x.json"])
-    assert (tmp_path / "new" / "deeper").is_dir() and args.json.endswith("x.json")
+    assert args.json == f"{tmp_path}/new/deeper/x.json" and (tmp_path / "new" / "deeper").is_dir()
+    args = parse_args(["attention", f"--json={tmp_path}/missing/../y.json"])
+    assert args.json == f"{tmp_path}/y.json"
+    (tmp_path / "link.json").symlink_to(tmp_path / "new" / "z.json")
+    assert parse_args(["attention", f"--json={tmp_path}/link.json"]).json == \
+        f"{tmp_path}/new/z.json"
+
+
+def test_plot_without_matplotlib_stops_before_the_suite(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
+    with pytest.raises(SystemExit) as exit_info:
+        main(["loss", "--quick", f"--plot={tmp_path}/l.png"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "error: --plot needs matplotlib: pip install 'transformer_jax[bench]'")
+
+
+def test_a_reader_that_goes_away_stops_no_file_and_ctrl_c_is_one_line(tmp_path):
+    """`| head -1`: stdout's reader leaves after the first line; the suite still runs and
+    writes its --json, with no BrokenPipeError. Ctrl-C while a suite runs: "error:
+    interrupted", death by SIGINT, no --json."""
+    command = [sys.executable, "-m", "transformer_jax.benchmark", "loss", "--quick"]
+    process = subprocess.Popen([*command, f"--json={tmp_path}/l.json"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().startswith("loss on ")
+    process.stdout.close()
+    stderr = process.communicate(timeout=300)[1]
+    assert process.returncode == 0 and "Error" not in stderr, stderr
+    assert json.loads((tmp_path / "l.json").read_text())["results"]
+    process = subprocess.Popen([*command, f"--json={tmp_path}/i.json"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().startswith("loss on ")  # JAX imported; the suite runs
+    process.send_signal(signal.SIGINT)
+    stderr = process.communicate(timeout=120)[1]
+    assert process.returncode == -signal.SIGINT
+    assert stderr.strip().splitlines()[-1] == "error: interrupted", stderr
+    assert "Traceback" not in stderr and not (tmp_path / "i.json").exists()
+
+
+def test_bars_are_labelled_by_the_settings_that_tell_rows_apart():
+    """Rows differing only in an int (loss_chunk, unroll) get bars of their own; the settings
+    all rows share go to the title; a byte count is a measure, not a setting; rows of equal
+    settings (a case timed again) are numbered."""
+    from transformer_jax.benchmark.plot import row_labels
+
+    rows = [dict(model="tiny", strategy="pmap", loss_chunk=0, step_ms=2.0, memory_bytes=9),
+            dict(model="tiny", strategy="pmap", loss_chunk=64, step_ms=3.0, memory_bytes=8),
+            dict(model="tiny", strategy="sharded", loss_chunk=0, step_ms=2.5, memory_bytes=7),
+            dict(model="tiny", strategy="sharded", loss_chunk=0, step_ms=2.6, memory_bytes=7)]
+    assert row_labels(rows) == (["pmap loss_chunk=0", "pmap loss_chunk=64",
+                                 "sharded loss_chunk=0 #1", "sharded loss_chunk=0 #2"],
+                                "model=tiny")
 
 
 def test_cli_writes_a_png_and_rejects_bad_arguments(tmp_path):
@@ -480,6 +556,26 @@ def test_profile_counts_only_the_timed_calls(tmp_path):
         assert max(row["calls"] for row in rows) == 4
 
 
+def test_each_timed_call_keeps_its_own_trace(tmp_path):
+    """Two timed programs within one second: the profiler names its folders by the second,
+    so each call traces into its own folder, and the summary counts both."""
+    from transformer_jax import profiling
+    from transformer_jax.benchmark import timing
+
+    a = jnp.ones((64, 64))
+    sine = jax.jit(jnp.sin).lower(a).compile()
+    cosine_plus_one = jax.jit(lambda x: jnp.cos(x) + 1).lower(a).compile()
+    timing.trace_timed_calls(str(tmp_path))
+    try:
+        for program in (sine, cosine_plus_one):
+            timing.median_seconds(lambda: program(a).block_until_ready(), warmup=1, iters=3)
+    finally:
+        timing.trace_timed_calls(None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["timed-000", "timed-001"]
+    calls = sum(row["calls"] for row in profiling.summarize(str(tmp_path), top=None))
+    assert calls >= 6  # three calls of each, at least one operation per call
+
+
 def test_a_trace_named_with_a_path_stays_one_folder_deep(tmp_path):
     """An XLA option's path in a case's name (`--vary xla_dump_to=/tmp/x`) does not nest
     its trace: the folder is one level under the trace directory, where `--profile` looks
@@ -611,6 +707,33 @@ def test_corpus_command_writes_the_corpus_and_refuses_a_folder_that_has_one(tmp_
     with pytest.raises(SystemExit):
         main([str(tmp_path / "cli"), "--pairs=500"])
     assert "already holds a corpus" in capsys.readouterr().err
+
+
+def test_a_stopped_corpus_leaves_no_short_file_and_is_written_again(tmp_path, monkeypatch,
+                                                                     capsys):
+    """Ctrl-C while validation is written: train.* are whole, validation.* not there, no
+    temporary left; the same command then writes the whole corpus (only test.en, written
+    last, marks a folder as done)."""
+    from transformer_jax.benchmark import corpus
+
+    real, calls = corpus.sentence_lengths, []
+
+    def stopped_at_the_second_split(rng, pairs):
+        calls.append(pairs)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(rng, pairs)
+
+    monkeypatch.setattr(corpus, "sentence_lengths", stopped_at_the_second_split)
+    with pytest.raises(KeyboardInterrupt):
+        corpus.main([str(tmp_path / "cli"), "--pairs=300"])
+    assert sorted(p.name for p in (tmp_path / "cli").iterdir()) == ["train.de", "train.en"]
+    monkeypatch.setattr(corpus, "sentence_lengths", real)
+    corpus.main([str(tmp_path / "cli"), "--pairs=300"])
+    corpus.write_wmt_like_corpus(str(tmp_path / "library"), 300)
+    for name in ("train.en", "validation.de", "test.en", "test.de"):
+        assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "library" / name).read_bytes()
+    assert "wrote 300 training pairs" in capsys.readouterr().out
 
 
 def loss_inputs(rows=40, width=16, vocab=50):

@@ -441,6 +441,27 @@ def test_a_reshaped_array_is_a_mismatch(two_steps, open_checkpointer):
         checkpointer.read(4, lambda s: checkpointer.restore(s, wanted))
 
 
+def test_positions_saved_by_another_number_of_processes_are_a_data_position_error(
+        two_steps, tmp_path, open_checkpointer):
+    """Each process saves its own data position (process_K-of-N.json): a run of another
+    process count finds none of its own. That is a DataPositionError (the trainer goes on
+    from the state with a new shuffle), not damage: nothing is moved aside."""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(two_steps, directory)
+    positions = directory / "4" / "data_iterator"
+    (positions / "process_0-of-1.json").rename(positions / "process_0-of-2.json")
+    shutil.copy(positions / "process_0-of-2.json", positions / "process_1-of-2.json")
+    checkpointer = open_checkpointer(directory=directory)
+    with pytest.raises(DataPositionError) as caught:
+        checkpointer.newest(lambda s: checkpointer.restore(s, large_state(0), data_iterator()))
+    assert caught.value.step == 4
+    assert caught.value.why == "its data positions were saved by 2 processes, this run has 1"
+    assert checkpointer.all_steps() == [2, 4] and not (tmp_path / "ckpt-damaged").exists()
+    step, (state, _) = checkpointer.newest(lambda s: checkpointer.restore(s, large_state(0)))
+    assert step == 4
+    assert_trees_equal(state, large_state(4))
+
+
 def mixed_iterator():
     """A grain iterator of another kind than `data_iterator`'s (a mix of two): its state
     is {"parents": [...], "index": ..., "stop": ...}, not {"next_index": ...}."""

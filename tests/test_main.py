@@ -31,13 +31,40 @@ def test_bad_override_is_a_clear_usage_error(capsys):
     assert "ModelConfig.vocab_size must be at least 2" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, value", [("--batch", "0"), ("--length", "-3"),
-                                         ("--length", "x")])
-def test_a_count_that_is_not_positive_is_a_usage_error(flag, value, capsys):
+@pytest.mark.parametrize("flag, value, shown", [("--batch", "0", "0"), ("--length", "-3", "-3"),
+                                                ("--length", "x", "'x'")])
+def test_a_count_that_is_not_positive_is_a_usage_error(flag, value, shown, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([f"{flag}={value}"])
     assert exit_info.value.code == 2
-    assert f"argument {flag}: '{value}' is not a positive integer" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"python -m transformer_jax: error: argument {flag}: must be a positive integer, "
+        f"got {shown}")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--vocab_size=10000000000"],
+     "ModelConfig.vocab_size must be below 2**31 (ids are int32), got 10000000000"),
+    (["--batch=100000", "--length=100000"],
+     "--batch × --length is 10,000,000,000 tokens; at most 2,147,483,647 (int32 ids)")])
+def test_sizes_past_int32_ids_are_usage_errors(args, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == f"python -m transformer_jax: error: {message}"
+
+
+def test_parameters_too_large_for_memory_are_one_line(capsys):
+    """V = 2·10⁹: the embedding alone is 256 GB of float32; its initialization fails (XLA:
+    INTERNAL, "Out of memory"), before any forward pass, and is said in one line."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--vocab_size=2000000000"])
+    message = str(exit_info.value.code)
+    assert message.startswith("error: the model and the forward pass of 2 x 16 tokens do not "
+                              "fit in memory (")
+    assert "256000000000 bytes" in message and "\n" not in message
+    assert "total: 64,000,042,752 parameters" in capsys.readouterr().out  # 2e9 × 32 + the rest
 
 
 def test_a_forward_pass_too_large_for_memory_is_one_line(capsys):
@@ -47,6 +74,6 @@ def test_a_forward_pass_too_large_for_memory_is_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--batch=64", "--length=20000"])
     message = str(exit_info.value.code)
-    assert message.startswith("error: the forward pass of 64 x 20000 tokens does not fit "
-                              "in memory (RESOURCE_EXHAUSTED")
-    assert message.endswith("choose a smaller --batch or --length")
+    assert message.startswith("error: the model and the forward pass of 64 x 20000 tokens "
+                              "do not fit in memory (RESOURCE_EXHAUSTED")
+    assert message.endswith("choose a smaller --batch, --length or --vocab_size")

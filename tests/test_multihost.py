@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import parallel, processes
+from transformer_jax import processes
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -127,11 +127,38 @@ def test_a_failed_preparation_ends_both_processes_in_one_line(tmp_path):
                f"--coordinator_address=localhost:{port}", "--num_processes=2"]
     outputs = launch([command + [f"--process_id={i}"] for i in range(2)], tmp_path,
                      clean_env(TFDS_DATA_DIR=str(tmp_path / "tfds")), timeout=60, expect=1)
-    assert outputs[0].strip().splitlines() == ["error: corpus.tsv has no pairs"]
+    joining = (f"process {{}}: joining a run of 2 processes at localhost:{port} (waiting up "
+               f"to 300 s for the others)")
+    assert outputs[0].strip().splitlines() == [joining.format(0), "error: corpus.tsv has no pairs"]
     assert outputs[1].strip().splitlines() == [
+        joining.format(1),
         "process 1: waiting for process 0 to prepare the data (as long as it takes; "
         "process 0's output shows its progress)",
         "error: process 0 could not prepare the data: corpus.tsv has no pairs"]
+
+
+def test_a_workdir_in_use_ends_both_processes_in_one_line(tmp_path):
+    """Another run holds the workdir's lock: process 0 cannot take it and says so; process
+    1, which would wait for process 0 to prepare the data, learns it and stops too. Both
+    end in one line, exit status 1 (before, process 1 waited forever, and process 0 with
+    it in JAX's shutdown)."""
+    from transformer_jax.workdir_lock import workdir_lock
+
+    port, workdir = free_port(), tmp_path / "run"
+    workdir.mkdir()
+    command = [sys.executable, "train.py", "--config=configs/default.py",
+               f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
+               "--num_processes=2"]
+    with workdir_lock(str(workdir)):
+        outputs = launch([command + [f"--process_id={i}"] for i in range(2)], tmp_path,
+                         clean_env(TFDS_DATA_DIR=str(tmp_path / "tfds")), timeout=90,
+                         expect=1)
+    lines = [output.strip().splitlines() for output in outputs]
+    assert [len(each) for each in lines] == [2, 2], outputs
+    assert lines[0][0].startswith("process 0: joining a run of 2 processes at localhost:")
+    assert lines[0][1].startswith(f"error: {workdir} is in use by another training run (host ")
+    assert lines[1][1].startswith(f"error: process 0 could not lock the workdir: {workdir} is "
+                                  f"in use by another training run (host ")
 
 
 def test_a_killed_peer_ends_the_other_in_one_line(tmp_path):
@@ -265,9 +292,56 @@ def test_lost_peer_is_told_by_gloo_and_the_coordination_service():
     assert not processes.lost_peer(None)
 
 
+@pytest.mark.parametrize("flags, message", [
+    (dict(process_id=1), "a run of several processes needs --coordinator_address, "
+                         "--num_processes and --process_id in every process; "
+                         "--coordinator_address, --num_processes missing"),
+    (dict(num_processes=2, process_id=0), "--coordinator_address missing"),
+    (dict(coordinator_address="h:1", num_processes=2, process_id=2),
+     "--process_id must be in 0..1 for --num_processes=2, got 2"),
+    (dict(num_processes=0), "--num_processes must be 1 or more, got 0"),
+    (dict(coordinator_address="h:1", cluster=True),
+     "--cluster reads the run from the cluster's environment; give it or "
+     "--coordinator_address, not both")])
+def test_process_flags_that_do_not_fit_together_are_one_error(flags, message):
+    with pytest.raises(processes.JoinError) as error:
+        processes.several_processes(**flags)
+    assert str(error.value).endswith(message)
+
+
+def test_which_flags_make_a_run_of_several_processes():
+    assert not processes.several_processes()
+    assert not processes.several_processes(num_processes=1)
+    assert not processes.several_processes(num_processes=1, process_id=0)
+    assert processes.several_processes("localhost:1", 2, 1)
+    assert processes.several_processes(cluster=True)
+
+
+def test_a_process_whose_coordinator_does_not_answer_stops_in_one_line(tmp_path):
+    """Process 1 of 2 with no process 0 at the address: it says whom it joins, then stops
+    after --initialization_timeout with one line, exit status 1 (JAX itself would wait
+    and then abort from C++); a bad address is one line at once."""
+    port = free_port()  # free: nothing listens there
+    command = [sys.executable, "train.py", f"--workdir={tmp_path / 'run'}",
+               "--num_processes=2", "--process_id=1", "--initialization_timeout=2"]
+    done = subprocess.run([*command, f"--coordinator_address=localhost:{port}"], cwd=ROOT,
+                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"process 1: joining a run of 2 processes at localhost:{port} (waiting up to 2 s "
+        f"for the others)",
+        f"error: process 0 did not answer at localhost:{port} within 2 s (Connection "
+        f"refused); start it, or check the address"]
+    done = subprocess.run([*command, "--coordinator_address=localhost"], cwd=ROOT,
+                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == ("error: --coordinator_address must be "
+                                                    "host:port, got 'localhost'")
+
+
 def test_with_collective_timeout_keeps_one_given():
     flag = "--xla_cpu_collective_timeout_seconds"
-    assert parallel.with_collective_timeout("") == f"{flag}={parallel.COLLECTIVE_TIMEOUT_S}"
-    assert (parallel.with_collective_timeout("--xla_force_host_platform_device_count=2", 9)
+    assert processes.with_collective_timeout("") == f"{flag}={processes.COLLECTIVE_TIMEOUT_S}"
+    assert (processes.with_collective_timeout("--xla_force_host_platform_device_count=2", 9)
             == f"--xla_force_host_platform_device_count=2 {flag}=9")
-    assert parallel.with_collective_timeout(f"{flag}=5 --x=1") == f"{flag}=5 --x=1"
+    assert processes.with_collective_timeout(f"{flag}=5 --x=1") == f"{flag}=5 --x=1"

@@ -2,6 +2,7 @@
 clock, the PNG is whole, and the command line fails in one line."""
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -187,6 +188,13 @@ def test_a_half_written_last_line_is_skipped_with_a_warning(tmp_path, capsys):
     path.write_text('{"step": 1\n' + json.dumps(RECORDS[0]) + "\n")
     with pytest.raises(plot.MetricsError, match=r"line 1: not a JSON record"):
         plot.read_records(str(path))
+    path.write_text("hello world\n")  # a whole line (it ends), so not half-written
+    with pytest.raises(plot.MetricsError, match=r"line 1: not a JSON record"):
+        plot.read_records(str(path))
+    path.write_text('{"step": 50.0, "loss": 1.0}\n')
+    with pytest.raises(plot.MetricsError) as error:
+        plot.read_records(str(path))
+    assert str(error.value) == f"{path}, line 1: its step is not an integer (50.0)"
 
 
 def run_cli(*args, cwd):
@@ -237,8 +245,79 @@ def test_command_line_errors_are_one_line(tmp_path, case):
                                     f"run's --workdir?)",
                 "no folder": f"error: {tmp_path / 'missing'}: no such folder",
                 "empty": f"error: {run / 'metrics.jsonl'} holds no records yet",
-                "unwritable": "error: cannot write /proc/curves.png: "}[case]
+                "unwritable": "error: --output's folder /proc is not a writable folder: "}[case]
     done = run_cli(*args, cwd=tmp_path)
     assert done.returncode == 1
     assert done.stdout == "" and len(done.stderr.splitlines()) == 1
     assert done.stderr.startswith(expected), done.stderr
+
+
+def test_a_step_logged_again_draws_its_last_value_in_step_order():
+    """A file holding steps 10..30 and then, from a resume, 20..40 again: one line in step
+    order through the later values, not a zigzag back to step 20."""
+    resumed = [{"step": s, "loss": v} for s, v in ((10, 4.0), (20, 3.0), (30, 2.5),
+                                                   (20, 2.0), (30, 1.5), (40, 1.0))]
+    np.testing.assert_array_equal(plot.series(resumed, "loss"),
+                                  [[10, 4.0], [20, 2.0], [30, 1.5], [40, 1.0]])
+
+
+def test_a_series_of_one_point_is_drawn_as_a_marker():
+    """One logged step: no segment to draw, so a marker shows it; longer series keep none."""
+    figure = plot.curves_figure([("run", [{"step": 50, "loss": 4.2, "learning_rate": 2e-4}])])
+    assert [line.get_marker() for ax in figure.axes for line in ax.get_lines()] == ["o", "o"]
+    assert figure.get_suptitle() == "run: 50 steps"
+    figure = plot.curves_figure([("run", NO_BLEU)])
+    markers = {line.get_gid(): line.get_marker() for line in figure.axes[0].get_lines()}
+    assert markers == {"run:loss": "", "run:eval_loss": "o"}  # validation: its own marker
+    single = plot.curves_figure([("run", [{"step": 1, "loss": 4.0}])])
+    assert single.get_suptitle() == "run: 1 step"
+
+
+def test_learning_rate_ticks_are_labelled_with_their_exact_values():
+    """1.25e-04, not 1.2e-04: one digit would name two ticks alike or wrongly."""
+    figure = plot.curves_figure([("run", RECORDS)])
+    rate = figure.axes[2]
+    figure.canvas.draw()
+    low, high = rate.get_ylim()
+    shown = {v: t.get_text() for t, v in zip(rate.get_yticklabels(), rate.get_yticks())
+             if low <= v <= high}
+    assert shown[0] == "0" and len(shown) > 3
+    for value, text in shown.items():
+        assert float(text) == pytest.approx(value, rel=1e-12), (value, text)
+
+
+@pytest.mark.parametrize("case", ["twice", "eleven", "empty output", "fifo"])
+def test_runs_and_output_the_figure_cannot_show_are_refused(tmp_path, case):
+    """The same run under two names, more runs than colours, an empty --output (an unset
+    variable, which would mean the run's own curves.png) and a FIFO as metrics.jsonl (which
+    would wait for a writer) are each one line."""
+    run = write_run(tmp_path / "run", RECORDS)
+    args, code, message = {
+        "twice": ([run, f"{run}/"], 2, f"error: {run} is given twice (two names of one "
+                                       f"folder); give each run once"),
+        "eleven": ([write_run(tmp_path / f"r{i}", RECORDS) for i in range(11)], 2,
+                   "error: 11 runs: at most 10 fit one figure, one colour each"),
+        "empty output": ([run, "--output="], 2, "error: --output needs a .png file name, "
+                                                "got ''"),
+        "fifo": ([tmp_path / "fifo_run"], 1, f"error: {tmp_path / 'fifo_run' / 'metrics.jsonl'}"
+                                             f" is not a regular file"),
+    }[case]
+    if case == "fifo":
+        (tmp_path / "fifo_run").mkdir()
+        os.mkfifo(tmp_path / "fifo_run" / "metrics.jsonl")
+    done = run_cli(*args, cwd=tmp_path)
+    assert done.returncode == code
+    assert done.stderr.splitlines()[-1].endswith(message), done.stderr
+    assert not list(tmp_path.glob("**/*.png"))
+
+
+def test_an_output_that_is_a_link_writes_its_target(tmp_path):
+    """As translate.py's --output: the link stays, and the picture is written where it
+    points."""
+    run = write_run(tmp_path / "run", RECORDS)
+    (tmp_path / "pictures").mkdir()
+    (tmp_path / "link.png").symlink_to(tmp_path / "pictures" / "curves.png")
+    done = run_cli(run, "--output=link.png", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "link.png").is_symlink()
+    assert png_size(tmp_path / "pictures" / "curves.png") == (1500, 420)

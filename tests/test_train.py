@@ -21,7 +21,7 @@ import tensorflow_datasets as tfds
 from run_configs import ROOT, load_config, shared_run, tiny_run
 from transformer_jax import run_log
 from transformer_jax.checkpoint import Checkpointer
-from transformer_jax.config_checks import writable_folder
+from transformer_jax.output_paths import OutputPathError, writable_folder
 from transformer_jax.parallel import Parallel
 from transformer_jax.run_log import MetricsWriteError
 from transformer_jax.stop_signal import StoppedAtOnce
@@ -613,11 +613,23 @@ def test_train_py_rejects_bad_config_before_compiling(tmp_path):
                                    '"num_train_steps" instead of "num_train_stepz"?')
 
 
+def test_a_token_budget_too_small_is_refused_before_the_data_is_read(tmp_path):
+    """The rows a budget holds depend on the devices, known only when training starts: the
+    check comes then, before the tokenizer is trained or the data prepared."""
+    config = tiny_run(per_device_batch_size=0, accumulation_steps=4)
+    longest = max(config.data.max_source_length, config.data.max_target_length)
+    config.data.update(tokens_per_batch=2 * longest)  # 2 rows; 4 micro-batches need 4
+    with pytest.raises(ConfigError, match=rf"tokens_per_batch={2 * longest} holds no \d+ rows "
+                                          rf"of {longest} tokens"):
+        train(config, str(tmp_path / "run"))
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["train.lock"]
+
+
 def test_workdir_must_be_a_writable_folder(tmp_path):
     (tmp_path / "a_file").write_text("")
-    with pytest.raises(ConfigError, match="is a file, not a folder"):
+    with pytest.raises(OutputPathError, match="is a file, not a folder"):
         writable_folder(str(tmp_path / "a_file"))
-    with pytest.raises(ConfigError, match="/proc/x_workdir is not a writable folder"):
+    with pytest.raises(OutputPathError, match="/proc/x_workdir is not a writable folder"):
         writable_folder("/proc/x_workdir")  # /proc refuses new entries, even to root
     assert writable_folder(str(tmp_path / "new" / "run")) == str(tmp_path / "new" / "run")
     assert (tmp_path / "new" / "run").is_dir()
@@ -747,7 +759,7 @@ def test_an_empty_workdir_is_refused_not_the_current_directory(tmp_path, monkeyp
     """`--workdir=$RUN` with RUN unset: os.path.abspath("") is the current directory, where
     the run would have gone."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(OutputPathError) as caught:
         train(tiny_run(), "")
     assert str(caught.value) == "--workdir is empty (an unset shell variable?); name a folder"
     assert os.listdir(tmp_path) == []

@@ -1,6 +1,7 @@
 """translate.py and evaluate.py on a tiny trained run; checkpoint averaging; parameters
 restored without the optimizer; BLEU while training."""
 
+import dataclasses
 import errno
 import importlib.util
 import json
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -32,7 +34,7 @@ from transformer_jax.optim import optimizer_from_config
 from transformer_jax.trainer import train
 from transformer_jax.attention import attention_weights
 from transformer_jax.token_ids import PAD_ID
-from transformer_jax.train_state import abstract_train_state
+from transformer_jax.train_state import abstract_train_state, init_params
 from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
                                       write_whole)
 from transformer_jax.translation import (TranslationError, Translator, check_setting,
@@ -427,36 +429,94 @@ def test_attention_maps_are_the_weights_of_the_layers_own_queries_and_keys(workd
                                rtol=1e-5, atol=1e-6)
 
 
-def test_evaluate_writes_hypotheses_and_scores(workdir_copy):
+def test_evaluate_writes_hypotheses_references_and_scores(workdir_copy):
+    """The hypotheses and the references they were scored against, line by line; the scores
+    and both signatures; a beam size other than the run's in the results' name."""
     result = run("evaluate.py", f"--workdir={workdir_copy}", "--split=validation",
-                 "--beam_size=2")
+                 "--beam_size=2", "--batch_size=3")
     assert result.returncode == 0, result.stderr
-    assert "sacreBLEU signature: nrefs:1|case:mixed" in result.stdout
-    record = json.loads((workdir_copy / "eval" / "validation-4.json").read_text())
-    hypotheses = (workdir_copy / "eval" / "validation-4.hyp.txt").read_text(
-        encoding="utf-8").splitlines()
+    stem = workdir_copy / "eval" / "validation-4-beam2"
+    record = json.loads(stem.with_suffix(".json").read_text())
+    hypotheses = stem.with_suffix(".hyp.txt").read_text(encoding="utf-8").splitlines()
     references = [p["target"] for p in load_split(tiny_run().data, "validation").pairs]
-    assert len(hypotheses) == len(references) == record["sentences"]
+    chrf = sacrebleu.CHRF()
+    chrf.corpus_score(hypotheses, [references])  # its signature needs a score first
+    chrf_signature = str(chrf.get_signature())
+    assert f"chrF {chrf_signature}\n" in result.stdout and "|nc:6|nw:0|" in chrf_signature
+    assert "sacreBLEU signatures: BLEU nrefs:1|case:mixed" in result.stdout
+    assert stem.with_suffix(".ref.txt").read_text(encoding="utf-8").splitlines() == references
+    assert len(hypotheses) == record["sentences"] and record["skipped_empty"] == 0
     assert record["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    assert record["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)
+    assert record["chrf_signature"] == chrf_signature
     assert record["beam_size"] == 2 and record["direction"] == "de-en" and record["step"] == 4
+    assert record["batch_size"] == 3
     assert record["sentences_per_sec"] > 0
 
 
 def test_evaluate_names_the_averaged_checkpoints(workdir_copy):
     """--checkpoint=average:2 averages steps 2 and 4, says so, and files the result under its
-    own name, not as step 4's; the deprecated --average_last cannot be given beside it."""
+    own name, not as step 4's; the deprecated --average_last cannot be given beside
+    --checkpoint, even beside --checkpoint=latest."""
     result = run("evaluate.py", f"--workdir={workdir_copy}", "--split=validation",
-                 "--checkpoint=average:2", "--beam_size=1")
+                 "--checkpoint=average:2", "--beam_size=1", "--alpha=0.5",
+                 "--max_extra_length=7")
     assert result.returncode == 0, result.stderr
-    assert "sentences, steps 2, 4 averaged): BLEU" in result.stdout
-    record = json.loads((workdir_copy / "eval" / "validation-4-average2.json").read_text())
+    assert "sentences, the average of checkpoints 2, 4): BLEU" in result.stdout
+    stem = workdir_copy / "eval" / "validation-4-average2-beam1-alpha0.5-extra7"
+    record = json.loads(Path(f"{stem}.json").read_text())
     assert record["checkpoints"] == [2, 4] and record["beam_size"] == 1
-    assert (workdir_copy / "eval" / "validation-4-average2.hyp.txt").exists()
-    both = run("evaluate.py", f"--workdir={workdir_copy}", "--checkpoint=2",
-               "--average_last=2")
-    assert both.returncode == 1
-    assert both.stderr.strip() == ("error: give --checkpoint or the deprecated --average_last, "
-                                   "not both")
+    assert record["alpha"] == 0.5 and record["max_extra_length"] == 7
+    assert Path(f"{stem}.hyp.txt").exists()
+    for given in ("--checkpoint=2", "--checkpoint=latest"):
+        both = run("evaluate.py", f"--workdir={workdir_copy}", given, "--average_last=2")
+        assert both.returncode == 1
+        assert both.stderr.strip() == ("error: give --checkpoint or the deprecated "
+                                       "--average_last, not both")
+
+
+def with_folder_test_split(workdir, corpus, pairs) -> None:
+    """`workdir`'s checkpoints pointed at `corpus` (a `folder:` dataset) whose test split is
+    `pairs` (German, English); its other splits hold one pair each."""
+    corpus.mkdir()
+    for split, chosen in (("train", [("eins", "one")]), ("validation", [("zwei", "two")]),
+                          ("test", pairs)):
+        for side, lang in ((0, "de"), (1, "en")):
+            (corpus / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in chosen),
+                                                    encoding="utf-8")
+    for path in (workdir / "checkpoints").glob("*/metadata/metadata"):
+        metadata = json.loads(path.read_text())
+        metadata["config"]["data"]["dataset"] = f"folder:{corpus}"
+        path.write_text(json.dumps(metadata))
+
+
+def test_evaluate_skips_pairs_with_an_empty_side_and_says_how_many(workdir_copy, tmp_path):
+    """Blank pairs are not scored: their number is printed and recorded, and the references
+    written beside the hypotheses are the pairs scored, so the two files line up. A split
+    with nothing to score is one line, and no results folder is made."""
+    pairs = [("dreihundert", "three hundred"), ("", "lost"), ("zwei", "two"),
+             ("vier", "  "), ("zwei", "two")]
+    with_folder_test_split(workdir_copy, tmp_path / "corpus", pairs)
+    result = run("evaluate.py", f"--workdir={workdir_copy}", "--beam_size=1")
+    assert result.returncode == 0, result.stderr
+    assert "de-en test (3 sentences; 2 with an empty side skipped, checkpoint 4): BLEU" \
+        in result.stdout
+    stem = workdir_copy / "eval" / "test-4-beam1"
+    references = stem.with_suffix(".ref.txt").read_text(encoding="utf-8").splitlines()
+    hypotheses = stem.with_suffix(".hyp.txt").read_text(encoding="utf-8").splitlines()
+    assert references == ["three hundred", "two", "two"] and len(hypotheses) == 3
+    record = json.loads(stem.with_suffix(".json").read_text())
+    assert record["sentences"] == 3 and record["skipped_empty"] == 2
+    assert record["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+
+    empty = tmp_path / "empty_run"
+    shutil.copytree(workdir_copy, empty, ignore=shutil.ignore_patterns("eval"))
+    with_folder_test_split(empty, tmp_path / "blank_corpus", [("", "one"), (" ", " ")])
+    nothing = run("evaluate.py", f"--workdir={empty}")
+    assert nothing.returncode == 1
+    assert nothing.stderr.strip() == ("error: the test split has no pairs with text on both "
+                                      "sides (2 with an empty side)")
+    assert not (empty / "eval").exists()
 
 
 def test_search_settings_default_to_the_runs_decode_group(workdir):
@@ -626,20 +686,20 @@ def test_translate_output_on_a_full_disk_is_one_line_and_no_file(workdir, tmp_pa
 
 
 def test_evaluate_on_a_full_disk_prints_the_scores_and_keeps_earlier_results(workdir_copy):
-    """The scores reach stdout; the two result files are not written (one line names the
+    """The scores reach stdout; the three result files are not written (one line names the
     first, exit 1), and an earlier result of the same name stays as it was."""
     eval_dir = workdir_copy / "eval"
     eval_dir.mkdir(exist_ok=True)
-    (eval_dir / "validation-4.json").write_text('{"bleu": "earlier"}')
+    (eval_dir / "validation-4-beam1.json").write_text('{"bleu": "earlier"}')
     result = run("evaluate.py", f"--workdir={workdir_copy}", "--split=validation",
                  "--beam_size=1", max_file_size=100)
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert "sentences, step 4): BLEU" in result.stdout
-    hypotheses = eval_dir / "validation-4.hyp.txt"
+    assert "sentences, checkpoint 4): BLEU" in result.stdout
+    hypotheses = eval_dir / "validation-4-beam1.hyp.txt"
     assert result.stderr.strip().splitlines()[-1] == (f"error: cannot write {hypotheses}: "
                                                        "File too large")
-    assert sorted(p.name for p in eval_dir.iterdir()) == ["validation-4.json"]
-    assert (eval_dir / "validation-4.json").read_text() == '{"bleu": "earlier"}'
+    assert sorted(p.name for p in eval_dir.iterdir()) == ["validation-4-beam1.json"]
+    assert (eval_dir / "validation-4-beam1.json").read_text() == '{"bleu": "earlier"}'
 
 
 def test_ctrl_c_in_translate_is_one_line_and_no_output(workdir, tmp_path):
@@ -788,3 +848,25 @@ def test_write_stdout_reports_a_reader_that_went_away(monkeypatch):
     sys.stdout.write("more")
     sys.stdout.flush()  # /dev/null takes it
     sys.stdout.close()
+
+
+def test_a_source_longer_than_a_learned_position_table_is_named_before_any_search(workdir):
+    """A model of learned positions has no encoding past its table's rows: a longer source
+    is a TranslationError naming it, before any search (not a shape error inside one); the
+    sources that fit translate."""
+    trained = Translator.from_workdir(str(workdir))
+    config = dataclasses.replace(trained.model.config, positional_encoding="learned",
+                                 max_length=6)
+    model = Transformer(config)
+    translator = dataclasses.replace(trained, model=model,
+                                     params=init_params(model, jax.random.key(0)))
+    long = "dreihundertzweiundvierzigtausendsiebenhundertelf"
+    length = len(trained.tokenizer.encode_batch([long], add_eos=True)[0])
+    assert length > 6
+    with pytest.raises(TranslationError) as error:
+        translator.translate(["null", long], beam_size=1)
+    assert str(error.value) == (
+        f"sentence 2 has {length} tokens, more than the 6 rows of the model's learned "
+        f"position table (1 sentence(s) too long); split it, or train with a larger "
+        f"config.model.max_length")
+    assert len(translator.translate(["null", "eins"], beam_size=1)) == 2

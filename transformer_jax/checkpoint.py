@@ -357,12 +357,18 @@ class Checkpointer:
 
     def _restore_position(self, step: int, data_iterator) -> None:
         """Moves `data_iterator` to `step`'s saved position, or raises DataPositionError:
-        no data_iterator item (a checkpoint of an older version), or a whole JSON file the
+        no data_iterator item (a checkpoint of an older version), positions saved by
+        another number of processes (each process saves its own), or a whole JSON file the
         iterator refuses (another kind of iterator's). A missing or broken file is damage."""
         where = f"{self.directory}/{step}"
         if not os.path.isdir(os.path.join(where, _DATA)):
             raise DataPositionError(step, where, f"it has no {_DATA} item (it is from an "
                                                  f"older version)")
+        if counts := self._other_process_counts(step):
+            saved = " and ".join(map(str, counts)) + (" process" if counts == [1] else
+                                                       " processes")
+            raise DataPositionError(step, where, f"its data positions were saved by {saved}, "
+                                                 f"this run has {jax.process_count()}")
         try:
             self._manager.restore(int(step), args=ocp.args.Composite(
                 **{_DATA: grain.checkpoint.CheckpointRestore(data_iterator)}))
@@ -371,6 +377,14 @@ class Checkpointer:
                 raise
             raise DataPositionError(step, where, f"the data iterator cannot take its saved "
                                                  f"position ({_cause(error)})") from None
+
+    def _other_process_counts(self, step: int) -> list[int]:
+        """The process counts of `step`'s data-position files when none is this run's
+        (`_position_file`'s name: "process_K-of-N.json"); [] when this run's is there."""
+        folder = os.path.dirname(self._position_file(step))
+        counts = {int(match[1]) for name in os.listdir(folder)
+                  if (match := re.fullmatch(r"process_\d+-of-(\d+)\.json", name))}
+        return [] if jax.process_count() in counts else sorted(counts)
 
     def _position_file(self, step: int) -> str:
         """This process's data-iterator file of `step`, as grain's handler names it."""

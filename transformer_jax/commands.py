@@ -136,3 +136,15 @@ def write_stdout(text: str, chars: int = 1024) -> None:
     except OSError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise
+
+
+def write_stdout_and_go_on(text: str) -> None:
+    """`text` to stdout (`write_stdout`), where a failed write does not stop the command (the
+    files it goes on to write still matter): a reader that went away (`| head`) is quiet,
+    any other write error one warning on stderr."""
+    try:
+        write_stdout(text)
+    except BrokenPipeError:
+        pass
+    except OSError as error:
+        print(f"warning: cannot write to stdout: {error.strerror or error}", file=sys.stderr)

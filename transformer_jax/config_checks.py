@@ -1,12 +1,9 @@
 """A run config's values checked before anything is read or compiled, each error naming its key.
 
     check_config(config)         # raises ConfigError("config.decode.beam_size must be ...")
-    writable_folder("runs/x")    # the absolute path, created; ConfigError unless writable
 """
 
 import dataclasses
-import os
-import tempfile
 
 from transformer_jax.attention import cudnn_unsupported, xla_unsupported
 from transformer_jax.data.numbers import CONFIG_SIZES as NUMBERS_SIZES
@@ -173,21 +170,3 @@ def _require_choice(config, key: str, choices) -> None:
     if value not in choices:
         raise ConfigError(f"config.{key} must be one of {', '.join(map(repr, choices))}, "
                           f"got {value!r}")
-
-
-def writable_folder(path: str, what: str = "--workdir") -> str:
-    """`path` made absolute and created; a ConfigError naming `what` unless it is a writable
-    folder (checked before any work whose results would go there)."""
-    if not path:  # os.path.abspath("") is the current directory
-        raise ConfigError(f"{what} is empty (an unset shell variable?); name a folder")
-    path = os.path.abspath(path)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(f"{what} {path} is a file, not a folder")
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as error:
-        raise ConfigError(f"{what} {path} is not a writable folder: "
-                          f"{error.strerror or error}") from None
-    return path

@@ -46,6 +46,8 @@ class ModelConfig:
                      "dropout_bits"):  # stored as Python ints, NumPy's included
             object.__setattr__(self, name, positive_int(f"ModelConfig.{name}", getattr(self, name)))
         _require(self.vocab_size >= 2, "vocab_size", "must be at least 2", self.vocab_size)
+        _require(self.vocab_size < 2**31, "vocab_size", "must be below 2**31 (ids are int32)",
+                 self.vocab_size)
         _require(
             self.d_model % self.num_heads == 0,
             "d_model",

@@ -11,14 +11,12 @@ Either way each process feeds the rows it read itself (its data shard).
 """
 
 import functools
-import os
 
 import flax.jax_utils
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from transformer_jax import processes
 
 STRATEGIES = ("pmap", "sharded")
 AXIS = "batch"  # the pmap axis name the steps sum over
@@ -118,41 +116,3 @@ class Parallel:
         if self.strategy == "pmap":
             metrics = jax.tree.map(lambda x: x[0], metrics)
         return {name: float(value) for name, value in jax.device_get(metrics).items()}
-
-
-# A process that stops answering is declared dead between half of HEARTBEAT_TIMEOUT_S
-# and all of it, and JAX then aborts every other process from C++ (JAX's default: 100 s).
-# A collective waiting for it fails sooner, in Python, after COLLECTIVE_TIMEOUT_S (XLA's
-# default: 30 min), and that is said in one line.
-HEARTBEAT_TIMEOUT_S = 300
-COLLECTIVE_TIMEOUT_S = 60
-
-
-def with_collective_timeout(xla_flags: str, seconds: int = COLLECTIVE_TIMEOUT_S) -> str:
-    """`xla_flags` (the XLA_FLAGS variable) with a timeout for CPU collectives, unless
-    they set one."""
-    if "--xla_cpu_collective_timeout_seconds" in xla_flags:
-        return xla_flags
-    return f"{xla_flags} --xla_cpu_collective_timeout_seconds={seconds}".strip()
-
-
-def initialize_processes(coordinator_address=None, num_processes=None, process_id=None) -> None:
-    """Joins a run of several processes (JAX's multi-controller runtime); no-op for one.
-
-    With no arguments JAX reads the cluster environment (SLURM, Cloud TPU, ...),
-    if any. On CPUs the processes sum over gloo, and a collective waits at most
-    COLLECTIVE_TIMEOUT_S for the others (`--xla_cpu_collective_timeout_seconds=N` in
-    XLA_FLAGS sets another). From then on an uncaught exception ends the process at
-    once, in one line if a peer was lost (`processes.end_at_once_on_errors`).
-    """
-    if num_processes is None and coordinator_address is None:
-        return
-    if num_processes == 1:
-        return
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    # Read when the backend starts, which jax.distributed.initialize must precede.
-    os.environ["XLA_FLAGS"] = with_collective_timeout(os.environ.get("XLA_FLAGS", ""))
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id,
-                               heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
-    processes.end_at_once_on_errors()

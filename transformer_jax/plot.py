@@ -2,9 +2,10 @@
 
     python -m transformer_jax.plot WORKDIR [WORKDIR ...] [--output=FILE.png]
 
-draws one run, or several on one figure (one colour per run), from their metrics.jsonl.
-A run also draws its own WORKDIR/curves.png at each evaluation and at its end (run_log.py).
-matplotlib is imported only to draw (Agg, no display): importing this module is cheap.
+draws one run, or up to 10 on one figure (one colour per run, no wall-time axis), from
+their metrics.jsonl. A run also draws its own WORKDIR/curves.png at each evaluation and at
+its end (run_log.py). matplotlib is imported only to draw (Agg, no display): importing
+this module is cheap.
 """
 
 import argparse
@@ -17,12 +18,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from transformer_jax.atomic_file import atomic_write
+from transformer_jax.commands import interrupt_in_one_line
+from transformer_jax.output_paths import OutputPathError, writable_file
 
 METRICS = "metrics.jsonl"
 CURVES = "curves.png"
 ELAPSED = "elapsed_s"  # the records' wall time: see RunLog
 PANEL_INCHES = (5.0, 4.2)  # one panel's width and height; the figure is panels wide
 DPI = 100
+MAX_RUNS = 10  # matplotlib's colour cycle: an 11th run would take the 1st run's colour
 
 Run = tuple[str, Sequence[dict]]  # a run's name and its records
 
@@ -66,9 +70,10 @@ PANELS = (
 
 def parse_records(text: str, path: str) -> list[dict]:
     """The records of a metrics.jsonl's text. A half-written last line (a run stopped while
-    writing it) is skipped with a one-line warning; any other bad line is a MetricsError."""
+    writing it: no newline after it) is skipped with a one-line warning; any other bad line
+    is a MetricsError."""
     lines = text.splitlines()
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    last = len(lines) - 1 if text and not text.endswith("\n") else -1
     records = []
     for i, line in enumerate(lines):
         if not line.strip():
@@ -80,8 +85,11 @@ def parse_records(text: str, path: str) -> list[dict]:
                 print(f"warning: {path}: skipped its half-written last line", file=sys.stderr)
                 continue
             raise MetricsError(f"{path}, line {i + 1}: not a JSON record") from None
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        if not isinstance(record, dict) or "step" not in record:
             raise MetricsError(f"{path}, line {i + 1}: a record without a step")
+        if not isinstance(record["step"], int) or isinstance(record["step"], bool):
+            raise MetricsError(f"{path}, line {i + 1}: its step is not an integer "
+                               f"({record['step']!r})")
         records.append(record)
     return records
 
@@ -93,6 +101,8 @@ def read_records(path: str) -> list[dict]:
             text = f.read()
     except FileNotFoundError:
         raise MetricsError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise MetricsError(f"{path} is a folder, not a file") from None
     except (OSError, UnicodeDecodeError) as error:
         raise MetricsError(f"{path}: cannot read it ({error})") from None
     return parse_records(text, path)
@@ -100,11 +110,15 @@ def read_records(path: str) -> list[dict]:
 
 def load_run(workdir: str) -> list[dict]:
     """The records of a training run's WORKDIR, at least one."""
-    if not os.path.isdir(workdir):
+    if not os.path.exists(workdir):
         raise MetricsError(f"{workdir}: no such folder")
+    if not os.path.isdir(workdir):
+        raise MetricsError(f"{workdir} is a file, not a training run's folder")
     path = os.path.join(workdir, METRICS)
     if not os.path.exists(path):
         raise MetricsError(f"{workdir} holds no {METRICS} (is it a training run's --workdir?)")
+    if not os.path.isfile(path) and not os.path.isdir(path):  # a FIFO would wait for a writer
+        raise MetricsError(f"{path} is not a regular file")
     records = read_records(path)
     if not records:
         raise MetricsError(f"{path} holds no records yet")
@@ -122,9 +136,11 @@ def run_names(workdirs: Sequence[str]) -> list[str]:
 # -- the data drawn ------------------------------------------------------------------------
 
 def series(records: Sequence[dict], key: str) -> np.ndarray:
-    """(step, value) rows of the records that carry `key`, in their order: `(n, 2)`."""
-    rows = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
-    return np.array(rows, dtype=np.float64).reshape(-1, 2)
+    """(step, value) rows of the records that carry `key`, by step: `(n, 2)`. Where a step
+    has several (a file that holds the steps a resumed run did again), its last one."""
+    by_step = {r["step"]: r[key] for r in records if isinstance(r.get(key), (int, float))
+               and not isinstance(r.get(key), bool)}
+    return np.array(sorted(by_step.items()), dtype=np.float64).reshape(-1, 2)
 
 
 def wall_time(records: Sequence[dict]) -> np.ndarray:
@@ -202,8 +218,9 @@ def _draw_series(ax, s: Series, index: int, name: str, records, several: bool) -
     if not len(rows):
         return False
     label = s.label if several else f"{s.label} (last {rows[-1, 1]:.4g})"
+    marker = s.marker or ("o" if len(rows) == 1 else "")  # one point: no line to see
     ax.plot(rows[:, 0], rows[:, 1], color=f"C{index}" if several else s.color,
-            linestyle=s.linestyle, marker=s.marker, markersize=4, linewidth=1.6,
+            linestyle=s.linestyle, marker=marker, markersize=4, linewidth=1.6,
             label=label, gid=f"{name}:{s.key}")
     return True
 
@@ -228,7 +245,8 @@ def _style_panel(ax, panel: Panel, drawn: list[Series], several: bool) -> None:
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         legend_at = "upper right"
     elif key == "learning_rate":  # tiny numbers: 2.5e-04 on each tick, not an offset
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.1e}" if v else "0"))
+        ax.yaxis.set_major_formatter(FuncFormatter(
+            lambda v, _: np.format_float_scientific(v, precision=3, trim="-") if v else "0"))
         ax.set_ylim(bottom=0)
     elif key == "eval_bleu":  # the whole scale: a 99.1 against a 99.8 is no cliff
         top = max(line.get_ydata().max() for line in ax.get_lines())
@@ -288,7 +306,8 @@ def _title(figure, runs: Sequence[Run]) -> None:
     def summary(records):
         times = [r[ELAPSED] for r in records if isinstance(r.get(ELAPSED), (int, float))]
         last = max(r["step"] for r in records)
-        return f"{last:,} steps" + (f", {_duration(max(times))}" if times else "")
+        steps = f"{last:,} step{'s' if last != 1 else ''}"
+        return steps + (f", {_duration(max(times))}" if times else "")
 
     if len(runs) == 1:
         name, records = runs[0]
@@ -301,11 +320,11 @@ def _title(figure, runs: Sequence[Run]) -> None:
                   frameon=False)
 
 
-def save_png(figure, path: str) -> None:
-    """Writes the figure as a PNG, whole or not at all (`atomic_write`): a reader never sees
-    half a file."""
+def save_png(figure, path: str, dpi: float | None = None) -> None:
+    """Writes the figure as a PNG (at `dpi`; None: the figure's), whole or not at all
+    (`atomic_write`): a reader never sees half a file."""
     with atomic_write(path, "wb") as f:
-        figure.savefig(f, format="png")
+        figure.savefig(f, format="png", dpi=dpi)
 
 
 def write_curves(path: str, runs: Sequence[Run]) -> None:
@@ -316,30 +335,45 @@ def write_curves(path: str, runs: Sequence[Run]) -> None:
 # -- the command line ----------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Checks the command line, reads the runs, draws them and writes the PNG."""
     parser = argparse.ArgumentParser(
-        prog="python -m transformer_jax.plot",
-        description="Draw the learning curves of training runs from their metrics.jsonl.")
-    parser.add_argument("workdirs", nargs="+", metavar="WORKDIR", help="a run's --workdir")
+        prog="python -m transformer_jax.plot", formatter_class=argparse.RawTextHelpFormatter,
+        description="Draw the learning curves of training runs from their metrics.jsonl: the "
+                    "loss (training and\nvalidation), BLEU and chrF, and the learning rate "
+                    "against step; one run also gets\nits wall time on a second axis.",
+        epilog="e.g. python -m transformer_jax.plot runs/base runs/big --output=compare.png")
+    parser.add_argument("workdirs", nargs="+", metavar="WORKDIR",
+                        help=f"a run's --workdir (at most {MAX_RUNS})")
     parser.add_argument("--output", metavar="FILE.png",
                         help=f"default: WORKDIR/{CURVES} for one run, ./{CURVES} for several")
     args = parser.parse_args(argv)
-    if args.output and not args.output.lower().endswith(".png"):
+    if args.output is not None and not args.output.lower().endswith(".png"):
         parser.error(f"--output needs a .png file name, got {args.output!r}")
-    output = args.output or (os.path.join(args.workdirs[0], CURVES) if len(args.workdirs) == 1
-                             else CURVES)
+    if len(args.workdirs) > MAX_RUNS:
+        parser.error(f"{len(args.workdirs)} runs: at most {MAX_RUNS} fit one figure, one "
+                     f"colour each")
+    real = [os.path.realpath(w) for w in args.workdirs]
+    if twice := next((w for w, r in zip(args.workdirs, real) if real.count(r) > 1), None):
+        parser.error(f"{twice} is given twice (two names of one folder); give each run once")
+    target = (args.output if args.output is not None else
+              os.path.join(args.workdirs[0], CURVES) if len(real) == 1 else CURVES)
     try:
         runs = list(zip(run_names(args.workdirs), map(load_run, args.workdirs)))
+        output = writable_file(target, "--output")
         figure = curves_figure(runs)
-    except MetricsError as error:
+    except (MetricsError, OutputPathError) as error:
         return _fail(str(error))
     except ImportError as error:
         return _fail(f"drawing needs matplotlib ({error}): pip install 'matplotlib>=3.8'")
+    for name, records in runs:
+        if not any(len(series(records, s.key)) for p in PANELS for s in p.series):
+            print(f"warning: {name} has no loss, BLEU, chrF or learning rate to draw",
+                  file=sys.stderr)
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)  # as --plot's
         save_png(figure, output)
     except OSError as error:
         return _fail(f"cannot write {output}: {error.strerror or error}")
-    print(f"wrote {output}")
+    print(f"wrote {target}")
     return 0
 
 
@@ -349,4 +383,5 @@ def _fail(message: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with interrupt_in_one_line():
+        sys.exit(main())

@@ -26,10 +26,13 @@ def batch_rows(config, num_local_devices: int) -> int:
     longest = max(d.max_source_length, d.max_target_length)
     rows = budget_rows(tokens, longest, multiple)
     if not rows:
+        each = (f" in each of {jax.process_count()} processes" if jax.process_count() > 1
+                else "")
+        why = (f"{num_local_devices} device{'s' * (num_local_devices > 1)} × "
+               f"{config.accumulation_steps} micro-batch"
+               f"{'es' * (config.accumulation_steps > 1)}")
         raise ConfigError(f"config.data.tokens_per_batch={d.tokens_per_batch} holds no "
-                          f"{multiple} rows of {longest} tokens in each of "
-                          f"{jax.process_count()} processes ({num_local_devices} devices x "
-                          f"{config.accumulation_steps} micro-batches each); raise it")
+                          f"{multiple} rows of {longest} tokens{each} ({why}); raise it")
     return rows
 
 

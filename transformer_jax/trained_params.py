@@ -35,6 +35,14 @@ class TrainedParams(NamedTuple):
     params: dict
 
 
+def checkpoints_named(steps: list[int]) -> str:
+    """"checkpoint 500", or "the average of checkpoints 300, 400, 500": the parameters in
+    use, as the commands name them."""
+    if len(steps) == 1:
+        return f"checkpoint {steps[0]}"
+    return f"the average of checkpoints {', '.join(map(str, steps))}"
+
+
 def chosen_steps(steps: list[int], which: str) -> list[int]:
     """The steps among the saved `steps` (ascending) that `which` names."""
     if which == "latest":

@@ -48,12 +48,13 @@ import jax
 
 from transformer_jax.bleu import score
 from transformer_jax.checkpoint import Checkpointer, DataPositionError, StateMismatchError
-from transformer_jax.config_checks import ConfigError, check_config, writable_folder
+from transformer_jax.config_checks import ConfigError, check_config
 from transformer_jax.data import eval_batches, load_split, prepare
 from transformer_jax.data.vocabulary import CHECKPOINT_TOKENIZER_KEY, tokenizer_path
 from transformer_jax.metrics_window import MetricsWindow
 from transformer_jax.model import Transformer
 from transformer_jax.optim import optimizer_from_config
+from transformer_jax.output_paths import writable_folder
 from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
 from transformer_jax import processes, provenance
@@ -103,11 +104,14 @@ def train(config, workdir: str, *, launched: float | None = None) -> TrainResult
     """
     check_config(config)
     workdir = writable_folder(workdir)
-    # One run per workdir; in a multi-host run, process 0 holds the lock for all.
-    lock = workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
     # From here on: while data is read and the step compiles too.
     started = time.monotonic()
-    with StopSignal() as stop, lock:
+    with StopSignal() as stop, contextlib.ExitStack() as held:
+        # One run per workdir; in a run of several processes, process 0 holds the lock for
+        # all, and the others learn from it when it cannot (they would wait for it forever).
+        processes.first_then_others(
+            lambda: held.enter_context(workdir_lock(workdir)) if jax.process_index() == 0
+            else None, "lock the workdir", quiet=True)
         return _train(config, workdir, stop, (launched, started))
 
 
@@ -120,6 +124,7 @@ def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult
         raise ConfigError(f"config.model.layer_norm_implementation='pallas' runs on one "
                           f"device's rows; with parallelism='sharded' over {parallel.mesh.size} "
                           f"devices use parallelism='pmap' or layer_norm_implementation='xla'")
+    batch_rows(config, parallel.num_local_devices)  # a budget too small: said before the data
     # Process 0 trains the tokenizer and prepares the splits; the others wait for it, as long
     # as it takes, then open them.
     tokenizer, splits = processes.first_then_others(lambda: prepare(config.data, workdir),

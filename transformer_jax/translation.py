@@ -21,7 +21,7 @@ import numpy as np
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.vocabulary import other_tokenizer, tokenizer_path
 from transformer_jax.model import Transformer
-from transformer_jax.predict import predict
+from transformer_jax.predict import position_rows, predict
 from transformer_jax.run_config import SEARCH_SETTINGS, decode_fields
 from transformer_jax.trained_params import CheckpointChoiceError, load_trained_params
 
@@ -85,7 +85,8 @@ class Translator:
         rows and no more rows than it has sentences (rounded up to a power of two, so few
         shapes compile; `predict.predict`). A sentence of more than `max_input_length`
         tokens (EOS included; None: no limit) is a TranslationError before any search:
-        the search's memory grows with the input's length times its output's.
+        the search's memory grows with the input's length times its output's. So is one
+        longer than a learned position table (`predict.position_rows`).
         """
         search = self.search_settings(beam_size=beam_size, alpha=alpha,
                                       max_extra_length=max_extra_length)
@@ -93,6 +94,9 @@ class Translator:
         max_input_length = check_setting("max_input_length", max_input_length)
         ids = self.tokenizer.encode_batch(sentence_list(sentences), add_eos=True)
         check_lengths(ids, max_input_length)
+        check_lengths(ids, position_rows(self.model.config),
+                      limit="the {} rows of the model's learned position table",
+                      advice="split it, or train with a larger config.model.max_length")
         outputs = predict(self.model, self.params, ids, batch_size=batch_size,
                           progress=progress, **search)
         return self.tokenizer.decode_batch(outputs)

@@ -5,9 +5,17 @@ python -m transformer_jax.benchmark decode [--dtypes=float32,bfloat16] [--search
                                           [--vary FIELD=V1,V2 ...]
 python -m transformer_jax.benchmark decode --peers [--workdir=DIR]"""
 
+import signal
+
+# Ctrl-C while JAX is imported ends the command at once and quietly, as it would a C
+# program; from main on, interrupt_in_one_line says so in one line (as translate.py).
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 import argparse
 import glob
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -15,14 +23,15 @@ from transformer_jax import profiling
 from transformer_jax.benchmark import SUITES, machine, report, timing
 from transformer_jax.benchmark.decode import beam_size
 from transformer_jax.benchmark.model import chosen_cases, parse_vary
-from transformer_jax.config_checks import ConfigError, writable_folder
+from transformer_jax.commands import interrupt_in_one_line, write_stdout_and_go_on
 from transformer_jax.model_config import DTYPES
+from transformer_jax.output_paths import OutputPathError, writable_file, writable_folder
 
 
 def parse_args(argv):
-    """The command line's arguments, each checked before any suite runs (a bad one is one
-    line from argparse, exit status 2): the flags fit the suite, their lists parse, and the
-    output files can be written."""
+    """The command line's arguments, each checked before any suite runs (a bad one is
+    argparse's usage and one line, exit status 2): the flags fit the suite, their lists
+    parse, and the output files can be written."""
     parser = _parser()
     args = parser.parse_args(argv)
     _check_flags_fit_the_suite(parser, args)
@@ -75,13 +84,19 @@ def _parser() -> argparse.ArgumentParser:
 def _check_flags_fit_the_suite(parser, args) -> None:
     if args.peers and args.suite != "decode":
         parser.error("--peers is for the decode suite")
-    if (args.models or args.loss_chunks) and args.suite != "model":
+    if (args.models is not None or args.loss_chunks is not None) and args.suite != "model":
         parser.error("--models and --loss-chunks are for the model suite")
-    for flag in ("vary", "dtypes"):
-        if getattr(args, flag) and (args.suite not in ("model", "decode") or args.peers):
-            parser.error(f"--{flag} is for the model and decode suites")
-    if args.searches and (args.suite != "decode" or args.peers):
-        parser.error("--searches is for the decode suite")
+    for flag, suites in (("vary", ("model", "decode")), ("dtypes", ("model", "decode")),
+                         ("searches", ("decode",))):
+        if getattr(args, flag) not in (None, []) and args.suite not in suites:
+            parser.error(f"--{flag} is for the {' and '.join(suites)} suite"
+                         + ("s" if len(suites) > 1 else ""))
+        if getattr(args, flag) not in (None, []) and args.peers:
+            parser.error(f"--{flag} is not for decode --peers, which times one search of "
+                         f"its own")
+    if args.profile is not None and args.suite == "pipeline":
+        parser.error("--profile traces compiled calls; the pipeline suite times the input "
+                     "pipeline on the host")
     if args.workdir is not None and not args.peers:
         parser.error("--workdir is for decode --peers")
     if args.workdir is not None and args.quick:
@@ -93,9 +108,9 @@ def _check_flags_fit_the_suite(parser, args) -> None:
 def _parse_lists(parser, args) -> None:
     """--models, --dtypes, --searches, --loss-chunks and --vary as lists and values, in place;
     the models and every combination of --vary checked against what the backend times."""
-    args.models = args.models.split(",") if args.models else None
-    args.dtypes = _dtypes(parser, args.dtypes) if args.dtypes else None
-    args.searches = tuple(args.searches.split(",")) if args.searches else None
+    args.models = _names(parser, "--models", args.models)
+    args.dtypes = None if args.dtypes is None else _dtypes(parser, args.dtypes)
+    args.searches = _names(parser, "--searches", args.searches)
     for search in args.searches or ():
         try:
             beam_size(search)
@@ -117,16 +132,24 @@ def _check_outputs(parser, args) -> None:
         print(f"note: --vary {', '.join(replaced)} replaces what --profile compiles with "
               f"({profiling.TRACEABLE}): on a GPU, its profile by part may then show CUDA "
               f"graphs rather than the model's parts", file=sys.stderr)
-    if args.plot and not args.plot.lower().endswith(".png"):
+    if args.plot is not None and not args.plot.lower().endswith(".png"):
         parser.error(f"--plot needs a .png file name, got {args.plot!r}")
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path and (why := _unwritable(path)):
-            parser.error(f"{flag}={path}: {why}")
-    if args.profile:
-        try:
-            writable_folder(args.profile, "--profile")
-        except ConfigError as error:
-            parser.error(str(error))
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib: pip install 'transformer_jax[bench]'")
+    try:
+        if args.json is not None:
+            args.json = writable_file(args.json, "--json")
+        if args.plot is not None:
+            args.plot = writable_file(args.plot, "--plot")
+        if args.profile is not None:
+            args.profile = writable_folder(args.profile, "--profile")
+    except OutputPathError as error:
+        parser.error(str(error))
+    if args.json is not None and args.json == args.plot:
+        parser.error(f"--json and --plot name one file, {args.json}; give each its own")
+    if args.profile is not None and os.listdir(args.profile):
+        parser.error(f"--profile {args.profile} is not empty; give a new folder (its "
+                     f"summary would add the traces already there)")
 
 
 def _loss_chunks(parser, text: str) -> tuple[int, ...]:
@@ -150,66 +173,78 @@ def _dtypes(parser, text: str) -> tuple[str, ...]:
     return dtypes
 
 
-def _unwritable(path: str) -> str:
-    """Why a file cannot be written at `path` ("" if it can); makes its folder."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return "is a folder; give a file name"
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as error:
-        return f"cannot make its folder {folder} ({error.strerror})"
-    return "" if os.access(folder, os.W_OK) else f"cannot write into {folder}"
+def _names(parser, flag: str, text: str | None) -> tuple[str, ...] | None:
+    """("base", "big") from "base,big"; None when the flag is not given. An empty name
+    ("base,", or "" from an unset shell variable) is a usage error."""
+    if text is None:
+        return None
+    names = tuple(text.split(","))
+    if not all(names):
+        parser.error(f"{flag}={text!r} holds an empty name; give names separated by commas")
+    return names
 
 
 def main(argv=None) -> int:
+    """Runs the suite the command line names, prints its table and notes, then writes the
+    --json and --plot files and the --profile summary."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.suite == "compare":
         # torch shares the GPU: JAX must not take 75 % of its memory up front (read when
         # the backend starts, which is below).
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     about = machine.describe()
-    print(f"{args.suite} on {about['device_count']}x {about['device_kind']} "
-          f"({about['backend']}, {about['cpu_count']} CPUs, {about['processor']}), "
-          f"jax {about['jax']}" + (" [quick]" if args.quick else ""), flush=True)
+    write_stdout_and_go_on(
+        f"{args.suite} on {about['device_count']}x {about['device_kind']} "
+        f"({about['backend']}, {about['cpu_count']} CPUs, {about['processor']}), "
+        f"jax {about['jax']}" + (" [quick]" if args.quick else "") + "\n")
     timing.trace_timed_calls(args.profile)
-    if args.peers:
-        from transformer_jax.benchmark import decode_peers
-
-        rows, notes = decode_peers.run(quick=args.quick,
-                                       workdir=args.workdir or "runs/default")
-    else:
-        suite = importlib.import_module(f"transformer_jax.benchmark.{args.suite}")
-        options = {"model": dict(models=args.models, dtypes=args.dtypes, vary=args.vary,
-                                 loss_chunks=args.loss_chunks),
-                   "decode": dict(dtypes=args.dtypes, searches=args.searches, vary=args.vary),
-                   }.get(args.suite, {})
-        rows, notes = suite.run(quick=args.quick, **options)
-    print(report.markdown(rows) if args.markdown else report.table(rows))
-    for note in notes:
-        print(f"  {note}")
-    if args.profile:
-        print(f"\nwhere the timed calls spent their time (all threads; traces in {args.profile}):")
-        print(report.table(profiling.summarize(args.profile)))
-        for program in sorted(glob.glob(os.path.join(args.profile, "*", profiling.PROGRAM_FILE))):
-            folder = os.path.dirname(program)
-            with open(program) as f:
-                parts = profiling.summarize_parts(folder, f.read())
-            print(f"\n{os.path.basename(folder)}: the program's operations by part of the "
-                  f"model")
-            print(report.table(parts))
+    rows, notes = _run_suite(args)
+    write_stdout_and_go_on((report.markdown(rows) if args.markdown else report.table(rows))
+                           + "".join(f"\n  {note}" for note in notes) + "\n")
     if args.json:
         name = "decode --peers" if args.peers else args.suite
         report.write_json(args.json, report.document(name, rows, quick=args.quick,
                                                      notes=notes))
-        print(f"wrote {args.json}")
+        write_stdout_and_go_on(f"wrote {args.json}\n")
     if args.plot:
         from transformer_jax.benchmark import plot
 
-        plot.save(args.suite, rows, args.plot)
-        print(f"wrote {args.plot}")
+        plot.save(args.suite, rows, args.plot, where=f"{about['device_count']}x "
+                  f"{about['device_kind']}" + (" [quick]" if args.quick else ""))
+        write_stdout_and_go_on(f"wrote {args.plot}\n")
+    if args.profile:
+        write_stdout_and_go_on(_profile_summary(args.profile))
     return 0
 
 
+def _run_suite(args) -> tuple[list[dict], list[str]]:
+    """(rows, notes) of the suite, or of decode --peers."""
+    if args.peers:
+        from transformer_jax.benchmark import decode_peers
+
+        return decode_peers.run(quick=args.quick, workdir=args.workdir or "runs/default")
+    suite = importlib.import_module(f"transformer_jax.benchmark.{args.suite}")
+    options = {"model": dict(models=args.models, dtypes=args.dtypes, vary=args.vary,
+                             loss_chunks=args.loss_chunks),
+               "decode": dict(dtypes=args.dtypes, searches=args.searches, vary=args.vary),
+               }.get(args.suite, {})
+    return suite.run(quick=args.quick, **options)
+
+
+def _profile_summary(trace_dir: str) -> str:
+    """Where the timed calls spent their time: by kind of operation over all the traces,
+    then by part of the model for each program traced apart (`timing.traced_as`)."""
+    text = (f"\nwhere the timed calls spent their time (all threads; traces in "
+            f"{trace_dir}):\n{report.table(profiling.summarize(trace_dir))}\n")
+    for program in sorted(glob.glob(os.path.join(trace_dir, "*", profiling.PROGRAM_FILE))):
+        folder = os.path.dirname(program)
+        with open(program) as f:
+            parts = profiling.summarize_parts(folder, f.read())
+        text += (f"\n{os.path.basename(folder)}: the program's operations by part of the "
+                 f"model\n{report.table(parts)}\n")
+    return text
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    with interrupt_in_one_line():
+        sys.exit(main())

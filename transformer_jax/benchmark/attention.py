@@ -35,9 +35,10 @@ from transformer_jax.attention import (attention_implementations, available_impl
 from transformer_jax.benchmark.flops import attention_flops
 from transformer_jax.benchmark.machine import peak_tflops
 from transformer_jax.benchmark.model import model_configs, packed_segments_BT
-from transformer_jax.benchmark.timing import (back_to_back, compile_seconds, median_seconds,
-                                              memory_bytes)
+from transformer_jax.benchmark.timing import (MEMORY_NOTE, back_to_back, compile_seconds,
+                                              median_seconds, memory_bytes)
 from transformer_jax.masks import combine_masks, padding_mask, segment_mask
+from transformer_jax.model_config import DTYPES as MODEL_DTYPES
 
 DTYPES = ("float32", "bfloat16")
 
@@ -314,8 +315,8 @@ def _check_grid(g: dict) -> None:
             raise ValueError(f"{key} must be positive integers, got {g[key]!r}") from None
     for key in ("num_heads", "tokens"):
         g[key] = positive_int(key, g[key])
-    if bad := [d for d in g["dtypes"] if d not in (*DTYPES, "float16")]:
-        raise ValueError(f"dtypes must be among {(*DTYPES, 'float16')}, got {bad!r}")
+    if bad := [d for d in g["dtypes"] if d not in MODEL_DTYPES]:
+        raise ValueError(f"dtypes must be among {MODEL_DTYPES}, got {bad!r}")
 
 
 def run(quick: bool = False, **overrides) -> tuple[list[dict], list[str]]:
@@ -354,7 +355,7 @@ def run(quick: bool = False, **overrides) -> tuple[list[dict], list[str]]:
                   if slowest else "vs_fastest: no other implementation",
                   "tflops: attention_flops() in transformer_jax/benchmark/flops.py "
                   "(causal counts half the square)",
-                  "memory_bytes: arguments + outputs + temporaries in XLA's buffer plan",
+                  MEMORY_NOTE,
                   *mask_notes(g), "skipped: " + ("; ".join(skipped) or "none")]
 
 

@@ -42,6 +42,8 @@ def train_cases(quick: bool) -> list[model.Case]:
 
 
 def torch_row(case: model.Case, *, quick: bool, compile: bool = False) -> dict:
+    """The train step of `torch.nn.Transformer` (`torch_peer`) on the case's rows, eager or
+    under `torch.compile`; bfloat16 autocast on a GPU, as our step's compute dtype."""
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -62,6 +64,8 @@ def torch_row(case: model.Case, *, quick: bool, compile: bool = False) -> dict:
 
 
 def jax_row(case: model.Case, *, quick: bool) -> dict:
+    """Our train step on the same rows, unpacked as the peer's (bfloat16 and sharded on a
+    GPU, float32 and pmap on a CPU: each backend's fastest)."""
     dtype, strategy = ("bfloat16", "sharded") if on_gpu() else ("float32", "pmap")
     row = model.time_train_step(case, dtype, strategy, quick=quick, packed=False)
     return {"framework": f"transformer_jax ({strategy}{', bf16' if on_gpu() else ''})",
@@ -71,6 +75,8 @@ def jax_row(case: model.Case, *, quick: bool) -> dict:
 
 
 def flax_attention_rows(quick: bool) -> list[dict]:
+    """Our attention ("auto") and Flax's `nn.dot_product_attention`, float32 forward, at a
+    few lengths; a CPU's peer where PyTorch's flash kernel does not run."""
     rows = []
     num_heads, head_dim = (2, 64) if quick else (8, 64)
 
@@ -118,6 +124,8 @@ def sdpa_rows(num_heads: int = 16, tokens: int = 32768, calls: int = 10) -> list
 
 
 def run(quick: bool = False) -> tuple[list[dict], list[str]]:
+    """(rows, notes): each train case with ours beside PyTorch's steps, then attention
+    beside torch's flash SDPA on a GPU, or Flax's attention on a CPU."""
     rows, notes = [], ["ratio: ours over the row below it (tokens/s, or TFLOP/s for attention)"]
     missing = torch_peer.torch_available()
     for case in train_cases(quick):
@@ -141,6 +149,8 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
                 notes.append("ratio_compiled: ours over the torch.compile row")
     if missing:
         notes.append(f"no PyTorch rows: {missing}")
+    for dtype in ("bfloat16",) if on_gpu() else ("float32",):
+        notes.append(f"peak ({dtype}, for mfu): {peak_tflops(dtype, quick=quick)[1]}")
     if on_gpu() and not missing:
         return rows, notes
     return rows + flax_attention_rows(quick), notes

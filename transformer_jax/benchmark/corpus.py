@@ -24,10 +24,14 @@ Written with vectorised NumPy in blocks of `BLOCK_PAIRS` pairs, on one core:
 minute.
 """
 
+import contextlib
 import functools
 import os
 
 import numpy as np
+
+from transformer_jax.atomic_file import atomic_write
+from transformer_jax.commands import interrupt_in_one_line
 
 MEAN_WORDS, STD_WORDS, MAX_WORDS = 25.0, 12.0, 120
 TARGET_RATIO, TARGET_NOISE = 1.05, 0.10  # target words ≈ source words × ratio × e^N(0, noise)
@@ -99,16 +103,15 @@ def sentences(rng: np.random.Generator, language_seed: int, words: np.ndarray) -
 
 
 def write_split(folder: str, split: str, pairs: int, rng: np.random.Generator) -> None:
-    """`folder/{split}.en` and `folder/{split}.de`, `pairs` aligned lines each."""
-    files = {lang: open(os.path.join(folder, f"{split}.{lang}"), "wb") for lang in LANGUAGES}
-    try:
+    """`folder/{split}.en` and `folder/{split}.de`, `pairs` aligned lines each, written
+    whole or not at all (`atomic_write`): a stopped run leaves no short file."""
+    with contextlib.ExitStack() as stack:
+        files = {lang: stack.enter_context(atomic_write(os.path.join(folder, f"{split}.{lang}")))
+                 for lang in LANGUAGES}
         for start in range(0, pairs, BLOCK_PAIRS):
             lengths = sentence_lengths(rng, min(BLOCK_PAIRS, pairs - start))
             for (lang, language_seed), words in zip(LANGUAGES.items(), lengths):
                 files[lang].write(sentences(rng, language_seed, words))
-    finally:
-        for f in files.values():
-            f.close()
 
 
 def write_wmt_like_corpus(folder: str, pairs: int, *, seed: int = 0) -> str:
@@ -135,8 +138,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.pairs < 1:
         parser.error(f"--pairs must be positive, got {args.pairs}")
-    if os.path.exists(os.path.join(args.folder, "train.en")):
-        parser.error(f"{args.folder} already holds a corpus (train.en); choose a new folder")
+    if os.path.exists(os.path.join(args.folder, "test.en")):  # the last file written
+        parser.error(f"{args.folder} already holds a corpus (test.en); choose a new folder")
     start = time.perf_counter()
     try:
         write_wmt_like_corpus(args.folder, args.pairs, seed=args.seed)
@@ -147,4 +150,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with interrupt_in_one_line():
+        main()

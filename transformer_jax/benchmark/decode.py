@@ -184,5 +184,6 @@ def run(quick: bool = False, vary: dict | None = None, dtypes=None,
                   "unroll: search steps per iteration of the loop (beam search's default: "
                   f"{UNROLL}); vs_unroll_1: tokens/s over the same search at 1",
                   "cast: the matrices cast to the compute dtype once, before the search's loop "
-                  "(as translate.py), or at each step; vs_cast_each_step: tokens/s over the "
-                  "same search cast at each step"]
+                  "(as translate.py), or at each step"
+                  + ("; vs_cast_each_step: tokens/s over the same search cast at each step"
+                     if any("vs_cast_each_step" in row for row in rows) else "")]

@@ -20,8 +20,8 @@ import numpy as np
 
 from transformer_jax.benchmark.flops import train_step_flops
 from transformer_jax.benchmark.machine import peak_tflops
-from transformer_jax.benchmark.timing import (back_to_back, compile_seconds, median_seconds,
-                                               memory_bytes, traced_as)
+from transformer_jax.benchmark.timing import (MEMORY_NOTE, back_to_back, compile_seconds,
+                                               median_seconds, memory_bytes, traced_as)
 from transformer_jax.layer_norm import add_layer_norm
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig, get_model_config
@@ -339,5 +339,4 @@ def run(quick: bool = False, *, models=None, dtypes=None, strategies=None,
                   "(output_loss.py); 0: the whole (B, T, V) logits",
                   "tflops, mfu: train_step_flops() in transformer_jax/benchmark/flops.py; "
                   "mfu_no_attention leaves out softmax(Q Kᵀ) V",
-                  "memory_bytes: arguments + outputs + temporaries in XLA's buffer plan "
-                  "(per device)"]
+                  f"{MEMORY_NOTE} (per device)"]

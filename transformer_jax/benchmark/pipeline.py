@@ -260,6 +260,8 @@ def wmt_rows(quick: bool, tmp: str) -> list[dict]:
 
 
 def run(quick: bool = False) -> tuple[list[dict], list[str]]:
+    """(rows, notes): the input pipeline's stages on the numbers dataset, then on the
+    WMT-like corpus (`corpus.py`), written to a temporary folder."""
     with tempfile.TemporaryDirectory() as tmp:
         rows = numbers_rows(quick, os.path.join(tmp, "numbers")) + wmt_rows(quick, tmp)
     return rows, [

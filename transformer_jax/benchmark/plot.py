@@ -1,8 +1,9 @@
 """Pictures of benchmark results (matplotlib, from the `bench` extra)."""
 
 import itertools
+import textwrap
 
-from transformer_jax.atomic_file import atomic_write
+from transformer_jax.plot import save_png
 
 
 def _pyplot():
@@ -39,7 +40,7 @@ def attention_figure(rows: list[dict]):
                     label=f"{name} H={head_dim}")
         peak = chosen[0].get("peak_tflops") if chosen else None
         if peak:
-            ax.axhline(peak, color="k", linestyle=":", label=f"peak {peak:.3g}")
+            ax.axhline(peak, color="k", linestyle=":", label=f"peak {peak:.3g} TFLOP/s")
         lengths = sorted({r["seq_len"] for r in chosen})
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, labels=[str(n) for n in lengths])
@@ -53,27 +54,57 @@ def attention_figure(rows: list[dict]):
 
 
 def bar_figure(rows: list[dict], value: str, title: str):
-    """One horizontal bar per row: its `value`, labelled by the row's other text fields."""
+    """One horizontal bar per row: its `value`, labelled by the settings that differ among
+    the rows (`row_labels`); the settings they share go into the title."""
     plt = _pyplot()
     chosen = [r for r in rows if r.get(value)]
-    labels = [" ".join(str(v) for k, v in r.items() if isinstance(v, str)) for r in chosen]
+    labels, shared = row_labels(chosen)
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(chosen) + 1.2))
     ax.barh(labels, [r[value] for r in chosen])
-    ax.set(xlabel=value, title=title)
+    ax.set_xlabel(value.replace("_per_sec", "/s").replace("_", " "))
+    ax.set_title("\n".join([title, *textwrap.wrap(shared, 90)]), fontsize=10)
     ax.invert_yaxis()
     fig.tight_layout()
     return fig
+
+
+def row_labels(rows: list[dict]) -> tuple[list[str], str]:
+    """(a label per row, the settings every row shares, as key=value). A row's settings are
+    its text, bool and int fields (not a byte count, which is measured); in a label, a text
+    value stands for itself, any other as key=value. Rows whose settings are all equal (a
+    case timed again) are told apart by their order, #1, #2, ..."""
+    def settings(row):
+        return [(k, v) for k, v in row.items() if isinstance(v, (str, bool, int))
+                and not k.endswith("_bytes")]
+
+    def shown(k, v):
+        return v if isinstance(v, str) else f"{k}={v}"
+
+    keys = dict.fromkeys(k for r in rows for k, _ in settings(r))
+    varying = {k for k in keys if len({repr(r.get(k)) for r in rows}) > 1}
+    labels = [" ".join(shown(k, v) for k, v in settings(r) if k in varying) or "all"
+              for r in rows]
+    for label in set(labels):
+        if labels.count(label) > 1:
+            at = [i for i, text in enumerate(labels) if text == label]
+            for n, i in enumerate(at, start=1):
+                labels[i] = f"{label} #{n}"
+    shared = ", ".join(f"{k}={rows[0][k]}" for k in keys if k not in varying and k in rows[0])
+    return labels, shared
 
 
 HEADLINE = {"model": "tokens_per_sec", "decode": "tokens_per_sec",
             "pipeline": "examples_per_sec", "compare": "tokens_per_sec", "loss": "tflops"}
 
 
-def save(suite: str, rows: list[dict], path: str) -> None:
-    """The suite's figure at `path` (a PNG), whole or not at all."""
+def save(suite: str, rows: list[dict], path: str, where: str = "") -> None:
+    """The suite's figure at `path` (a PNG), whole or not at all; `where` (the device, say)
+    goes into its title."""
+    title = f"{suite} benchmark" + (f" on {where}" if where else "")
     if suite == "attention":
         fig = attention_figure(rows)
+        fig.suptitle(title)
+        fig.tight_layout()
     else:
-        fig = bar_figure(rows, HEADLINE[suite], f"{suite} benchmark")
-    with atomic_write(path, "wb") as f:
-        fig.savefig(f, dpi=120, format="png")
+        fig = bar_figure(rows, HEADLINE[suite], title)
+    save_png(fig, path, dpi=120)

@@ -1,6 +1,7 @@
 """Timing compiled calls: median wall time after warm-up, and compile time."""
 
 import contextlib
+import itertools
 import os
 import statistics
 import time
@@ -11,13 +12,14 @@ import jax
 from transformer_jax import profiling
 
 _trace_dir = None  # set by trace_timed_calls
+_traces = itertools.count()  # each trace its own folder: the profiler names its by the second
 
 
 def trace_timed_calls(directory: str | None) -> None:
     """From now on, record a JAX profiler trace of every timed call (not the warm-up) in
     `directory`: the profile of the steady state, without compilation."""
-    global _trace_dir
-    _trace_dir = directory
+    global _trace_dir, _traces
+    _trace_dir, _traces = directory, itertools.count()
 
 
 @contextlib.contextmanager
@@ -54,7 +56,8 @@ def median_seconds(run_once: Callable[[], object], *, warmup: int = 2, iters: in
     if warmup and last * iters > budget_s:
         iters = max(3, int(budget_s / last))
     times = []
-    tracing = (jax.profiler.trace(_trace_dir, create_perfetto_trace=True) if _trace_dir
+    tracing = (jax.profiler.trace(os.path.join(_trace_dir, f"timed-{next(_traces):03d}"),
+                                  create_perfetto_trace=True) if _trace_dir
                else contextlib.nullcontext())
     with tracing:
         for _ in range(iters):
@@ -87,6 +90,9 @@ def compile_seconds(jitted, *args, compiler_options: dict | None = None, **stati
                    **(compiler_options or {}))
     compiled = jitted.lower(*args, **static).compile(compiler_options=options or None)
     return compiled, time.perf_counter() - start
+
+
+MEMORY_NOTE = "memory_bytes: arguments + outputs + temporaries in XLA's buffer plan"
 
 
 def memory_bytes(compiled) -> int | None:

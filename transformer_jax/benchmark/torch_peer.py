@@ -26,6 +26,9 @@ def torch_available() -> str:
 
 
 def build(config: ModelConfig, length: int, device: str = "cpu"):
+    """`torch.nn.Transformer` as our model: the config's sizes, post-layer-norm, embeddings
+    scaled by √d_model with sinusoidal positions of `length` rows (§3.4, §3.5) and the
+    output projection tied to the embedding."""
     import torch
 
     class Seq2Seq(torch.nn.Module):

@@ -17,7 +17,8 @@ import tempfile
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer_jax.config_checks import ConfigError, check_config, writable_folder
+from transformer_jax.config_checks import ConfigError, check_config
+from transformer_jax.output_paths import OutputPathError, writable_folder
 from transformer_jax.data import report
 from transformer_jax.data.prepared import prepare, prepared_dir
 from transformer_jax.data.sources import DataError, load_split
@@ -55,7 +56,7 @@ def main(argv) -> None:
         try:
             with workdir_lock(writable_folder(_WORKDIR.value)):
                 tokenizer, splits = prepare(config.data, _WORKDIR.value)
-        except (DataError, ConfigError) as error:
+        except (DataError, ConfigError, OutputPathError) as error:
             sys.exit(f"error: {error}")
         sizes = ", ".join(f"{name} {len(split):,}" for name, split in splits.items())
         print(f"{prepared_dir(_WORKDIR.value)}: {sizes} pairs; vocabulary of "
@@ -76,7 +77,7 @@ def main(argv) -> None:
                 print(report.format_example(number, pair, tokenizer), end="\n\n")
             stats = report.split_statistics(split, tokenizer, config.data, _MAX_PAIRS.value)
             print(report.format_statistics(stats))
-    except (DataError, ConfigError) as error:
+    except (DataError, ConfigError, OutputPathError) as error:
         sys.exit(f"error: {error}")
 
 

@@ -24,7 +24,7 @@ from transformer_jax.command_line import one_line_warnings
 from transformer_jax.commands import interrupt_in_one_line
 from transformer_jax.export import FORMATS, ExportError, export
 from transformer_jax.export.ctranslate2_model import QUANTIZATIONS
-from transformer_jax.trained_params import CheckpointChoiceError
+from transformer_jax.trained_params import CheckpointChoiceError, checkpoints_named
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
 _FORMAT = flags.DEFINE_enum("format", None, FORMATS, "what to export to", required=True)
@@ -75,8 +75,7 @@ def main(argv) -> None:
                           checkpoint=_CHECKPOINT.value, force=_FORCE.value, **_options())
     except (ExportError, CheckpointChoiceError, FileNotFoundError) as error:
         sys.exit(f"error: {error}")
-    steps = ", ".join(map(str, manifest["steps"]))
-    print(f"exported checkpoint {steps} of {_WORKDIR.value} to {_OUTPUT.value} "
+    print(f"exported {checkpoints_named(manifest['steps'])} of {_WORKDIR.value} to {_OUTPUT.value} "
           f"({_FORMAT.value}); translate with: python translate.py "
           f"--engine={_FORMAT.value} --exported={_OUTPUT.value}")
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from transformer_jax.export.manifest import ExportError
+from transformer_jax.trained_params import checkpoints_named
 from transformer_jax.translation import (SentenceTooLongError, TranslationError, Translator,
                                          sentence_list)
 
@@ -21,7 +22,7 @@ ENGINES = ("jax", "ctranslate2", "stablehlo")
 
 class Engine(NamedTuple):
     translate: Callable[..., list[str]]  # Translator.translate's signature
-    source: str  # which parameters, e.g. "checkpoint 400, 800 of runs/default"
+    source: str  # which parameters, e.g. "checkpoint 800 of runs/default" (`checkpoints_named`)
     max_length: int  # the model's max_length: the default --max_input_length
 
 
@@ -35,8 +36,7 @@ def open_engine(name: str, *, workdir: str | None = None, exported: str | None =
                                + (f", not --{other}" if given[other] else ""))
     if name == "jax":
         translator = Translator.from_workdir(workdir, checkpoint)
-        steps = ", ".join(map(str, translator.steps))
-        return Engine(translator.translate, f"checkpoint {steps} of {workdir}",
+        return Engine(translator.translate, f"{checkpoints_named(translator.steps)} of {workdir}",
                       translator.model.config.max_length)
     if checkpoint != "latest":
         raise TranslationError(f"--checkpoint is for --engine=jax; {exported} holds the "
@@ -51,8 +51,7 @@ def _open_export(name: str, directory: str) -> Engine:
     from transformer_jax.export.manifest import read_manifest
 
     manifest = read_manifest(directory, name)
-    steps = ", ".join(map(str, manifest["steps"]))
-    source = f"{name} export of checkpoint {steps} of {manifest['workdir']}"
+    source = f"{name} export of {checkpoints_named(manifest['steps'])} of {manifest['workdir']}"
     if name == "ctranslate2":
         from transformer_jax.export.ctranslate2_model import CTranslate2Translator
 
