@@ -82,7 +82,7 @@ def results_name(translator: Translator, settings: dict) -> str:
     config = translator.search_settings()
     for key, short in (("beam_size", "beam"), ("alpha", "alpha"), ("max_extra_length", "extra")):
         if settings[key] != config[key]:
-            name += f"-{short}{settings[key]:g}"
+            name += f"-{short}{settings[key]}"  # Python's shortest exact text of it
     return name
 
 

@@ -27,7 +27,7 @@ import sys
 from absl import app, flags, logging
 
 from transformer_jax.config_checks import ConfigError
-from transformer_jax.output_paths import OutputPathError, writable_folder
+from transformer_jax.output_paths import OutputPathError, writable_file
 from transformer_jax.data import DataError
 from transformer_jax.data.sources import decode_lines, read_lines
 from transformer_jax import command_line
@@ -64,9 +64,7 @@ def main(argv) -> None:
         use_compilation_cache(_WORKDIR.value)  # the searches of earlier commands, loaded
     try:
         if _OUTPUT.value:  # before any work whose results would go there
-            if os.path.isdir(_OUTPUT.value):
-                raise ConfigError(f"--output {_OUTPUT.value} is a folder; name a file")
-            writable_folder(os.path.dirname(os.path.abspath(_OUTPUT.value)), "--output's folder")
+            writable_file(_OUTPUT.value, "--output")
         engine = open_engine(_ENGINE.value, workdir=_WORKDIR.value, exported=_EXPORTED.value,
                              checkpoint=_CHECKPOINT.value)
         typed = not _INPUT.value and sys.stdin is not None and sys.stdin.isatty()

@@ -300,6 +300,8 @@ def test_lost_peer_is_told_by_gloo_and_the_coordination_service():
     (dict(coordinator_address="h:1", num_processes=2, process_id=2),
      "--process_id must be in 0..1 for --num_processes=2, got 2"),
     (dict(num_processes=0), "--num_processes must be 1 or more, got 0"),
+    (dict(coordinator_address="localhost", num_processes=2, process_id=0),
+     "--coordinator_address must be host:port, got 'localhost'"),
     (dict(coordinator_address="h:1", cluster=True),
      "--cluster reads the run from the cluster's environment; give it or "
      "--coordinator_address, not both")])
@@ -313,6 +315,7 @@ def test_which_flags_make_a_run_of_several_processes():
     assert not processes.several_processes()
     assert not processes.several_processes(num_processes=1)
     assert not processes.several_processes(num_processes=1, process_id=0)
+    assert not processes.several_processes("localhost:1", 1, 0)  # all three, and still one
     assert processes.several_processes("localhost:1", 2, 1)
     assert processes.several_processes(cluster=True)
 

@@ -193,7 +193,7 @@ def test_translate_errors_are_one_line(workdir, tmp_path):
                           ([f"--workdir={workdir}", "--checkpoint=average:x"],
                            "average:N needs a number of checkpoints N"),
                           ([f"--workdir={workdir}", f"--output={tmp_path}"],
-                           f"--output {tmp_path} is a folder"),
+                           f"error: --output={tmp_path} is a folder; give a file name"),
                           # Translator's words (search flags, and one of translate.py's own)
                           ([f"--workdir={workdir}", "--beam_size=0"],
                            "flag --" + refusal("beam_size", 0)),

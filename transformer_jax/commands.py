@@ -1,5 +1,6 @@
-"""What the commands (translate.py, evaluate.py) share: results written whole or not at
-all, stdout that reports a full disk and a reader gone away, and Ctrl-C in one line.
+"""What the commands (translate.py, evaluate.py, the plot, benchmark and export commands)
+share: results written whole or not at all, stdout that reports a full disk and a reader
+gone away, and Ctrl-C in one line.
 """
 
 import contextlib

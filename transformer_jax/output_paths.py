@@ -38,9 +38,12 @@ def writable_folder(path: str, what: str = "--workdir") -> str:
 def writable_file(path: str, what: str) -> str:
     """The real path of a file to be written at `path` (a link to a file: its target, so the
     link stays), its folder created; an OutputPathError naming `what` unless the folder is
-    writable and `path` is not a folder."""
+    writable and `path` is not a folder. A path that is neither a file nor a folder
+    (/dev/stdout, a FIFO) is returned as it is: it is written straight to."""
     if not path:
         raise OutputPathError(f"{what} is empty (an unset shell variable?); name a file")
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        return path
     real = os.path.realpath(path)
     if os.path.isdir(real):
         raise OutputPathError(f"{what}={path} is a folder; give a file name")

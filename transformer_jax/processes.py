@@ -74,7 +74,7 @@ def several_processes(coordinator_address=None, num_processes=None, process_id=N
         return cluster
     if num_processes is not None and num_processes < 1:
         raise JoinError(f"--num_processes must be 1 or more, got {num_processes}")
-    if num_processes == 1 and process_id in (None, 0) and coordinator_address is None:
+    if num_processes == 1 and process_id in (None, 0):  # a run of one: nothing to join
         return False
     if missing := [flag for flag, value in given.items() if value is None]:
         raise JoinError(f"a run of several processes needs --coordinator_address, "
@@ -83,7 +83,16 @@ def several_processes(coordinator_address=None, num_processes=None, process_id=N
     if not 0 <= process_id < num_processes:
         raise JoinError(f"--process_id must be in 0..{num_processes - 1} for "
                         f"--num_processes={num_processes}, got {process_id}")
+    _host_and_port(coordinator_address)
     return True
+
+
+def _host_and_port(address: str) -> tuple[str, int]:
+    """("host0", 1234) from "host0:1234" ("[::1]:1234": "::1"); a JoinError otherwise."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise JoinError(f"--coordinator_address must be host:port, got {address!r}")
+    return host.strip("[]"), int(port)
 
 
 def initialize_processes(coordinator_address=None, num_processes=None, process_id=None, *,
@@ -91,9 +100,10 @@ def initialize_processes(coordinator_address=None, num_processes=None, process_i
     """Joins a run of several processes (JAX's multi-controller runtime); no-op for one.
 
     `cluster`: JAX reads the three from the cluster's environment (SLURM, Open MPI, Cloud
-    TPU). Otherwise one line says whom this process joins, and a process other than 0
-    first waits up to `timeout_s` for process 0 to answer at `coordinator_address` (a
-    JoinError, not JAX's abort from C++ after minutes). On CPUs the processes sum over
+    TPU), and waits for the others itself. Otherwise one line says whom this process
+    joins, and a process other than 0 first waits for process 0 to answer at
+    `coordinator_address` (a JoinError, not JAX's abort from C++ after minutes); all
+    waits together last at most `timeout_s`. On CPUs the processes sum over
     gloo, and a collective waits at most COLLECTIVE_TIMEOUT_S for the others
     (`--xla_cpu_collective_timeout_seconds=N` in XLA_FLAGS sets another). From then on an
     uncaught exception ends the process at once, in one line if a peer was lost
@@ -105,15 +115,17 @@ def initialize_processes(coordinator_address=None, num_processes=None, process_i
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # Read when the backend starts, which jax.distributed.initialize must precede.
     os.environ["XLA_FLAGS"] = with_collective_timeout(os.environ.get("XLA_FLAGS", ""))
+    deadline = time.monotonic() + timeout_s
     if not cluster:
         print(f"process {process_id}: joining a run of {num_processes} processes at "
               f"{coordinator_address} (waiting up to {timeout_s} s for the others)",
               file=sys.stderr, flush=True)
         if process_id != 0:
             _wait_for_coordinator(coordinator_address, timeout_s)
+    left_s = max(1, round(deadline - time.monotonic()))  # of the one limit for all waits
     try:
         jax.distributed.initialize(coordinator_address, num_processes, process_id,
-                                   initialization_timeout=timeout_s,
+                                   initialization_timeout=left_s,
                                    heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
     except ValueError as error:  # --cluster where JAX finds none, or a value it refuses
         where = ("no cluster here to read the run from (SLURM, Open MPI, Cloud TPU)"
@@ -125,13 +137,11 @@ def initialize_processes(coordinator_address=None, num_processes=None, process_i
 def _wait_for_coordinator(address: str, timeout_s: float) -> None:
     """Returns once something answers at `address` (host:port; process 0's coordination
     service), or raises a JoinError after `timeout_s`."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise JoinError(f"--coordinator_address must be host:port, got {address!r}")
+    host, port = _host_and_port(address)
     deadline, last = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+            with socket.create_connection((host, port), timeout=5):
                 return
         except OSError as error:
             last = error

@@ -8,8 +8,9 @@ python -m transformer_jax.benchmark decode --peers [--workdir=DIR]"""
 import signal
 
 # Ctrl-C while JAX is imported ends the command at once and quietly, as it would a C
-# program; from main on, interrupt_in_one_line says so in one line (as translate.py).
-if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
+# program; from main on, interrupt_in_one_line says so in one line (as translate.py). Not
+# where this module is imported (the tests): only as the command.
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import argparse
@@ -51,8 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--markdown", action="store_true",
                         help="print the table as Markdown (for BENCHMARKS.md)")
     parser.add_argument("--profile", metavar="DIR",
-                        help="trace the suite with the JAX profiler into DIR and print "
-                             "where the time went, per kind of XLA operation")
+                        help="trace the suite with the JAX profiler into DIR (new or empty; "
+                             "not for pipeline) and print where the time went, per kind of "
+                             "XLA operation")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="also draw a PNG (attention: TFLOP/s against sequence length)")
     parser.add_argument("--peers", action="store_true",

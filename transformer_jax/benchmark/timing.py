@@ -16,16 +16,17 @@ _traces = itertools.count()  # each trace its own folder: the profiler names its
 
 
 def trace_timed_calls(directory: str | None) -> None:
-    """From now on, record a JAX profiler trace of every timed call (not the warm-up) in
-    `directory`: the profile of the steady state, without compilation."""
+    """From now on, record a JAX profiler trace of the timed calls (not the warm-up) of
+    each measurement into its own folder `directory`/timed-NNN: the profile of the steady
+    state, without compilation."""
     global _trace_dir, _traces
     _trace_dir, _traces = directory, itertools.count()
 
 
 @contextlib.contextmanager
 def traced_as(name: str, compiled):
-    """The timed calls inside are traced into the subfolder `name` of the trace directory,
-    beside `compiled`'s HLO (`profiling.PROGRAM_FILE`, which `profiling.summarize_parts`
+    """The timed calls inside are traced into the subfolder `name` of the trace directory
+    (its timed-NNN folders), beside `compiled`'s HLO (`profiling.PROGRAM_FILE`, which `profiling.summarize_parts`
     reads with the trace); nothing is written when nothing is traced. A `/` in `name` (an
     XLA option's path, in `--vary`) becomes `_`: the folder stays one level deep."""
     global _trace_dir
