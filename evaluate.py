@@ -35,7 +35,7 @@ from transformer_jax.data import DataError, load_split
 from transformer_jax import command_line
 from transformer_jax.command_line import define_search_flags, define_setting_flag, parse_flags
 from transformer_jax.compilation_cache import use_compilation_cache
-from transformer_jax.commands import (OutputError, interrupt_in_one_line,
+from transformer_jax.commands import (OutputError, interrupt_in_one_line, refuse_arguments,
                                       write_stdout_and_go_on, write_whole)
 from transformer_jax.trained_params import checkpoints_named
 from transformer_jax.translation import TranslationError, Translator
@@ -88,7 +88,7 @@ def results_name(translator: Translator, settings: dict) -> str:
 
 def main(argv) -> None:
     """Loads the checkpoints and the split, translates, prints the scores, saves the files."""
-    del argv
+    refuse_arguments(argv, "--workdir=runs/default --split=test")
     logging.set_verbosity(logging.WARNING)
     use_compilation_cache(_WORKDIR.value)  # the searches of earlier commands, loaded
     try:

@@ -24,6 +24,7 @@ from transformer_jax.data import DataError
 from transformer_jax.metrics_window import NonFiniteLossError
 from transformer_jax.plot import MetricsError
 from transformer_jax.command_line import loaded_config, parse_flags
+from transformer_jax.commands import refuse_arguments
 from transformer_jax.run_log import MetricsWriteError
 from transformer_jax.stop_signal import StoppedAtOnce
 
@@ -48,9 +49,7 @@ _JOIN_TIMEOUT = flags.DEFINE_integer("initialization_timeout", processes.JOIN_TI
 
 
 def main(argv) -> None:
-    if len(argv) > 1:
-        sys.exit(f"error: unexpected arguments {' '.join(argv[1:])!r}: flags are --name=value, "
-                 f"e.g. --config=configs/default.py --workdir=runs/default")
+    refuse_arguments(argv, "--config=configs/default.py --workdir=runs/default")
     age = profiling.seconds_since_process_start()
     launched = None if age is None else time.monotonic() - age  # for the first step's line
     logging.set_verbosity(logging.WARNING)  # orbax and TFDS report every file at INFO

@@ -34,8 +34,8 @@ from transformer_jax import command_line
 from transformer_jax.command_line import define_search_flags, define_setting_flag, parse_flags
 from transformer_jax.export.engines import open_engine
 from transformer_jax.compilation_cache import use_compilation_cache
-from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
-                                      write_whole)
+from transformer_jax.commands import (OutputError, interrupt_in_one_line, refuse_arguments,
+                                      write_stdout, write_whole)
 from transformer_jax.translation import SentenceTooLongError, TranslationError
 
 _ENGINE = flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2", "stablehlo"],
@@ -58,7 +58,7 @@ flags.adopt_module_key_flags(command_line)  # so that --helpshort lists them
 
 
 def main(argv) -> None:
-    del argv
+    refuse_arguments(argv, "--workdir=runs/default --input=FILE --output=FILE")
     logging.set_verbosity(logging.WARNING)
     if _ENGINE.value == "jax" and _WORKDIR.value:
         use_compilation_cache(_WORKDIR.value)  # the searches of earlier commands, loaded

@@ -97,6 +97,18 @@ def stablehlo_example(namespace, printed, folder):
     assert "transformer_jax" not in sys.modules["serve_stablehlo"].__file__
 
 
+@check('manifest = export("runs/default", "exports/ct2-int8", fmt="ctranslate2", '
+       'quantization="int8")', exports=True)
+def export_example(namespace, printed, folder):
+    """export() from Python: the run's last step, int8; a greedy-only stablehlo export."""
+    steps, searches = printed.splitlines()
+    last = max(int(p.name) for p in (folder / "runs" / "default" / "checkpoints").iterdir()
+               if p.name.isdigit())
+    assert steps == f"[{last}] int8" and searches == "['greedy']"
+    assert sorted(p.name for p in (folder / "exports" / "hlo-greedy").glob("*.jaxexport")) == [
+        "greedy_b8_s16.jaxexport", "greedy_b8_s32.jaxexport"]
+
+
 def markers_in(code: str) -> list[str]:
     return [marker for marker in [*CHECKS, *RUNS_WITHOUT_CHECK] if marker in code]
 
@@ -114,7 +126,7 @@ def test_every_example_has_one_check():
 @pytest.fixture(scope="module")
 def exports_folder(translating_run, tmp_path_factory):
     """A folder holding what docs/serving.md's examples open: exports/ct2, exports/hlo (one
-    small bucket) of a model that translates, and serve_stablehlo.py beside them."""
+    small bucket) of a model that translates as runs/default, and serve_stablehlo.py."""
     from transformer_jax.export import export
 
     folder = tmp_path_factory.mktemp("served")
@@ -127,6 +139,8 @@ def exports_folder(translating_run, tmp_path_factory):
     export(workdir, str(folder / "exports" / "hlo"), fmt="stablehlo", batch_sizes=(1,),
            lengths=(16,))
     shutil.copy(ROOT / "transformer_jax" / "export" / "serve_stablehlo.py", folder)
+    (folder / "runs").mkdir()
+    (folder / "runs" / "default").symlink_to(workdir)  # what export() reads from Python
     return folder
 
 

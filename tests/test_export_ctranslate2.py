@@ -68,8 +68,8 @@ def test_log_probs_equal_ours(tmp_path, overrides):
     sources = [list(rng.integers(4, 61, n)) + [EOS_ID] for n in (5, 11, 2)]
     targets = [list(rng.integers(4, 61, n)) + [EOS_ID] for n in (7, 3, 12)]
     results = ctranslate2.Translator(str(tmp_path)).score_batch(
-        [[pieces[i] for i in s] for s in sources],  # CTranslate2 adds no source EOS: we do;
-        [[pieces[i] for i in t[:-1]] for t in targets])  # it appends the target EOS
+        [[pieces[i] for i in s[:-1]] for s in sources],  # the model appends both EOS
+        [[pieces[i] for i in t[:-1]] for t in targets])  # (config.json's add_source_eos)
     for source, target, result in zip(sources, targets, results):
         assert result.tokens == [pieces[i] for i in target[:-1]] + ["</s>"]
         ours = _our_log_probs(model, params, np.array([source]), np.array([target]))[0]
@@ -215,6 +215,9 @@ def test_translate_py_with_ctranslate2_equals_jax(translating_run, exported):
     (["--engine=stablehlo", "--exported=E"], "holds a ctranslate2 export, not stablehlo"),
     (["--engine=ctranslate2", "--exported=E", "--checkpoint=2"], "--checkpoint is for "
                                                                   "--engine=jax"),
+    (["--engine=ctranslate2", "--exported=E", "in.txt"],  # read stdin, ignoring in.txt
+     "error: unexpected arguments 'in.txt': flags are --name=value, e.g. --workdir=runs/default "
+     "--input=FILE --output=FILE"),
 ])
 def test_translate_py_engine_errors_are_one_line(exported, args, message):
     args = [a.replace("=E", f"={exported / 'float32'}") for a in args]
@@ -225,12 +228,16 @@ def test_translate_py_engine_errors_are_one_line(exported, args, message):
 
 def test_export_cli_refuses_an_existing_output_and_leaves_nothing_half_made(trained_run,
                                                                            tmp_path):
+    """The output is checked before the checkpoints are read (minutes for a big model
+    averaged): here the workdir does not exist, and the output is what is named."""
     output = tmp_path / "out"
     output.mkdir()
-    result = _run("-m", "transformer_jax.export", f"--workdir={trained_run.workdir}",
+    (output / "export.json").write_text("{}")
+    result = _run("-m", "transformer_jax.export", f"--workdir={tmp_path / 'no_run'}",
                   "--format=ctranslate2", f"--output={output}")
-    assert result.returncode == 1 and result.stderr.count("\n") == 1
-    assert "exists; choose another or pass --force" in result.stderr
+    assert result.stderr == (f"error: --output {output} holds an earlier export; choose "
+                             f"another or pass --force to replace it\n")
+    assert result.returncode == 1
     bad = _run("-m", "transformer_jax.export", f"--workdir={trained_run.workdir}",
                "--format=ctranslate2", f"--output={tmp_path / 'new'}", "--checkpoint=3")
     assert bad.returncode == 1 and "checkpoint '3'" in bad.stderr
@@ -263,6 +270,9 @@ def test_a_damaged_ctranslate2_export_is_one_error(exported, tmp_path):
      "--quantization and --max_positions are for --format=ctranslate2, not --format=stablehlo"),
     (["--format=stablehlo", "--batch_sizes=0"],
      "--batch_sizes and --lengths are lists of positive integers, e.g. --lengths=16,32,64"),
+    (["--format=ctranslate2", "exports/old"],
+     "unexpected arguments 'exports/old': flags are --name=value, e.g. --workdir=runs/default "
+     "--format=ctranslate2 --output=OUT"),
 ])
 def test_export_cli_refuses_the_other_formats_flags(flags, message, tmp_path):
     """Flags of the other format were ignored; they are refused before any work."""
@@ -270,3 +280,139 @@ def test_export_cli_refuses_the_other_formats_flags(flags, message, tmp_path):
                   f"--output={tmp_path / 'out'}", *flags)
     assert result.returncode == 1 and result.stderr == f"error: {message}\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_sources_end_with_our_eos_in_any_ctranslate2_client(translating_run, test_split,
+                                                            exported):
+    """A client that passes the SentencePiece pieces alone (the usual recipe) changed 2 of
+    100 translations: our sources end with EOS. The model's config.json now adds it."""
+    config = json.loads((exported / "float32" / "config.json").read_text())
+    assert config["add_source_eos"] is True and config["add_source_bos"] is False
+    ours, pairs, ids = test_split
+    client = ctranslate2.Translator(str(exported / "float32"))
+    sources = [ours.tokenizer.encode_batch([p["source"]])[0] for p in pairs[:100]]
+    pieces = [[ours.tokenizer.id_to_piece(int(i)) for i in s] for s in sources]
+    assert all(p and p[-1] != "</s>" for p in pieces)
+    results = client.translate_batch(pieces, beam_size=1, min_decoding_length=0,
+                                     max_decoding_length=64)
+    expected = predict(ours.model, ours.params, ids[:100], beam_size=1, alpha=0.0,
+                       max_extra_length=10)
+    same = sum([ours.tokenizer.id_to_piece(i) for i in _until_eos(e) if i != EOS_ID] ==
+               r.hypotheses[0] for e, r in zip(expected, results))
+    assert same >= 99, f"{same} of 100 equal"
+
+
+class _Result:
+    def __init__(self, hypotheses):
+        self.hypotheses = hypotheses
+
+
+def test_a_finished_hypothesis_wins_over_a_longer_cut_one():
+    """At the output limit ours prefers a finished hypothesis (decoding.beam_search);
+    CTranslate2's first may be cut there. Every beam hypothesis is asked for, the best
+    finished taken, the source's EOS left to the model (add_source_eos)."""
+    calls = []
+
+    class Fake:
+        def translate_batch(self, tokens, **options):
+            calls.append((tokens, options))
+            return [_Result([["a", "b", "c"], ["a", "</s>"], ["b", "</s>"]]),
+                    _Result([["c", "c", "c"], ["c", "c", "b"]])]  # none finished
+
+    pieces = ["<pad>", "</s>", "<s>", "<unk>", "a", "b", "c"]
+    translator = CTranslate2Translator(Fake(), pieces, search={}, max_positions=64,
+                                       adds_eos=True)
+    outputs = translator.translate_ids([[4, 5, 1], [6, 1]], beam_size=3, alpha=0.6,
+                                       max_extra_length=2)
+    (tokens, options), = calls
+    assert tokens == [["c"], ["a", "b"]]  # the shorter first, as predict.py sorts them
+    assert outputs == [[6, 6, 6], [4, 1]]  # none finished: the best; else the best finished
+    assert options["num_hypotheses"] == 3 and options["max_decoding_length"] == 8 + 2
+
+
+def test_export_arguments_are_checked_before_the_checkpoints_are_read(tmp_path):
+    """An option of the other format reached transformer_spec's TypeError, a bad
+    max_positions an IndexError inside CTranslate2, both after the whole restore. The
+    workdir here does not exist: each error comes first."""
+    run = str(tmp_path / "no_run")
+    for kwargs, message in [
+            ({"fmt": "ctranslate2", "lengths": (16,)},
+             "lengths is an option of format stablehlo, not ctranslate2"),
+            ({"fmt": "stablehlo", "quantization": "int8"},
+             "quantization is an option of format ctranslate2, not stablehlo"),
+            ({"fmt": "stablehlo", "bucket": 3},
+             "bucket is no option of format stablehlo; its options are batch_sizes, lengths, "
+             "platforms"),
+            ({"fmt": "ctranslate2", "max_positions": 0},
+             "--max_positions must be a positive integer, got 0"),
+            ({"fmt": "ctranslate2", "max_positions": "64"},
+             "--max_positions must be a positive integer, got '64'"),
+            ({"fmt": "stablehlo", "lengths": "16,32"},
+             "lengths must be a sequence of positive integers, got '16,32'"),
+            ({"fmt": "stablehlo", "lengths": (16, 0)}, "lengths must be positive integers, "
+                                                       "got [16, 0]"),
+            ({"fmt": "ctranslate2", "beam_size": 0}, "beam_size=0: 0 is not a positive "
+                                                     "integer")]:
+        with pytest.raises(ExportError) as error:
+            export(run, str(tmp_path / "out"), **kwargs)
+        assert str(error.value) == message
+    from transformer_jax.export.stablehlo import check_options
+    assert check_options(lengths=16, batch_sizes=(8, 1, 8))["lengths"] == (16,)  # one bucket
+    assert check_options(lengths=16, batch_sizes=(8, 1, 8))["batch_sizes"] == (1, 8)
+
+
+def test_without_ctranslate2_the_format_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import raises ImportError
+    with pytest.raises(ExportError) as error:
+        export(str(tmp_path / "run"), str(tmp_path / "out"), fmt="ctranslate2")
+    assert str(error.value) == ("the ctranslate2 format needs the ctranslate2 package: pip "
+                                "install 'transformer_jax[serve]' (or pip install ctranslate2)")
+
+
+def test_another_or_a_damaged_tokenizer_is_refused(exported, trained_run, tmp_path):
+    """An export's tokenizer.model replaced by another model's translated into nonsense
+    silently, and a damaged one in the workdir was a traceback from the export command."""
+    import shutil
+
+    swapped = tmp_path / "swapped"
+    shutil.copytree(exported / "float32", swapped)
+    manifest = json.loads((swapped / "export.json").read_text())
+    assert manifest["tokenizer_sha256"] == Translator.from_workdir(
+        manifest["workdir"]).tokenizer.sha256
+    sha = manifest["tokenizer_sha256"]
+    manifest["tokenizer_sha256"] = "0" * 64  # as if exported with another tokenizer
+    (swapped / "export.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportError) as error:
+        CTranslate2Translator.from_export(str(swapped))
+    assert str(error.value) == (f"{swapped / 'tokenizer.model'} is not the tokenizer this "
+                                f"model was exported with (SHA-256 {sha[:12]}..., exported "
+                                f"000000000000...); export again")
+    (swapped / "tokenizer.model").write_bytes(b"junk")
+    with pytest.raises(ExportError) as error:
+        CTranslate2Translator.from_export(str(swapped))
+    assert str(error.value) == (f"{swapped / 'tokenizer.model'} is damaged (not the "
+                                f"SentencePiece model exported); export again")
+    run = tmp_path / "run"
+    shutil.copytree(trained_run.workdir / "checkpoints", run / "checkpoints")
+    (run / "tokenizer.model").write_bytes(b"garbage")
+    result = _run("-m", "transformer_jax.export", f"--workdir={run}", "--format=ctranslate2",
+                  f"--output={tmp_path / 'out'}")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: {run / 'tokenizer.model'} is damaged")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_training_run_and_an_export_each_name_the_other_flag(exported, trained_run):
+    from transformer_jax.export.manifest import read_manifest
+    from transformer_jax.trained_params import CheckpointChoiceError, load_trained_params
+
+    with pytest.raises(ExportError) as error:
+        read_manifest(str(trained_run.workdir), "ctranslate2")
+    assert str(error.value) == (f"{trained_run.workdir} is a training run, not an export; "
+                                f"translate with --engine=jax --workdir={trained_run.workdir}, "
+                                f"or export it with python -m transformer_jax.export")
+    with pytest.raises(CheckpointChoiceError) as error:
+        load_trained_params(str(exported / "int8"))
+    assert str(error.value) == (f"{exported / 'int8'} is an export, not a training run; "
+                                f"translate with translate.py --engine=ctranslate2 "
+                                f"--exported={exported / 'int8'}")

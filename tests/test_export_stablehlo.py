@@ -18,9 +18,9 @@ import pytest
 
 from run_configs import ROOT
 from transformer_jax.data import load_split
-from transformer_jax.export import serve_stablehlo
-from transformer_jax.export.manifest import (MANIFEST_FILE, ExportError, staged_directory,
-                                             write_manifest)
+from transformer_jax.export import export, serve_stablehlo
+from transformer_jax.export.manifest import (MANIFEST_FILE, ExportError, check_output,
+                                             staged_directory)
 from transformer_jax.export.serve_stablehlo import StableHLOError, StableHLOTranslator
 from transformer_jax.export.stablehlo import export_stablehlo, portable_config
 from transformer_jax.model import Transformer
@@ -45,13 +45,8 @@ def translator(trained_run):
 def exported(trained_run, translator, tmp_path_factory):
     """The shared run exported once, as `python -m transformer_jax.export` writes it."""
     output = tmp_path_factory.mktemp("stablehlo") / "exported"
-    trained = load_trained_params(str(trained_run.workdir))
-    search = translator.search_settings()
-    with staged_directory(str(output)) as staging:
-        extra = export_stablehlo(trained, staging, search=search, batch_sizes=BATCH_SIZES,
-                                 lengths=LENGTHS)
-        write_manifest(staging, fmt="stablehlo", workdir=str(trained_run.workdir),
-                       trained=trained, search=search, **extra)
+    export(str(trained_run.workdir), str(output), fmt="stablehlo", batch_sizes=BATCH_SIZES,
+           lengths=LENGTHS)
     return output
 
 
@@ -287,7 +282,14 @@ def test_translate_py_with_stablehlo_equals_jax(translating_run, tmp_path):
                               f"--exported={exported}", "--alpha=1.0"], cwd=ROOT,
                              input="null\n", capture_output=True, text=True, timeout=300)
     assert refused.returncode == 1 and refused.stderr.count("\n") == 2  # the source, the error
-    assert "was exported with alpha=0.6; export again to change it" in refused.stderr
+    assert refused.stderr.endswith(f"error: {exported} was exported with alpha=0.6; export "
+                                   f"again with python -m transformer_jax.export --alpha=1.0 "
+                                   f"to change it\n")
+    greedy = subprocess.run([sys.executable, "translate.py", "--engine=stablehlo",
+                             f"--exported={exported}", "--alpha=1.0", "--beam_size=1"],
+                            cwd=ROOT, input="null\n", capture_output=True, text=True,
+                            timeout=300)  # greedy search has no length penalty to differ
+    assert greedy.returncode == 0 and greedy.stdout.count("\n") == 1, greedy.stderr
 
 
 def test_a_staged_export_replaces_the_old_one_only_when_done(tmp_path):
@@ -327,12 +329,13 @@ def test_force_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeypatch
     monkeypatch.chdir(export)
     for output, message in [
             ("", "--output is empty; name the folder to write"),
-            (str(run), f"--output {run} exists and is no export (no {MANIFEST_FILE}); "
-                       f"--force replaces only an earlier export"),
-            (str(export / ".."), f"--output {export.parent} exists and is no export (no "
-                                 f"{MANIFEST_FILE}); --force replaces only an earlier export"),
-            (".", f"--output {export} holds the current folder; --force would move it away "
-                  f"from under this command; choose another")]:
+            (str(run), f"--output {run} is a folder that holds other files (no "
+                       f"{MANIFEST_FILE}); choose another"),
+            (str(export / ".."), f"--output {export.parent} holds the current folder; writing "
+                                 f"there would move it away from under this command; choose "
+                                 f"another"),
+            (".", f"--output {export} holds the current folder; writing there would move it "
+                  f"away from under this command; choose another")]:
         with pytest.raises(ExportError) as error, staged_directory(output, force=True):
             pytest.fail("staged")
         assert str(error.value) == message
@@ -346,14 +349,31 @@ def test_force_replaces_an_earlier_export_and_nothing_else(tmp_path, monkeypatch
         ["run", "checkpoints", "exports", "hlo", MANIFEST_FILE, "link"])
 
 
-def test_an_output_under_a_file_is_one_export_error(tmp_path):
-    """--output inside a file (or a folder without permission): ExportError, which the
-    command prints in one line, rather than makedirs' OSError."""
+def test_each_unusable_output_is_named_before_any_work(tmp_path):
+    """--output under a file gave makedirs' "File exists", a file got the advice to pass
+    --force (which then refused it), and an empty folder made for the export was refused."""
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    with pytest.raises(ExportError) as error, staged_directory(str(blocker / "out")):
-        pass
-    assert str(error.value).startswith(f"--output's folder {blocker} is not a writable folder: ")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("")
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / MANIFEST_FILE).write_text("{}")
+    for output, message in [
+            (blocker / "out" / "deeper", f"--output {blocker / 'out' / 'deeper'} cannot be made: "
+                                         f"{blocker} is a file"),
+            (blocker, f"--output {blocker} is a file; name a folder to write"),
+            (tmp_path / "full", f"--output {tmp_path / 'full'} is a folder that holds other "
+                                f"files (no {MANIFEST_FILE}); choose another"),
+            (tmp_path / "earlier", f"--output {tmp_path / 'earlier'} holds an earlier export; "
+                                   f"choose another or pass --force to replace it")]:
+        with pytest.raises(ExportError) as error:
+            check_output(str(output))
+        assert str(error.value) == message
+    (tmp_path / "empty").mkdir()
+    assert check_output(str(tmp_path / "empty")) == str(tmp_path / "empty")
+    with staged_directory(str(tmp_path / "empty")) as staging:
+        pathlib.Path(staging, "new.txt").write_text("new")
+    assert [p.name for p in (tmp_path / "empty").iterdir()] == ["new.txt"]
 
 
 def test_exports_lower_with_implementations_every_platform_has():
@@ -421,12 +441,46 @@ def test_a_damaged_export_is_one_error_naming_the_file(exported, tmp_path):
     message = one_line_error(lambda: translator.translate_ids([[5, 1]], beam_size=1))
     assert message.startswith(f"{artifact} is not a jax.export artifact (damaged?): ")
     assert message.endswith("; export again")
-    for content in (b"not an archive", b""):
+    params = (exported / "params.npz").read_bytes()
+    for content, why in ((b"not an archive", "ValueError"), (b"", "EOFError"),
+                         (params[:1000], "BadZipFile")):  # an interrupted copy
         (damaged / "params.npz").write_bytes(content)
-        assert one_line_error(lambda: StableHLOTranslator(damaged)).startswith(
-            f"cannot read the parameters {damaged / 'params.npz'}: ")
+        assert one_line_error(lambda: StableHLOTranslator(damaged)) == (
+            f"{damaged / 'params.npz'} is not the parameters the export wrote (damaged?): "
+            f"{why}; export again")
     manifest = json.loads((exported / "export.json").read_text())
     del manifest["stablehlo"]["searches"]
     (damaged / "export.json").write_text(json.dumps(manifest))
     assert one_line_error(lambda: StableHLOTranslator(damaged)) == (
         f"{damaged / 'export.json'} lacks stablehlo.searches; export again")
+
+
+def test_parameters_or_a_tokenizer_of_another_model_are_refused(exported, tmp_path):
+    """A params.npz of another shape reached jax's "Shape mismatch for args[0][0]", and
+    another tokenizer.model translated into nonsense without a word."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(exported, damaged)
+    with np.load(exported / "params.npz") as npz:
+        leaves = {key: npz[key] for key in npz.files}
+    first = sorted(leaves)[0]
+    np.savez(damaged / "params.npz", **{**leaves, first: leaves[first][:1]})
+    want = list(leaves[first].shape)
+    assert one_line_error(lambda: StableHLOTranslator(damaged).translate_ids([[5, 1]])) == (
+        f"{damaged / 'params.npz'} does not fit the exported model: its array 0 is "
+        f"float32{[1, *want[1:]]}, the model takes float32{want}; export again")
+    np.savez(damaged / "params.npz", **{k: v for k, v in leaves.items() if k != first})
+    assert one_line_error(lambda: StableHLOTranslator(damaged).translate_ids([[5, 1]])) == (
+        f"{damaged / 'params.npz'} holds {len(leaves) - 1} parameter arrays, the exported "
+        f"model takes {len(leaves)}; export again")
+    shutil.copy(exported / "params.npz", damaged / "params.npz")
+    tokenizer = damaged / "tokenizer.model"
+    tokenizer.write_bytes(tokenizer.read_bytes() + b"\n")  # another file, still a model?
+    assert one_line_error(lambda: StableHLOTranslator(damaged).translate(["null"])) == (
+        f"{tokenizer} is not the tokenizer this model was exported with (its SHA-256 "
+        f"differs from export.json's); export again")
+    manifest = json.loads((damaged / "export.json").read_text())
+    del manifest["tokenizer_sha256"]  # as in an earlier export: only parsing is checked
+    (damaged / "export.json").write_text(json.dumps(manifest))
+    tokenizer.write_bytes(b"junk")
+    assert one_line_error(lambda: StableHLOTranslator(damaged).translate(["null"])) == (
+        f"{tokenizer} is damaged (not a SentencePiece model); export again")

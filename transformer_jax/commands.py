@@ -1,6 +1,6 @@
 """What the commands (translate.py, evaluate.py, the plot, benchmark and export commands)
 share: results written whole or not at all, stdout that reports a full disk and a reader
-gone away, and Ctrl-C in one line.
+gone away, Ctrl-C in one line, and words that are not flags refused.
 """
 
 import contextlib
@@ -12,6 +12,15 @@ import threading
 import time
 
 from transformer_jax.atomic_file import atomic_write
+
+
+def refuse_arguments(argv: list[str], example: str) -> None:
+    """Ends the command in one line when `argv` (absl's, the program first) holds words that
+    are no flags: a file name after a command that reads --input would otherwise be ignored
+    while it waits for stdin. `example` shows the flags, e.g. "--input=FILE"."""
+    if len(argv) > 1:
+        sys.exit(f"error: unexpected arguments {' '.join(argv[1:])!r}: flags are --name=value, "
+                 f"e.g. {example}")
 
 
 class OutputError(OSError):

@@ -11,6 +11,7 @@ whose optimizer or optim config this version cannot build still translates.
 """
 
 import dataclasses
+import json
 import os
 from typing import NamedTuple
 
@@ -101,8 +102,15 @@ def load_trained_params(workdir: str, which: str | int = "latest") -> TrainedPar
         raise CheckpointChoiceError("the workdir is empty (an unset shell variable?); name a "
                                     "training run's folder")
     directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    if os.path.isfile(manifest := os.path.join(workdir, "export.json")):
+        raise CheckpointChoiceError(f"{workdir} is an export, not a training run; translate "
+                                    f"with translate.py --engine={_format_of(manifest)} "
+                                    f"--exported={workdir}")
     if not os.path.isdir(workdir):  # a misspelt path: "train first" would mislead
-        raise CheckpointChoiceError(f"{workdir}: no such folder (the training run's workdir)")
+        raise CheckpointChoiceError(f"{workdir}: " + ("a file, not a training run's folder"
+                                                      if os.path.exists(workdir) else
+                                                      "no such folder (the training run's "
+                                                      "workdir)"))
     if not os.path.isdir(directory):
         raise CheckpointChoiceError(f"{workdir} has no checkpoints; train first "
                                     f"(python train.py --workdir={workdir})")
@@ -123,3 +131,13 @@ def load_trained_params(workdir: str, which: str | int = "latest") -> TrainedPar
             raise CheckpointChoiceError(f"{error}; --checkpoint=latest falls back to the "
                                         f"newest that restores") from None
     return reads[-1]._replace(steps=steps, params=average_params([r.params for r in reads]))
+
+
+def _format_of(manifest: str) -> str:
+    """The format an export.json names, or "FORMAT" where it names none that can be read."""
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            fmt = json.load(f).get("format")
+    except (OSError, ValueError, AttributeError):
+        fmt = None
+    return fmt if isinstance(fmt, str) and fmt.isidentifier() else "FORMAT"

@@ -11,40 +11,70 @@ stablehlo     `jax.export` artifacts of the encoder and the cached searches for 
 Each directory also holds export.json and the tokenizer (`manifest.py`).
 """
 
-from transformer_jax.export.manifest import FORMATS, ExportError, read_manifest, \
-    staged_directory, write_manifest
+from transformer_jax.export.manifest import FORMATS, ExportError, check_output, \
+    read_manifest, staged_directory, write_manifest
+
+# Each format's options (keyword arguments of `export`), as `python -m transformer_jax.export`
+# names them.
+FORMAT_OPTIONS = {"ctranslate2": ("quantization", "max_positions"),
+                  "stablehlo": ("batch_sizes", "lengths", "platforms")}
 
 
 def export(workdir: str, output: str, *, fmt: str, checkpoint: str = "latest",
-           force: bool = False, **options) -> dict:
+           force: bool = False, beam_size: int | None = None, alpha: float | None = None,
+           max_extra_length: int | None = None, **options) -> dict:
     """Exports `workdir`'s parameters named by `checkpoint` (latest, a step, average:N) to
-    `output` in format `fmt`; returns the manifest. `options` are the format's:
-    ctranslate2: quantization, max_positions; stablehlo: batch_sizes, lengths, platforms."""
+    `output` in format `fmt`; returns the manifest.
+
+    The search settings (§6.1) left None are the run's `config.decode`: a stablehlo export
+    compiles them, a ctranslate2 one records them as its defaults. `options` are the
+    format's (`FORMAT_OPTIONS`): ctranslate2: quantization (None: float32), max_positions
+    (1024); stablehlo: batch_sizes, lengths, platforms. Every argument and `output` are
+    checked before the checkpoints are read; what is wrong is an ExportError.
+    """
     from transformer_jax.data.tokenizer import Tokenizer
     from transformer_jax.data.vocabulary import other_tokenizer, tokenizer_path
     from transformer_jax.trained_params import load_trained_params
-    from transformer_jax.translation import search_settings
+    from transformer_jax.translation import check_setting, search_settings
 
     if fmt not in FORMATS:
         raise ExportError(f"--format={fmt!r}: choose one of {', '.join(FORMATS)}")
+    options = _checked_options(fmt, options)
+    given = {"beam_size": beam_size, "alpha": alpha, "max_extra_length": max_extra_length}
+    try:
+        given = {key: check_setting(key, value) for key, value in given.items()}
+    except (TypeError, ValueError) as error:
+        raise ExportError(str(error)) from None
+    check_output(output, force=force)
     trained = load_trained_params(workdir, checkpoint)
-    if why := other_tokenizer(trained.metadata, Tokenizer.load(tokenizer_path(workdir))):
+    tokenizer = Tokenizer.load(tokenizer_path(workdir))
+    if why := other_tokenizer(trained.metadata, tokenizer):
         raise ExportError(f"{workdir}/checkpoints/{trained.steps[-1]} {why}")
-    search = search_settings(trained.metadata["config"].get("decode"))
+    search = search_settings(trained.metadata["config"].get("decode"), **given)
     with staged_directory(output, force=force) as directory:
         if fmt == "ctranslate2":
-            from transformer_jax.export import ctranslate2_model
+            from transformer_jax.export.ctranslate2_model import export_ctranslate2
 
-            tokenizer = Tokenizer.load(tokenizer_path(workdir))
             pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-            quantization = options.pop("quantization", None)
-            spec = ctranslate2_model.transformer_spec(trained.model.config, trained.params,
-                                                      pieces, **options)
-            ctranslate2_model.save_model(spec, directory, quantization)
-            extra = {"quantization": quantization or "float32", **options}
+            extra = export_ctranslate2(trained, pieces, directory, search=search, **options)
         else:
             from transformer_jax.export.stablehlo import export_stablehlo
 
             extra = export_stablehlo(trained, directory, search=search, **options)
         return write_manifest(directory, fmt=fmt, workdir=workdir, trained=trained,
-                              search=search, **extra)
+                              tokenizer=tokenizer, search=search, **extra)
+
+
+def _checked_options(fmt: str, options: dict) -> dict:
+    """`options` as the format takes them, or an ExportError naming the first it cannot."""
+    for name in options:
+        if name not in FORMAT_OPTIONS[fmt]:
+            owner = [f for f, names in FORMAT_OPTIONS.items() if name in names]
+            raise ExportError(f"{name} is an option of format {owner[0]}, not {fmt}" if owner
+                              else f"{name} is no option of format {fmt}; its options are "
+                                   f"{', '.join(FORMAT_OPTIONS[fmt])}")
+    if fmt == "ctranslate2":
+        from transformer_jax.export.ctranslate2_model import check_options
+    else:
+        from transformer_jax.export.stablehlo import check_options
+    return check_options(**options)

@@ -1,6 +1,8 @@
 """python -m transformer_jax.export --workdir=DIR --format=ctranslate2|stablehlo --output=OUT
 
     --checkpoint=latest|N|average:N     which parameters (§6.1 averages the last 5)
+    --beam_size --alpha --max_extra_length   the search (default: the run's config.decode):
+                                        stablehlo compiles it, ctranslate2 records it
     --quantization=int8|float16|...     ctranslate2: the weights' type (default float32)
     --batch_sizes=1,8,32 --lengths=...  stablehlo: the buckets compiled ahead
 
@@ -20,10 +22,11 @@ import sys
 
 from absl import app, flags, logging
 
-from transformer_jax.command_line import one_line_warnings
-from transformer_jax.commands import interrupt_in_one_line
+from transformer_jax.command_line import define_search_flags, one_line_warnings
+from transformer_jax.commands import interrupt_in_one_line, refuse_arguments
+from transformer_jax.data import DataError
 from transformer_jax.export import FORMATS, ExportError, export
-from transformer_jax.export.ctranslate2_model import QUANTIZATIONS
+from transformer_jax.export.ctranslate2_model import MAX_POSITIONS, QUANTIZATIONS
 from transformer_jax.trained_params import CheckpointChoiceError, checkpoints_named
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
@@ -34,13 +37,14 @@ _FORCE = flags.DEFINE_bool("force", False, "replace --output if it is an earlier
                            "(a folder with export.json); never another folder")
 _QUANTIZATION = flags.DEFINE_enum("quantization", None, QUANTIZATIONS,
                                   "ctranslate2: the weights' type (default: float32)")
-_MAX_POSITIONS = flags.DEFINE_integer("max_positions", 1024, "ctranslate2: rows of the "
-                                      "position table, the longest input or output",
+_MAX_POSITIONS = flags.DEFINE_integer("max_positions", MAX_POSITIONS, "ctranslate2: rows "
+                                      "of the position table, the longest input or output",
                                       lower_bound=1)
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8", "32"], "stablehlo: batch buckets")
 _LENGTHS = flags.DEFINE_list("lengths", ["16", "32", "64", "128"],
                              "stablehlo: source-length buckets (tokens, EOS included)")
 
+_BEAM, _ALPHA, _EXTRA = define_search_flags()
 
 # Each format's own flags; the other format's, given, are an error rather than ignored.
 FORMAT_FLAGS = {"ctranslate2": (_QUANTIZATION, _MAX_POSITIONS),
@@ -67,13 +71,15 @@ def _options() -> dict:
 
 
 def main(argv) -> None:
-    del argv
+    refuse_arguments(argv, "--workdir=runs/default --format=ctranslate2 --output=OUT")
     logging.set_verbosity(logging.WARNING)
     one_line_warnings()
     try:
         manifest = export(_WORKDIR.value, _OUTPUT.value, fmt=_FORMAT.value,
-                          checkpoint=_CHECKPOINT.value, force=_FORCE.value, **_options())
-    except (ExportError, CheckpointChoiceError, FileNotFoundError) as error:
+                          checkpoint=_CHECKPOINT.value, force=_FORCE.value,
+                          beam_size=_BEAM.value, alpha=_ALPHA.value,
+                          max_extra_length=_EXTRA.value, **_options())
+    except (ExportError, CheckpointChoiceError, DataError, FileNotFoundError) as error:
         sys.exit(f"error: {error}")
     print(f"exported {checkpoints_named(manifest['steps'])} of {_WORKDIR.value} to {_OUTPUT.value} "
           f"({_FORMAT.value}); translate with: python translate.py "

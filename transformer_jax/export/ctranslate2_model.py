@@ -18,7 +18,14 @@ Two things differ from our search, by design of the engines:
   `translate_ids` passes `PATIENCE` = 4 (docs/serving.md);
 - the padding id: our decoder never emits it (`Transformer.decode_step` sets its logit to
   the lowest float); here the projection's bias does the same, -65504 (float16's lowest,
-  finite in every compute type) on id 0 and 0 elsewhere.
+  finite in every compute type) on id 0 and 0 elsewhere;
+- at the output limit: `decoding.beam_search` prefers any finished hypothesis to one cut
+  at max_length, CTranslate2 returns its best, cut or not; `translate_ids` asks for every
+  hypothesis of the beam and takes the best finished one, as ours does.
+
+Our sources end with EOS (§3.1's encoder input, `Tokenizer.encode(add_eos=True)`); the
+model's config.json says so (`add_source_eos`), so any CTranslate2 client that passes the
+SentencePiece pieces alone gets the translations we do.
 """
 
 import dataclasses
@@ -40,7 +47,48 @@ from transformer_jax.translation import (check_lengths, check_setting, search_se
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16",
                  "int8_bfloat16", "int16")
 PATIENCE = 4  # CTranslate2's beam search patience that gives §6.1's hypotheses (above)
+MAX_POSITIONS = 1024  # the default rows of the position table: the longest input or output
 _NEVER = -65504.0  # float16's lowest: the padding logit in every compute type
+
+
+def check_options(quantization: str | None = None, max_positions: int = MAX_POSITIONS) -> dict:
+    """The options of `export_ctranslate2` as given, or an ExportError naming the first that
+    is wrong; also one when the ctranslate2 package is missing."""
+    _ctranslate2()
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ExportError(f"--quantization={quantization!r}: choose one of "
+                          f"{', '.join(QUANTIZATIONS)}")
+    if not isinstance(max_positions, (int, np.integer)) or isinstance(max_positions, bool) \
+            or max_positions < 1:
+        raise ExportError(f"--max_positions must be a positive integer, got {max_positions!r}")
+    return {"quantization": quantization, "max_positions": int(max_positions)}
+
+
+def export_ctranslate2(trained, pieces: list[str], directory: str, *, search: dict,
+                       quantization: str | None = None,
+                       max_positions: int = MAX_POSITIONS) -> dict:
+    """Writes `trained` (a `TrainedParams`) with the vocabulary `pieces` as a CTranslate2
+    model into `directory`; returns export.json's keys of this format, among them the
+    `translate_batch` arguments that search as `search` (the run's §6.1 settings) does."""
+    spec = transformer_spec(trained.model.config, trained.params, pieces,
+                            max_positions=max_positions)
+    save_model(spec, directory, quantization)
+    return {"quantization": quantization or "float32", "max_positions": max_positions,
+            "ctranslate2_version": _ctranslate2().__version__,
+            "ctranslate2_options": {"beam_size": search["beam_size"], "patience": PATIENCE,
+                                    "length_penalty": search["alpha"],
+                                    "min_decoding_length": 0}}
+
+
+def _ctranslate2():
+    """The ctranslate2 module; an ExportError that says how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ExportError("the ctranslate2 format needs the ctranslate2 package: pip "
+                          "install 'transformer_jax[serve]' (or pip install ctranslate2)") \
+            from None
+    return ctranslate2
 
 
 def check_expressible(config: ModelConfig, max_positions: int) -> None:
@@ -57,10 +105,10 @@ def check_expressible(config: ModelConfig, max_positions: int) -> None:
 
 
 def transformer_spec(config: ModelConfig, params: dict, pieces: list[str], *,
-                     max_positions: int = 1024):
+                     max_positions: int = MAX_POSITIONS):
     """The `ctranslate2.specs.TransformerSpec` of a model with parameters `params` and
     the vocabulary `pieces` (id i is `pieces[i]`); positions up to `max_positions`."""
-    from ctranslate2.specs import TransformerSpec
+    TransformerSpec = _ctranslate2().specs.TransformerSpec
 
     check_expressible(config, max_positions)
     params = _numpy(params)
@@ -96,6 +144,7 @@ def transformer_spec(config: ModelConfig, params: dict, pieces: list[str], *,
     spec.config.unk_token, spec.config.bos_token = vocabulary[UNK_ID], vocabulary[BOS_ID]
     spec.config.eos_token = vocabulary[EOS_ID]
     spec.config.decoder_start_token = vocabulary[DECODER_START_ID]  # shifted right (§3.1)
+    spec.config.add_source_eos = True  # our sources end with EOS: any client gets them so
     return spec
 
 
@@ -178,31 +227,32 @@ class CTranslate2Translator:
     pieces: list[str]  # the vocabulary: id i is pieces[i]
     search: dict  # the run's beam_size, alpha, max_extra_length
     tokenizer: object = None  # transformer_jax.data.tokenizer.Tokenizer, for text
-    max_positions: int | None = None  # the export's position table: the longest in or out
+    max_positions: int = MAX_POSITIONS  # the export's position table: the longest in or out
+    adds_eos: bool = False  # the model appends EOS to each source (exports since add_source_eos)
 
     @classmethod
     def from_export(cls, directory: str, *, device: str = "cpu", compute_type: str = "default",
                     threads: int = 0) -> "CTranslate2Translator":
         """The model exported to `directory`; `threads` 0 lets CTranslate2 choose."""
-        import ctranslate2
-
-        from transformer_jax.data.tokenizer import Tokenizer
-        from transformer_jax.data.vocabulary import TOKENIZER_FILE
-
         manifest = read_manifest(directory, "ctranslate2")
-        if not os.path.isfile(tokenizer := os.path.join(directory, TOKENIZER_FILE)):
-            raise ExportError(f"{directory} has no {TOKENIZER_FILE}; export again")
+        tokenizer = _exported_tokenizer(directory, manifest)
         try:
-            translator = ctranslate2.Translator(directory, device=device,
-                                                compute_type=compute_type,
-                                                intra_threads=threads)
+            translator = _ctranslate2().Translator(directory, device=device,
+                                                   compute_type=compute_type,
+                                                   intra_threads=threads)
             with open(os.path.join(directory, "shared_vocabulary.json"), encoding="utf-8") as f:
                 pieces = json.load(f)
+            with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+                adds_eos = bool(json.load(f).get("add_source_eos"))
         except (RuntimeError, ValueError, OSError) as error:
             raise ExportError(f"CTranslate2 cannot load {directory}: {error}") from None
-        return cls(translator, pieces, manifest["search"],
-                   Tokenizer.load(tokenizer),
-                   manifest.get("max_positions"))
+        if pieces[:tokenizer.vocab_size] != [tokenizer.id_to_piece(i)
+                                            for i in range(tokenizer.vocab_size)]:
+            raise ExportError(f"{directory}'s tokenizer.model has other pieces than its "
+                              f"model's vocabulary; export again")
+        # Exports made by `export()` without max_positions have the default table.
+        return cls(translator, pieces, manifest["search"], tokenizer,
+                   manifest.get("max_positions", MAX_POSITIONS), adds_eos)
 
     def translate_ids(self, source_ids: list[list[int]], *, beam_size: int, alpha: float,
                       max_extra_length: int, batch_size: int = 32, patience: int = PATIENCE,
@@ -212,26 +262,30 @@ class CTranslate2Translator:
         Batches as `predict.predict` makes them (sorted by length, `batch_size` at a
         time), with the same output limit: the batch's longest source rounded up to a
         multiple of `predict.BUCKET`, plus `max_extra_length` tokens, and no more than the
-        position table's `max_positions` (CTranslate2 fails past its end).
+        position table's `max_positions` (CTranslate2 fails past its end). Of the beam's
+        hypotheses, the best that ended with EOS, else the best (as `decoding.beam_search`).
         """
         ids = {piece: i for i, piece in enumerate(self.pieces)}
         order = sorted(range(len(source_ids)), key=lambda i: len(source_ids[i]))
         outputs: list[list[int]] = [[] for _ in source_ids]
         starts = range(0, len(order), batch_size)
+        eos = self.pieces[EOS_ID]
         # A `with`: an error or Ctrl-C ends the bar's line at once (as predict.py's).
         with tqdm.tqdm(starts, desc="translating", unit="batch", disable=not progress) as bar:
             for start in bar:
                 chosen = order[start:start + batch_size]
                 tokens = [[self.pieces[i] for i in source_ids[j]] for j in chosen]
                 longest = -(-max(map(len, tokens)) // BUCKET) * BUCKET
+                if self.adds_eos:  # the model appends the EOS our ids end with
+                    tokens = [t[:-1] if t and t[-1] == eos else t for t in tokens]
                 results = self.translator.translate_batch(
                     tokens, beam_size=beam_size, patience=patience, length_penalty=alpha,
                     max_input_length=0, min_decoding_length=0,  # ours may end at once
-                    max_decoding_length=min(longest + max_extra_length,
-                                            self.max_positions or float("inf")),
-                    return_end_token=True)
+                    max_decoding_length=min(longest + max_extra_length, self.max_positions),
+                    num_hypotheses=beam_size, return_end_token=True)
                 for j, result in zip(chosen, results):
-                    outputs[j] = [ids[p] for p in result.hypotheses[0]]
+                    finished = [h for h in result.hypotheses if h and h[-1] == eos]
+                    outputs[j] = [ids[p] for p in (finished or result.hypotheses)[0]]
         return outputs
 
     def translate(self, sentences: list[str], *, beam_size: int | None = None,
@@ -249,3 +303,25 @@ class CTranslate2Translator:
                       advice="split it or export with a larger --max_positions")
         outputs = self.translate_ids(ids, batch_size=batch_size, progress=progress, **search)
         return self.tokenizer.decode_batch(outputs)
+
+
+def _exported_tokenizer(directory: str, manifest: dict):
+    """The export's tokenizer.model, or an ExportError where it is missing, damaged or not
+    the one exported (another model's ids would translate into nonsense, silently)."""
+    from transformer_jax.data.sources import DataError
+    from transformer_jax.data.tokenizer import Tokenizer
+    from transformer_jax.data.vocabulary import TOKENIZER_FILE
+
+    path = os.path.join(directory, TOKENIZER_FILE)
+    if not os.path.isfile(path):
+        raise ExportError(f"{directory} has no {TOKENIZER_FILE}; export again")
+    try:
+        tokenizer = Tokenizer.load(path)
+    except DataError:
+        raise ExportError(f"{path} is damaged (not the SentencePiece model exported); "
+                          f"export again") from None
+    if manifest.get("tokenizer_sha256", tokenizer.sha256) != tokenizer.sha256:
+        raise ExportError(f"{path} is not the tokenizer this model was exported with "
+                          f"(SHA-256 {tokenizer.sha256[:12]}..., exported "
+                          f"{manifest['tokenizer_sha256'][:12]}...); export again")
+    return tokenizer

@@ -73,10 +73,13 @@ def _stablehlo(directory: str, exported: dict) -> Callable[..., list[str]]:
         raise TranslationError(str(error)) from None
 
     def translate(sentences, *, beam_size=None, alpha=None, max_extra_length=None, **rest):
-        for key, value in (("alpha", alpha), ("max_extra_length", max_extra_length)):
+        greedy = beam_size == 1 or (beam_size is None and exported["beam_size"] == 1)
+        for key, value in (("alpha", None if greedy else alpha),  # greedy search has none
+                           ("max_extra_length", max_extra_length)):
             if value is not None and value != exported[key]:
-                raise TranslationError(f"{directory} was exported with {key}="
-                                       f"{exported[key]}; export again to change it")
+                raise TranslationError(
+                    f"{directory} was exported with {key}={exported[key]}; export again "
+                    f"with python -m transformer_jax.export --{key}={value} to change it")
         try:
             return translator.translate(sentence_list(sentences), beam_size=beam_size, **rest)
         except serve_stablehlo.SentenceTooLongError as error:

@@ -14,9 +14,11 @@ Sources are batched as transformer_jax's predict.py batches them: sorted by leng
 each batch searched in the smallest exported bucket (rows x source length) that holds it.
 """
 
+import hashlib
 import json
 import os
 import sys
+import zipfile
 
 import jax
 import numpy as np
@@ -45,7 +47,7 @@ class StableHLOTranslator:
 
     def __init__(self, directory: str):
         self.directory = os.fspath(directory)
-        self._entry = _read_entry(self.directory)
+        self._entry, self._tokenizer_sha256 = _read_entry(self.directory)
         platform = jax.export.default_export_platform()
         if platform not in self._entry["platforms"]:
             raise StableHLOError(
@@ -154,22 +156,54 @@ class StableHLOTranslator:
             except Exception as error:  # noqa: BLE001 -- flatbuffers' struct.error, ...
                 raise StableHLOError(f"{path} is not a jax.export artifact (damaged?): "
                                      f"{type(error).__name__}: {error}; export again") from None
+            self._check_params(exported)
             self._functions[bucket["file"]] = jax.jit(exported.call)
         return np.asarray(self._functions[bucket["file"]](self._params, inputs_BS))
+
+    def _check_params(self, exported) -> None:
+        """A StableHLOError where params.npz's leaves are not those `exported` takes: a
+        params.npz of another model or a damaged one (jax's words name no file)."""
+        path = os.path.join(self.directory, self._entry["params"])
+        wanted = exported.in_avals[:-1]  # the arguments: the leaves, then inputs_BS
+        if len(wanted) != len(self._params):
+            raise StableHLOError(f"{path} holds {len(self._params)} parameter arrays, the "
+                                 f"exported model takes {len(wanted)}; export again")
+        for i, (aval, leaf) in enumerate(zip(wanted, self._params)):
+            if aval.shape != leaf.shape or aval.dtype != leaf.dtype:
+                raise StableHLOError(
+                    f"{path} does not fit the exported model: its array {i} is "
+                    f"{leaf.dtype}{list(leaf.shape)}, the model takes "
+                    f"{aval.dtype}{list(aval.shape)}; export again")
 
     def _load_tokenizer(self):
         if self._tokenizer is None:
             import sentencepiece  # only text needs it
 
             path = os.path.join(self.directory, TOKENIZER_FILE)
-            if not os.path.exists(path):
-                raise StableHLOError(f"{self.directory} has no {TOKENIZER_FILE}")
-            self._tokenizer = sentencepiece.SentencePieceProcessor(model_file=path)
+            try:
+                with open(path, "rb") as f:
+                    proto = f.read()
+            except FileNotFoundError:
+                raise StableHLOError(f"{self.directory} has no {TOKENIZER_FILE}") from None
+            except OSError as error:
+                raise StableHLOError(f"cannot read {path}: {error.strerror or error}") from None
+            # The SHA-256 of the model's bytes, as transformer_jax's Tokenizer.sha256.
+            exported = self._tokenizer_sha256 or hashlib.sha256(proto).hexdigest()
+            if hashlib.sha256(proto).hexdigest() != exported:
+                raise StableHLOError(f"{path} is not the tokenizer this model was exported "
+                                     f"with (its SHA-256 differs from export.json's); "
+                                     f"export again")
+            try:
+                self._tokenizer = sentencepiece.SentencePieceProcessor(model_proto=proto)
+            except RuntimeError:
+                raise StableHLOError(f"{path} is damaged (not a SentencePiece model); "
+                                     f"export again") from None
         return self._tokenizer
 
 
-def _read_entry(directory: str) -> dict:
-    """export.json's "stablehlo" entry; a StableHLOError unless it is a stablehlo export."""
+def _read_entry(directory: str) -> tuple[dict, str | None]:
+    """export.json's "stablehlo" entry and its tokenizer's SHA-256 (None in exports that
+    lack it); a StableHLOError unless it is a stablehlo export."""
     path = os.path.join(directory, MANIFEST_FILE)
     try:
         with open(path, encoding="utf-8") as f:
@@ -188,7 +222,7 @@ def _read_entry(directory: str) -> dict:
     if missing:
         raise StableHLOError(f"{path} lacks stablehlo.{', stablehlo.'.join(missing)}; "
                              f"export again")
-    return entry
+    return entry, manifest.get("tokenizer_sha256")
 
 
 def _load_params(path: str) -> tuple:
@@ -196,8 +230,12 @@ def _load_params(path: str) -> tuple:
     try:
         with np.load(path) as npz:
             return tuple(jax.device_put(npz[key]) for key in sorted(npz.files))
-    except (OSError, ValueError, EOFError) as error:  # not an .npz: "pickled data", empty
-        raise StableHLOError(f"cannot read the parameters {path}: {error}") from None
+    except OSError as error:
+        raise StableHLOError(f"cannot read {path}: {error.strerror or error}") from None
+    # Not an .npz (numpy's ValueError proposes to unpickle it), empty, or cut short.
+    except (ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise StableHLOError(f"{path} is not the parameters the export wrote (damaged?): "
+                             f"{type(error).__name__}; export again") from None
 
 
 def _refuse_too_long(source_ids, cap, limit: str, advice: str) -> None:

@@ -46,6 +46,21 @@ KNOWN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 WANTED_PLATFORMS = ("cpu", "cuda")
 
 
+def check_options(batch_sizes=(1, 8, 32), lengths=(16, 32, 64, 128), platforms=None) -> dict:
+    """The options of `export_stablehlo`, as sorted tuples without repeats, or an ExportError
+    naming the first that is wrong."""
+    sizes = {}
+    for name, given in (("batch_sizes", batch_sizes), ("lengths", lengths)):
+        if isinstance(given, (int, np.integer)) and not isinstance(given, bool):
+            given = (given,)  # one bucket
+        if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
+            raise ExportError(f"{name} must be a sequence of positive integers, got {given!r}")
+        if not given or not all(_int_at_least(n, 1) for n in given):
+            raise ExportError(f"{name} must be positive integers, got {list(given)}")
+        sizes[name] = tuple(sorted({int(n) for n in given}))
+    return {**sizes, "platforms": None if platforms is None else _checked_platforms(platforms)}
+
+
 def export_stablehlo(trained, directory: str, *, search: dict, batch_sizes=(1, 8, 32),
                      lengths=(16, 32, 64, 128), platforms=None) -> dict:
     """Writes params.npz and an artifact per search and (batch size, length) bucket into
@@ -60,8 +75,9 @@ def export_stablehlo(trained, directory: str, *, search: dict, batch_sizes=(1, 8
     """
     config = trained.model.config
     searches = _searches(search)
-    buckets = _buckets(batch_sizes, lengths, position_rows(config))
-    platforms = None if platforms is None else _checked_platforms(platforms)
+    options = check_options(batch_sizes, lengths, platforms)
+    buckets = _buckets(options["batch_sizes"], options["lengths"], position_rows(config))
+    platforms = options["platforms"]
     model = trained.model.clone(config=portable_config(trained.model.config))
     leaves, treedef = jax.tree.flatten(trained.params)
     _save_params(leaves, os.path.join(directory, PARAMS_FILE))
@@ -151,16 +167,13 @@ def _searches(search: dict) -> dict:
 
 def _buckets(batch_sizes, lengths, longest: int | None) -> list[tuple[int, int]]:
     """Every (batch size, length) pair, ascending, with lengths no more than `longest` (None:
-    any); an ExportError for a size that is no positive integer or for none at all."""
-    for name, sizes in (("batch_sizes", batch_sizes), ("lengths", lengths)):
-        if not sizes or not all(_int_at_least(n, 1) for n in sizes):
-            raise ExportError(f"{name} must be positive integers, got {list(sizes)}")
-    lengths = {min(int(s), longest or int(s)) for s in lengths}
-    return [(int(b), s) for b in sorted(set(batch_sizes)) for s in sorted(lengths)]
+    any); the sizes are `check_options`'."""
+    lengths = {min(s, longest or s) for s in lengths}
+    return [(b, s) for b in batch_sizes for s in sorted(lengths)]
 
 
 def _checked_platforms(platforms) -> tuple[str, ...]:
-    platforms = tuple(platforms)
+    platforms = (platforms,) if isinstance(platforms, str) else tuple(platforms)
     unknown = [p for p in platforms if p not in KNOWN_PLATFORMS]
     if unknown or not platforms:
         raise ExportError(f"platforms must be some of {', '.join(KNOWN_PLATFORMS)}, "
