@@ -127,8 +127,8 @@ def test_a_config_flag_loads_its_file_with_load_config_file(tmp_path):
 
 def test_an_override_of_a_key_that_is_nowhere_close_lists_its_groups_keys():
     """ml_collections names the key alone where no key is close to it; the command line then
-    names the override and the keys of its group. A close key keeps ml_collections' "did you
-    mean"."""
+    names the override and the keys of its group. For a close key, ml_collections' "'d_modle'
+    Did you mean ..." names neither the override nor the group: it is said as the others."""
     expected = {
         "--config.model.preset=tiny": "--config.model.preset: config.model has no key "
                                       "'preset'; its keys: " + ", ".join(sorted(model_fields(
@@ -136,8 +136,8 @@ def test_an_override_of_a_key_that_is_nowhere_close_lists_its_groups_keys():
         "--config.optim.x.y=2": "--config.optim.x.y: config.optim has no key 'x'; its keys: "
                                 "b1, b2, eps, grad_clip_norm, label_smoothing, "
                                 "learning_rate_scale, warmup_steps",
-        "--config.model.d_modle=3": "'d_modle' Did you mean \"d_model\" instead of "
-                                    "\"d_modle\"?",
+        "--config.model.d_modle=3": "--config.model.d_modle: config.model has no key "
+                                    "'d_modle'; did you mean 'd_model'?",
         # The override whose group lacks the key, not the first that names it.
         "--config.seed=1 --config.decode.seed=2": "--config.decode.seed: config.decode has no "
                                                   "key 'seed'; its keys: " + ", ".join(sorted(

@@ -1,7 +1,9 @@
 """`python -m transformer_jax.data`: what the model sees, and errors without tracebacks."""
 
+import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 
@@ -82,7 +84,23 @@ def test_a_misused_command_line_is_one_line(tmp_path):
                               "folder"),
              ([f"--workdir={tmp_path / 'a_file' / 'run'}"],
               f"error: --workdir {tmp_path / 'a_file' / 'run'} is not a writable folder: Not a "
-              f"directory")]
+              f"directory"),
+             (["prepare", f"--workdir={tmp_path / 'run'}", "--split=test", "--show=3"],
+              "error: --split, --show are for showing a split (no command), not for prepare, "
+              "which prepares train and validation"),  # were ignored
+             (["--config.data.datset=folder:corpus"],
+              "error in the command line: --config.data.datset: config.data has no key "
+              "'datset'; did you mean 'dataset'?"),
+             (["--config.data.vocab_size=1e4"],
+              "error in the command line: --config.data.vocab_size=1e4: config.data.vocab_size "
+              "is an integer, got '1e4'"),  # absl's two lines: "invalid literal for int()"
+             (["--config.data.tokenizer_type=wordpiece"],  # was found after reading the split
+              "error: config.data.tokenizer_type must be one of 'bpe', 'unigram', got "
+              "'wordpiece'"),
+             ([f"--config.data.dataset=folder:{tmp_path / 'a_file'}"],
+              f"error: dataset folder '{tmp_path / 'a_file'}' is a file, not a folder; set "
+              f"--config.data.dataset=folder:PATH, the folder that holds train.de and "
+              f"train.en")]  # the tokenizer is trained first, on train
     for args, message in cases:
         result = run_cli(*args)
         assert (result.returncode, result.stderr.strip()) == (1, message)
@@ -102,7 +120,11 @@ def test_prepare_names_a_damaged_file_and_prepares_or_stops(tmp_path):
     run = tmp_path / "run"
     flags = ["prepare", f"--config.data.dataset=folder:{corpus}", "--config.data.vocab_size=300",
              f"--workdir={run}"]
-    assert run_cli(*flags).returncode == 0
+    first = run_cli(*flags)
+    assert first.returncode == 0, first.stderr
+    # 180 lines, 30 with an empty German side: said, not dropped silently.
+    assert re.search(r"^prepared train: 150 pairs, .*; 30 skipped \(an empty side\)$",
+                     first.stdout, re.M), first.stdout
     manifest = run / "prepared" / "validation" / "manifest.json"
     whole = manifest.read_text()
     manifest.write_text(whole[:len(whole) // 2])
@@ -112,6 +134,8 @@ def test_prepare_names_a_damaged_file_and_prepares_or_stops(tmp_path):
     assert re.search(rf"^warning: {re.escape(str(manifest))} is damaged \(JSONDecodeError: "
                      r".*\); preparing validation again\n", again.stderr, re.M)
     assert manifest.read_text() == whole
+    assert "prepared train:" not in again.stdout  # whole: reused, and the line says so
+    assert "\ntrain: prepared before, checked and reused\n" in again.stdout, again.stdout
     (run / "tokenizer.model.json").unlink()
     model = run / "tokenizer.model"
     model.write_bytes(model.read_bytes()[:1000])
@@ -120,3 +144,23 @@ def test_prepare_names_a_damaged_file_and_prepares_or_stops(tmp_path):
     errors = [line for line in stopped.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and errors[0].startswith(f"error: {model} is damaged (not a "
                                                      "SentencePiece model: 1,000 bytes")
+
+
+def test_ctrl_c_while_preparing_is_one_line(tmp_path):
+    """Ctrl-C while the split is read was a traceback, and one while it was tokenized was
+    lost: prepare went on and ended with status 0. Now: "error: interrupted", death by
+    SIGINT."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "transformer_jax.data", "prepare", "--config=configs/default.py",
+         f"--workdir={tmp_path / 'run'}"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    seen = b""
+    while b"reading numbers train" not in seen:  # tqdm's bar: no newline to wait for
+        chunk = os.read(process.stderr.fileno(), 4096)
+        assert chunk, seen.decode()
+        seen += chunk
+    process.send_signal(signal.SIGINT)
+    stderr = seen.decode() + process.communicate(timeout=120)[1].decode()
+    assert process.returncode == -signal.SIGINT, stderr
+    assert stderr.strip().splitlines()[-1] == "error: interrupted", stderr
+    assert "Traceback" not in stderr

@@ -42,7 +42,8 @@ QUIET = dict(log=lambda line: None)
 
 def write_corpus(folder, pairs=PAIRS, validation=VALIDATION):
     folder.mkdir(parents=True, exist_ok=True)
-    for split, split_pairs in (("train", pairs), ("validation", validation)):
+    for split, split_pairs in (("train", pairs), ("validation", validation),
+                               ("test", validation)):  # read by prepare's check alone
         for lang, side in (("de", "source"), ("en", "target")):
             (folder / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in split_pairs))
     return data_fields(dataset=f"folder:{folder}", vocab_size=VOCAB_SIZE)
@@ -615,3 +616,42 @@ def test_a_damaged_split_that_is_also_stale_is_refused_not_prepared_again(tmp_pa
         with pytest.raises(DataError, match=r"prepared/train is stale \(.*train\.en: prepared"):
             prepare(config, workdir, **QUIET)
     assert os.path.exists(os.path.join(workdir, "prepared", "train", "manifest.json"))
+
+
+def test_a_full_disk_while_preparing_is_one_data_error(corpus, tmp_path, monkeypatch):
+    """ENOSPC from a part's write was a 21-frame traceback from the data command and from
+    train.py; it is a DataError (one line in both) that says a rerun keeps whole parts."""
+    import errno
+
+    where = str(tmp_path / "prepared" / "train.partial" / "part-00000.inputs.npy")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), where)
+
+    monkeypatch.setattr(prepared_writer, "_write_parts", full)
+    with pytest.raises(DataError) as error:
+        prepare(corpus, str(tmp_path), **QUIET)
+    assert str(error.value) == (f"preparing the data failed: {where}: No space left on device; "
+                                f"free space or fix the permissions, and run again: what was "
+                                f"prepared whole is kept")
+    assert (tmp_path / "tokenizer.model").exists()  # made before: kept for the rerun
+
+
+def test_a_test_split_that_cannot_be_read_is_said_before_training(tmp_path):
+    """A folder corpus without test.en, or with misaligned test files, was found only by
+    evaluate.py, after training."""
+    config = write_corpus(tmp_path / "corpus")
+    (tmp_path / "corpus" / "test.de").write_text("eins\nzwei\n")
+    (tmp_path / "corpus" / "test.en").unlink()
+    with pytest.warns(UserWarning) as caught:
+        prepare(config, str(tmp_path / "run"), **QUIET)
+    (warning,) = [w for w in caught if "test split" in str(w.message)]
+    assert str(warning.message).startswith(
+        "the test split cannot be read, and evaluate.py will need it after training: missing "
+        f"{tmp_path / 'corpus' / 'test.en'}; ")
+    (tmp_path / "corpus" / "test.en").write_text("one\n")
+    shutil.rmtree(tmp_path / "run" / "prepared" / "validation")  # prepared again: checked
+    with pytest.warns(UserWarning, match=re.escape(
+            f"{tmp_path / 'corpus' / 'test.de'} has 2 lines but "
+            f"{tmp_path / 'corpus' / 'test.en'} has 1")):
+        prepare(config, str(tmp_path / "run"), **QUIET)

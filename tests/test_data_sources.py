@@ -266,3 +266,28 @@ def test_tfds_wrong_language_is_named():
     with tfds.testing.mock_data(num_examples=2):
         with pytest.raises(DataError, match="source_lang='fr'"):
             load_split(config, "train")
+
+
+def test_a_folder_that_is_no_folder_says_what_it_is(tmp_path, monkeypatch):
+    """A file given as the folder was said not to exist, ~ was not expanded, a relative path
+    did not say where it was looked for, and a broken link was "missing" in a listing that
+    named it."""
+    write_split(tmp_path, "train", ["eins"], ["one"])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as error:
+        load_split(data_config(dataset="folder:train.de"), "train")
+    assert str(error.value) == (f"dataset folder 'train.de' (from {tmp_path}) is a file, not a "
+                                f"folder; set --config.data.dataset=folder:PATH, the folder "
+                                f"that holds train.de and train.en")
+    with pytest.raises(DataError) as error:
+        load_split(data_config(dataset=f"folder:{tmp_path}/corpus"), "train")
+    assert str(error.value).startswith(f"dataset folder '{tmp_path}/corpus' does not exist; ")
+    monkeypatch.setenv("HOME", str(tmp_path.parent))
+    pairs = load_split(data_config(dataset=f"folder:~/{tmp_path.name}"), "train").pairs
+    assert pairs == [{"source": "eins", "target": "one"}]
+    (tmp_path / "train.en").unlink()
+    (tmp_path / "train.en").symlink_to(tmp_path / "gone.en")
+    with pytest.raises(DataError) as error:
+        load_split(data_config(dataset=f"folder:{tmp_path}"), "train")
+    assert str(error.value).startswith(f"{tmp_path / 'train.en'} is a broken link (to "
+                                       f"{tmp_path / 'gone.en'}); {tmp_path} holds: ")

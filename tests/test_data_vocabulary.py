@@ -365,3 +365,29 @@ def test_a_version_2_record_of_a_replaced_corpus_is_refused(tmp_path):
     with pytest.raises(DataError, match="version 2.*another vocabulary"):
         get_tokenizer(data, workdir)
     assert (tmp_path / "run" / "tokenizer.model").read_bytes() == model
+
+
+def test_one_folder_written_another_way_is_the_same_dataset(tmp_path, monkeypatch):
+    """A run trained with folder:/abs/corpus resumed with folder:corpus (or corpus/, or
+    ~/corpus) was refused as another dataset, with the advice to delete its tokenizer."""
+    folder = UNREADABLE["folder"]
+    get_tokenizer(config(dataset=f"folder:{folder}"), str(tmp_path), PAIRS)
+    model = (tmp_path / "tokenizer.model").read_bytes()
+    monkeypatch.chdir(folder.parent)
+    monkeypatch.setenv("HOME", str(folder.parent))
+    for written in (f"folder:{folder.name}", f"folder:{folder}/", f"folder:~/{folder.name}",
+                    f"folder:./{folder.name}/../{folder.name}"):
+        assert get_tokenizer(config(dataset=written), str(tmp_path)).sha256 == \
+            hashlib.sha256(model).hexdigest()
+    other = folder.parent / "other"
+    other.mkdir()
+    with pytest.raises(DataError, match=re.escape("trained with dataset=")):
+        get_tokenizer(config(dataset=f"folder:{other}"), str(tmp_path), PAIRS)
+
+
+def test_an_empty_training_split_is_named_not_the_vocabulary(tmp_path):
+    with pytest.raises(DataError) as error:
+        get_tokenizer(config(), str(tmp_path), [])
+    assert str(error.value) == (f"the training split of folder:{UNREADABLE['folder']} has no "
+                                f"pairs with text on both sides (pairs with an empty side are "
+                                f"skipped); the tokenizer is trained on it")

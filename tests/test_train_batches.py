@@ -7,7 +7,7 @@ import pytest
 from run_configs import tiny_run
 from transformer_jax.config_checks import ConfigError
 from transformer_jax.data.pipeline import ShuffledChunks
-from transformer_jax.train_batches import batch_rows, new_shuffle_seed
+from transformer_jax.train_batches import batch_rows, new_shuffle_seed, too_long_line
 
 BUDGET = 25_000  # §5.1: about 25,000 source and 25,000 target tokens per batch
 
@@ -61,3 +61,28 @@ def test_a_budget_too_small_for_a_row_per_micro_batch_names_the_shares(monkeypat
         batch_rows(one, 2)
     assert str(error.value) == ("config.data.tokens_per_batch=40 holds no 2 rows of 32 tokens "
                                 "(2 devices × 1 micro-batch); raise it")
+
+
+class _Lengths:
+    """A prepared split's lengths alone (PreparedSplit.lengths)."""
+
+    def __init__(self, inputs, targets):
+        self._lengths = {"inputs": np.array(inputs), "targets": np.array(targets)}
+
+    def lengths(self, side):
+        return self._lengths[side]
+
+
+def test_pairs_longer_than_a_row_are_counted_before_training():
+    """Pairs dropped (or cut) for their length were never counted: a quarter of a corpus
+    could go untrained without a word."""
+    config = tiny_run()
+    d = config.data
+    S, T = d.max_source_length, d.max_target_length
+    source = _Lengths([S, S + 1, 3, 2], [T, 2, T + 1, 2])  # the 2nd and 3rd are too long
+    assert too_long_line(d, source) == (
+        f"2 of 4 training pairs (50.0%) are longer than a row ({S} + {T} tokens): cut to fit "
+        f"(config.data.too_long='truncate'; 'drop' leaves them out)")
+    d.too_long = "drop"
+    assert too_long_line(d, source).endswith("dropped (config.data.too_long='drop')")
+    assert too_long_line(d, _Lengths([S, 2], [T, 2])) is None

@@ -57,3 +57,16 @@ def test_the_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, holder)
         warnings.simplefilter("error")  # a clean release leaves nothing to take over
         with workdir_lock(str(tmp_path)):
             pass
+
+
+def test_the_refusal_names_what_holds_the_workdir(tmp_path):
+    """A second command on a workdir that the data command is preparing was told "another
+    training run"."""
+    with workdir_lock(str(tmp_path), "data preparation"):
+        with open(tmp_path / LOCK_FILE, encoding="utf-8") as f:
+            assert json.load(f)["what"] == "data preparation"
+        done = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert (f"{tmp_path} is in use by another data preparation (host {socket.gethostname()}, "
+            f"pid {os.getpid()}, started ") in done.stderr

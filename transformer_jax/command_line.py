@@ -14,6 +14,7 @@ import difflib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -60,7 +61,12 @@ def parse_flags(argv: list[str], default_config: str | None = None) -> list[str]
         argv = [argv[0], f"--config={default_config}", *argv[1:]]
     use_load_config_file(flags.FLAGS)
     try:
-        return app.parse_flags_with_usage(argv)  # absl's own errors: one line and exit 1
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as error:  # a --config.key's value of another type: one line
+            if match := re.fullmatch(r"flag (--config\.[\w.]+)=(.*?): .*", str(error), re.S):
+                raise SystemExit(_bad_value(*match.groups())) from None
+            return app.parse_flags_with_usage(argv)  # absl's own errors, in its words
     except ConfigFileError as error:
         raise SystemExit(f"error: {error}") from None
     except _OVERRIDE_ERRORS as error:
@@ -207,18 +213,33 @@ def use_load_config_file(flag_values) -> None:
 _OVERRIDE_ERRORS = (AttributeError, KeyError, TypeError, ValueError)
 
 
+def _bad_value(name: str, value: str) -> str:
+    """"error in the command line: --config.num_train_steps=1e3: config.num_train_steps is an
+    integer, got '1e3'", the type from `base_config` (absl's words: "invalid literal for
+    int() with base 10", on two lines)."""
+    wanted = base_config(model=model_fields("base"), data=data_fields())
+    for part in name.removeprefix("--config.").split("."):
+        wanted = wanted.get(part) if isinstance(wanted, ml_collections.ConfigDict) else None
+    kind = {bool: "true or false", int: "an integer", float: "a number",
+            str: "a string"}.get(type(wanted), "of another type")
+    return (f"error in the command line: {name}={value}: {name.removeprefix('--')} is {kind}, "
+            f"got {value!r}")
+
+
 def _bad_override(error: Exception, argv: list[str] = ()) -> str:
     message = _one_line(error)
     key = message.strip("'\"")
     if key.isidentifier():  # ml_collections' message, where no key is close to it
         message = _no_such_key(key, argv) or message
+    elif close := re.fullmatch(r"'?(\w+)'? Did you mean \"(\w+)\" instead of .*", message):
+        message = _no_such_key(close[1], argv, suggestion=close[2]) or message
     return f"error in the command line: {message}"
 
 
-def _no_such_key(key: str, argv) -> str | None:
-    """"--config.model.preset: config.model has no key 'preset'; its keys: ..." for the
-    override in `argv` whose group lacks `key`, the keys from `base_config` (every config
-    file's); None if no override's group lacks it."""
+def _no_such_key(key: str, argv, suggestion: str | None = None) -> str | None:
+    """"--config.model.preset: config.model has no key 'preset'; its keys: ..." (or "; did you
+    mean 'SUGGESTION'?") for the override in `argv` whose group lacks `key`, the keys from
+    `base_config` (every config file's); None if no override's group lacks it."""
     for arg in argv[1:]:
         name = arg.split("=", 1)[0]
         path = name.removeprefix("--config.").split(".")
@@ -230,6 +251,8 @@ def _no_such_key(key: str, argv) -> str | None:
             keys = keys.get(part) if isinstance(keys, ml_collections.ConfigDict) else None
         if isinstance(keys, ml_collections.ConfigDict) and key not in keys:
             where = ".".join(["config", *group])
+            if suggestion:
+                return f"{name}: {where} has no key {key!r}; did you mean {suggestion!r}?"
             return f"{name}: {where} has no key {key!r}; its keys: {', '.join(sorted(keys))}"
     return None
 

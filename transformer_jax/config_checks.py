@@ -9,7 +9,7 @@ from transformer_jax.attention import cudnn_unsupported, xla_unsupported
 from transformer_jax.data.numbers import CONFIG_SIZES as NUMBERS_SIZES
 from transformer_jax.data.pipeline import BATCHING, TOO_LONG
 from transformer_jax.data.sources import DataError, dataset_kind
-from transformer_jax.data.tokenizer import MIN_VOCAB_SIZE
+from transformer_jax.data.tokenizer import MIN_VOCAB_SIZE, MODEL_TYPES
 from transformer_jax.losses import smoothed_target
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.optim import optimizer_from_config
@@ -45,6 +45,7 @@ def check_config(config) -> None:
     _check_batch_size(config)
     _require_choice(config, "parallelism", STRATEGIES)
     _require_choice(config, "data.too_long", TOO_LONG)
+    _require_choice(config, "data.tokenizer_type", MODEL_TYPES)
     try:
         kind, _ = dataset_kind(config.data.dataset)
     except DataError as error:

@@ -50,6 +50,8 @@ def train_batches(config, source, rows: int, num_local_devices: int, seed: int, 
     common = dict(max_source_length=d.max_source_length, max_target_length=d.max_target_length,
                   too_long=d.too_long, seed=seed, num_workers=d.num_workers,
                   shard_index=jax.process_index(), shard_count=jax.process_count())
+    if announce and jax.process_index() == 0 and (line := too_long_line(d, source)):
+        print(line)
     if d.batching == "packed":
         return train_dataset(source, batch_size=rows, **common)
     if d.tokens_per_batch:
@@ -59,3 +61,18 @@ def train_batches(config, source, rows: int, num_local_devices: int, seed: int, 
         budget = dict(batch_size=rows)
     return bucketed_dataset(source, num_buckets=d.num_buckets, **budget, **common,
                             log=print if announce and jax.process_index() == 0 else None)
+
+
+def too_long_line(data_config, source) -> str | None:
+    """How many training pairs (a PreparedSplit `source`) are longer than a row, and what
+    config.data.too_long does with them; None when every pair fits."""
+    too_long = ((source.lengths("inputs") > data_config.max_source_length)
+                | (source.lengths("targets") > data_config.max_target_length))
+    count, total = int(too_long.sum()), len(too_long)
+    if not count:
+        return None
+    done = ("dropped (config.data.too_long='drop')" if data_config.too_long == "drop" else
+            "cut to fit (config.data.too_long='truncate'; 'drop' leaves them out)")
+    return (f"{count:,} of {total:,} training pairs ({count / total:.1%}) are longer than "
+            f"a row ({data_config.max_source_length} + {data_config.max_target_length} "
+            f"tokens): {done}")

@@ -24,14 +24,16 @@ LOCK_FILE = "train.lock"
 
 
 @contextlib.contextmanager
-def workdir_lock(workdir: str):
-    """Holds DIR/train.lock for the duration; raises ConfigError if another run holds it."""
+def workdir_lock(workdir: str, what: str = "training run"):
+    """Holds DIR/train.lock for the duration; raises ConfigError if another run holds it.
+    `what` holds it ("training run", "data preparation"): the other's message names it."""
     path = os.path.join(workdir, LOCK_FILE)
     with open(path, "a+", encoding="utf-8") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(f"{workdir} is in use by another training run ({_holder(f)}); "
+            holder = _holder(f)
+            raise ConfigError(f"{workdir} is in use by another {_what(f)} ({holder}); "
                               f"wait for it, stop it, or use another --workdir") from None
         left = _holder(f)
         if left != "unknown":
@@ -40,7 +42,7 @@ def workdir_lock(workdir: str):
         f.seek(0)
         f.truncate()
         json.dump({"host": socket.gethostname(), "pid": os.getpid(),
-                   "started": time.strftime("%Y-%m-%d %H:%M:%S")}, f)
+                   "started": time.strftime("%Y-%m-%d %H:%M:%S"), "what": what}, f)
         f.flush()
         try:
             yield
@@ -58,3 +60,13 @@ def _holder(f) -> str:
         return f"host {holder['host']}, pid {holder['pid']}, started {holder['started']}"
     except (ValueError, KeyError, TypeError):
         return "unknown"
+
+
+def _what(f) -> str:
+    """What holds the lock, from the lock file's contents; "training run" if it does not say."""
+    f.seek(0)
+    try:
+        what = json.loads(f.read()).get("what")
+    except (ValueError, AttributeError):
+        what = None
+    return what if isinstance(what, str) and what else "training run"

@@ -8,7 +8,18 @@ validation splits as token ids into WORKDIR/prepared, with progress and rates; `
 its first start, so this is for preparing ahead (e.g. before a multi-host run).
 Without a command, a split's examples are shown as text, ids and pieces, then
 statistics.
+
+--config is required; override any of its keys with --config.key=value, e.g. your own
+corpus with --config=configs/local_text.py --config.data.dataset=folder:PATH.
+Ctrl-C ends it in one line; a rerun of prepare keeps what was whole.
 """
+
+import signal
+
+# Ctrl-C while JAX is imported ends the command at once and quietly, as it would a C
+# program; from main on, interrupt_in_one_line says so in one line (as translate.py).
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import os
 import sys
@@ -20,21 +31,25 @@ from ml_collections import config_flags
 from transformer_jax.config_checks import ConfigError, check_config
 from transformer_jax.output_paths import OutputPathError, writable_folder
 from transformer_jax.data import report
-from transformer_jax.data.prepared import prepare, prepared_dir
+from transformer_jax.data.prepared import PREPARED_SPLITS, prepare, prepared_dir
 from transformer_jax.data.sources import DataError, load_split
 from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path
 from transformer_jax.command_line import parse_flags
+from transformer_jax.commands import interrupt_in_one_line
 from transformer_jax.workdir_lock import workdir_lock
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "a config file, e.g. configs/default.py",
-                                          lock_config=True)
-_SPLIT = flags.DEFINE_enum("split", "validation", ["train", "validation", "test"], "the split")
-_SHOW = flags.DEFINE_integer("show", 5, "how many examples to print", lower_bound=0)
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (required), e.g. "
+                                          "configs/default.py; --config.key=value overrides "
+                                          "a key", lock_config=True)
+_SPLIT = flags.DEFINE_enum("split", "validation", ["train", "validation", "test"],
+                           "the split to show")
+_SHOW = flags.DEFINE_integer("show", 5, "how many examples to show", lower_bound=0)
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "a run's directory: its tokenizer is used, or trained and saved there; "
     "without one a tokenizer is trained in a temporary directory")
-_MAX_PAIRS = flags.DEFINE_integer("max_pairs", 100_000, "scan at most this many pairs",
-                                  lower_bound=1)
+_MAX_PAIRS = flags.DEFINE_integer("max_pairs", 100_000, "statistics of the first this many "
+                                  "pairs of the split shown", lower_bound=1)
+_SHOW_FLAGS = (_SPLIT, _SHOW, _MAX_PAIRS)  # for showing only: given to prepare, refused
 
 
 def main(argv) -> None:
@@ -50,18 +65,7 @@ def main(argv) -> None:
     except ConfigError as error:
         sys.exit(f"error: {error}")
     if command == ["prepare"]:
-        if not _WORKDIR.value:
-            sys.exit("error: prepare needs --workdir: the run's directory, where the "
-                     "tokenizer and the prepared ids are kept")
-        try:
-            with workdir_lock(writable_folder(_WORKDIR.value)):
-                tokenizer, splits = prepare(config.data, _WORKDIR.value)
-        except (DataError, ConfigError, OutputPathError) as error:
-            sys.exit(f"error: {error}")
-        sizes = ", ".join(f"{name} {len(split):,}" for name, split in splits.items())
-        print(f"{prepared_dir(_WORKDIR.value)}: {sizes} pairs; vocabulary of "
-              f"{tokenizer.vocab_size:,} pieces")
-        return
+        return prepare_command(config)
     try:
         with tempfile.TemporaryDirectory() as scratch:
             given = _WORKDIR.value is not None  # "" is refused, as an unset variable
@@ -81,6 +85,34 @@ def main(argv) -> None:
         sys.exit(f"error: {error}")
 
 
+def prepare_command(config) -> None:
+    """`prepare`: the tokenizer and the prepared splits of --workdir, made or reused."""
+    if given := [f"--{flag.name}" for flag in _SHOW_FLAGS if flags.FLAGS[flag.name].present]:
+        sys.exit(f"error: {', '.join(given)} {'is' if len(given) == 1 else 'are'} for showing "
+                 f"a split (no command), not for prepare, which prepares "
+                 f"{' and '.join(PREPARED_SPLITS)}")
+    if not _WORKDIR.value:
+        sys.exit("error: prepare needs --workdir: the run's directory, where the "
+                 "tokenizer and the prepared ids are kept")
+    made = []
+
+    def log(line: str) -> None:
+        made.append(line.split(":")[0].removeprefix("prepared "))
+        print(line)
+
+    try:
+        with workdir_lock(writable_folder(_WORKDIR.value), "data preparation"):
+            tokenizer, splits = prepare(config.data, _WORKDIR.value, log=log)
+    except (DataError, ConfigError, OutputPathError) as error:
+        sys.exit(f"error: {error}")
+    if reused := [name for name in splits if name not in made]:
+        print(f"{', '.join(reused)}: prepared before, checked and reused")
+    sizes = ", ".join(f"{name} {len(split):,}" for name, split in splits.items())
+    print(f"{prepared_dir(_WORKDIR.value)}: {sizes} pairs; vocabulary of "
+          f"{tokenizer.vocab_size:,} pieces")
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app.run(main, flags_parser=parse_flags)
+    with interrupt_in_one_line():
+        app.run(main, flags_parser=parse_flags)

@@ -35,7 +35,8 @@ from transformer_jax.data.prepared_split import (
     read_manifest,
 )
 from transformer_jax.data.prepared_writer import write_split
-from transformer_jax.data.sources import DataError, describe_split, load_split
+from transformer_jax.data.sources import (DataError, dataset_kind, describe_split, load_split,
+                                         read_folder_split)
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.vocabulary import (TOKENIZER_FILE, describe_changes, get_tokenizer,
                                              tokenizer_path)
@@ -95,6 +96,15 @@ def prepare(data_config, workdir: str, *, splits=PREPARED_SPLITS, log=print,
     (at most `prepared_writer.MAX_PROCESSES`) for a split of
     `prepared_writer.PROCESS_MIN_PAIRS` pairs or more and none for a smaller one.
     """
+    try:
+        return _prepare(data_config, workdir, splits, log, processes)
+    except OSError as error:  # a full disk, a permission: what was whole is kept
+        raise DataError(f"preparing the data failed: {error.filename or prepared_dir(workdir)}"
+                        f": {error.strerror or error}; free space or fix the permissions, and "
+                        f"run again: what was prepared whole is kept") from None
+
+
+def _prepare(data_config, workdir: str, splits, log, processes):
     folders = {split: os.path.join(prepared_dir(workdir), split) for split in splits}
     if os.path.isdir(workdir):
         remove_temporaries(workdir, TOKENIZER_FILE)
@@ -111,8 +121,22 @@ def prepare(data_config, workdir: str, *, splits=PREPARED_SPLITS, log=print,
                                                                                 split)
         write_split(pairs, made_from(data_config, split, tokenizer), tokenizer, folders[split],
                      log, processes)
+    if missing:
+        _check_test_split(data_config)
     return tokenizer, {split: open_split(data_config, workdir, split, tokenizer)
                        for split in splits}
+
+
+def _check_test_split(data_config) -> None:
+    """A warning, now rather than after training, when a folder corpus's test split cannot
+    be read (missing, misaligned, not UTF-8): evaluate.py translates it."""
+    kind, folder = dataset_kind(data_config.dataset)
+    if kind == "folder":
+        try:
+            read_folder_split(folder, "test", data_config.source_lang, data_config.target_lang)
+        except DataError as error:
+            warnings.warn(f"the test split cannot be read, and evaluate.py will need it after "
+                          f"training: {error}", stacklevel=4)
 
 
 def _damaged(data_config, workdir: str, split: str, tokenizer: Tokenizer) -> bool:

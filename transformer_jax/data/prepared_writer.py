@@ -73,10 +73,14 @@ def write_split(split, record: dict, tokenizer: Tokenizer, folder: str, log=prin
         _write_json(os.path.join(partial, MANIFEST), manifest)
     _move_into_place(partial, folder)
     seconds, pairs = time.perf_counter() - started, len(split.pairs)
+    skipped = (f"; {split.skipped_empty:,} skipped (an empty side)" if split.skipped_empty
+               else "")
+    if not pairs:
+        return log(f"prepared {split.name}: no pairs, the split is empty{skipped}")
     how = ("nothing left to tokenize" if workers is None else
            f"{workers} worker processes" if workers else f"{usable_cores()} threads")
     log(f"prepared {split.name}: {pairs:,} pairs, {sum(manifest['tokens'].values()):,} tokens "
-        f"in {seconds:.1f} s ({pairs / max(seconds, 1e-9):,.0f} pairs/s, {how})")
+        f"in {seconds:.1f} s ({pairs / max(seconds, 1e-9):,.0f} pairs/s, {how}){skipped}")
 
 
 def _start_partial(partial: str, record: dict) -> float:

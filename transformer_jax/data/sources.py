@@ -37,6 +37,19 @@ def dataset_kind(dataset: str) -> tuple[str, str]:
                     "\"tfds:NAME\" (e.g. tfds:wmt14_translate/de-en) or \"folder:PATH\"")
 
 
+def same_dataset(a, b) -> bool:
+    """Whether two `config.data.dataset` values name the same data: a folder however it is
+    written (relative, absolute, with ~ or a trailing /, through a link) is one dataset."""
+    return _resolved(a) == _resolved(b)
+
+
+def _resolved(dataset):
+    kind, _, arg = str(dataset).partition(":")
+    if kind == "folder" and arg:
+        return f"folder:{os.path.realpath(os.path.expanduser(arg))}"
+    return dataset
+
+
 @dataclasses.dataclass(frozen=True)
 class Split:
     """One split of a corpus, read into memory (this process's share of it)."""
@@ -219,11 +232,16 @@ def read_folder_split(folder: str, split: str, source_lang: str, target_lang: st
 
 
 def split_files(folder: str, split: str, languages) -> list[str]:
-    """The paths `folder/{split}.{lang}`; a DataError saying what is wrong unless each is
-    a regular file (or a link to one). Checked before reading: opening a FIFO would wait
-    for a writer forever."""
+    """The paths `folder/{split}.{lang}` (~ expanded); a DataError saying what is wrong
+    unless each is a regular file (or a link to one). Checked before reading: opening a
+    FIFO would wait for a writer forever."""
+    given, folder = folder, os.path.expanduser(folder)
     if not os.path.isdir(folder):
-        raise DataError(f"dataset folder {folder!r} does not exist")
+        where = "" if os.path.isabs(given) else f" (from {os.getcwd()})"
+        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+        raise DataError(f"dataset folder {given!r}{where} {what}; set "
+                        f"--config.data.dataset=folder:PATH, the folder that holds "
+                        f"{split}.{languages[0]} and {split}.{languages[1]}")
     paths = [os.path.join(folder, f"{split}.{lang}") for lang in languages]
     problems = [(p, why) for p in paths if (why := _not_a_file(p))]
     if problems:
@@ -240,6 +258,8 @@ def _not_a_file(path: str) -> str | None:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
+        if os.path.islink(path):
+            return f"is a broken link (to {os.readlink(path)})"
         return "missing"
     except OSError as error:
         return f"cannot be read ({error.strerror or error})"

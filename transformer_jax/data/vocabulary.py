@@ -39,7 +39,8 @@ import warnings
 from collections.abc import Callable
 
 from transformer_jax.atomic_file import atomic_write
-from transformer_jax.data.sources import DataError, dataset_kind, describe_split, load_split
+from transformer_jax.data.sources import (DataError, dataset_kind, describe_split, load_split,
+                                         same_dataset)
 from transformer_jax.data.tokenizer import Tokenizer, train_tokenizer
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -110,6 +111,10 @@ def get_tokenizer(data_config, workdir: str, train_pairs=None) -> Tokenizer:
 
     def train() -> Tokenizer:
         pairs = train_pairs if train_pairs is not None else load_split(data_config, "train").pairs
+        if not pairs:  # not the vocabulary settings' fault, as train_tokenizer would say
+            raise DataError(f"the training split of {data_config.dataset} has no pairs with "
+                            f"text on both sides (pairs with an empty side are skipped); the "
+                            f"tokenizer is trained on it")
         sentences = training_sentences(pairs, data_config.tokenizer_sentences)
         return train_tokenizer(sentences, data_config.vocab_size,
                                model_type=data_config.tokenizer_type)
@@ -234,7 +239,8 @@ def describe_changes(recorded: dict, now: dict, *, was: str = "") -> str:
     each change as "KEY: {was}OLD, now NEW"; of a folder's files, only those that differ, as
     "PATH: {was}SIZE bytes of TIME, now ..."."""
     changes = []
-    for key in sorted(k for k in recorded.keys() | now.keys() if recorded.get(k) != now.get(k)):
+    for key in sorted(k for k in recorded.keys() | now.keys() if recorded.get(k) != now.get(k)
+                      and not (k == "dataset" and same_dataset(recorded.get(k), now.get(k)))):
         old, new = recorded.get(key), now.get(key)
         if key == "files" and isinstance(old, list) and isinstance(new, list) and len(
                 old) == len(new):
@@ -291,7 +297,8 @@ def _check_settings(path: str, wanted: dict, recorded: dict, why_unrecorded: str
     Settings the record does not hold are named in a warning (`why_unrecorded`).
     """
     for key, value in wanted.items():
-        if key in recorded and recorded[key] != value:
+        if key in recorded and recorded[key] != value and not (
+                key == "dataset" and same_dataset(recorded[key], value)):
             raise DataError(
                 f"{path!r} was trained with {key}={recorded[key]!r}, but config.data.{key}="
                 f"{value!r}. Use the value it was trained with or another workdir; deleting "
