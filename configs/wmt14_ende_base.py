@@ -5,8 +5,8 @@
 Hardware: meant for 8 accelerators (the paper: 8 P100 GPUs, about 0.4 s per step, 100k
 steps in 12 hours). Each update holds at most 25,000 source and 25,000 target tokens, as
 in §5.1 (`data.tokens_per_batch`), whatever the number of devices: 8 devices pack 12 rows
-of 256 tokens each (96 rows); one H100 takes all 97 rows at once in bfloat16 (about 44 ms
-per step at 96 rows, docs/gpu.md),
+of 256 tokens each (96 rows); one H100 takes all 97 rows at once in bfloat16 (38.9 ms per
+step at 96 rows on 2026-11-27, the README's table and docs/gpu.md),
     --config.model.dtype=bfloat16
 and a smaller GPU splits them into micro-batches with --config.accumulation_steps=N.
 --config.model.dtype=bfloat16 computes in bfloat16 (parameters stay float32). The paper

@@ -8,15 +8,20 @@ devices). Expected result: the paper reports 28.4 BLEU on newstest2014 (tokenize
 compound-split). Not yet reproduced with this code.
 """
 
+import pathlib
+
 from ml_collections import ConfigDict
 
+from transformer_jax.command_line import load_config_file
 from transformer_jax.run_config import model_fields
 
-from configs import wmt14_ende_base
+# The base recipe beside this file, found by its path: `from configs import ...` worked only
+# where the repository root is on sys.path (train.py's folder), not from a notebook elsewhere.
+BASE = pathlib.Path(__file__).with_name("wmt14_ende_base.py")
 
 
 def get_config() -> ConfigDict:
-    config = wmt14_ende_base.get_config()
+    config = load_config_file(str(BASE), "wmt14_ende_base")
     config.model = model_fields("big")  # d_model 1024, d_ff 4096, h 16, P_drop 0.3 (EN-DE)
     config.num_train_steps = 300_000
     # §6.1: the big model averages the last 20 checkpoints, written every 10 minutes

@@ -750,3 +750,25 @@ def test_cudnn_with_bias_and_scale_on_gpu():
               **{f"d{name}": relative_error(g, r) for name, g, r in
                  zip(("q", "k", "v", "bias"), got_grads, ref_grads, strict=True)}}
     assert all(e <= 1e-2 for e in errors.values()), errors  # NaN fails too
+
+
+def test_attention_weights_take_is_causal_and_implementation_none_is_auto():
+    """jax.nn's keywords: attention_weights(is_causal=True) was a TypeError, and
+    dot_product_attention(implementation=None), jax.nn's default, a ValueError."""
+    rng = np.random.default_rng(8)
+    q_BTNH, k_BTNH, v_BTNH = (rng.standard_normal((B, S, N, H)).astype(np.float32)
+                              for _ in range(3))
+    lower_SS = np.tril(np.ones((S, S), bool))
+    weights_BNSS = np.asarray(attention_weights(q_BTNH, k_BTNH, is_causal=True))
+    logits_BNSS = np.einsum("btnh,bsnh->bnts", q_BTNH.astype(np.float64), k_BTNH) / math.sqrt(H)
+    logits_BNSS = np.where(lower_SS, logits_BNSS, -np.inf)
+    expected = np.exp(logits_BNSS - logits_BNSS.max(-1, keepdims=True))
+    assert_allclose(weights_BNSS, expected / expected.sum(-1, keepdims=True), rtol=1e-5,
+                    atol=1e-6)
+    assert (weights_BNSS[..., ~lower_SS] == 0).all()
+    with pytest.raises(ValueError, match="is_causal needs as many queries as keys, got T=3"):
+        attention_weights(*random_qkv(seed=9)[:2], is_causal=True)
+    assert_allclose(np.asarray(dot_product_attention(q_BTNH, k_BTNH, v_BTNH, is_causal=True,
+                                                     implementation=None)),
+                    np_attention(q_BTNH, k_BTNH, v_BTNH, lower_SS[None, None]), rtol=1e-5,
+                    atol=1e-5)

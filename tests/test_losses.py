@@ -126,7 +126,7 @@ def test_no_smoothing_equals_optax():
     weights_BT = (targets_BT != 0).astype(jnp.float32)
     expected = (optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
                 * weights_BT).sum()
-    loss_sum, _ = label_smoothed_cross_entropy(logits_BTV, targets_BT)
+    loss_sum, _ = label_smoothed_cross_entropy(logits_BTV, targets_BT, label_smoothing=0.0)
     assert_allclose(float(loss_sum), float(expected), rtol=1e-6)
 
 
@@ -287,3 +287,12 @@ def test_shape_mismatch_raises():
             fn(logits_BTV[:, :-1], targets_BT)
         with pytest.raises(ValueError, match="weights shape"):
             fn(logits_BTV, targets_BT, jnp.ones((B, 1)))
+
+
+def test_the_default_smoothing_is_the_papers():
+    """The function named for §5.4 smoothed nothing unless told: ε_ls = 0.1 by default."""
+    logits_BTV, targets_BT = jnp.array([HAND_LOGITS]), jnp.array([HAND_TARGETS])
+    loss_sum, _ = label_smoothed_cross_entropy(logits_BTV, targets_BT)
+    assert_allclose(float(loss_sum), hand_loss(0, 0.1) + hand_loss(1, 0.1), rtol=1e-6)
+    plain, _ = label_smoothed_cross_entropy(logits_BTV, targets_BT, label_smoothing=0.0)
+    assert_allclose(float(plain), hand_loss(0, 0.0) + hand_loss(1, 0.0), rtol=1e-6)

@@ -486,9 +486,9 @@ def test_mismatched_batches_positions_and_configs_are_refused_in_one_line(variab
     (b, s), t = inputs_BS.shape, targets_BT.shape[1]
     model = Transformer(TINY)
     shapes = f"must be (B, S, D), (B, S) and (B, T) with D = d_model = {TINY.d_model}"
-    cases = [((inputs_BS, targets_BT[:1]), {},
-              f"the memory ({b}, {s}, {TINY.d_model}), inputs ({b}, {s}) and targets (1, {t}) "
-              f"{shapes}: row b of each is one example"),
+    cases = [((inputs_BS, targets_BT[:1]), {},  # named "the memory", which no caller gave
+              f"inputs ({b}, {s}) and targets (1, {t}) must have the same batch size B: row b "
+              f"of each is one example"),
              ((inputs_BS, targets_BT), {"inputs_positions": np.zeros((b, s - 1), np.int32)},
               f"inputs_positions must have the shape of inputs, ({b}, {s}), got ({b}, {s - 1})"),
              ((inputs_BS, targets_BT), {"inputs_segmentation": np.ones((b, s), np.int32),

@@ -609,8 +609,8 @@ def test_train_py_rejects_bad_config_before_compiling(tmp_path):
                            "--config.num_train_stepz=5"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip() == ("error in the command line: 'num_train_stepz' Did you mean "
-                                   '"num_train_steps" instead of "num_train_stepz"?')
+    assert done.stderr.strip() == ("error in the command line: --config.num_train_stepz: config "
+                                   "has no key 'num_train_stepz'; did you mean 'num_train_steps'?")
 
 
 def test_a_token_budget_too_small_is_refused_before_the_data_is_read(tmp_path):

@@ -328,7 +328,7 @@ def test_every_engine_translates_an_empty_line_to_an_empty_line(translating_run,
         """Its text path; translate_ids on the run's parameters."""
 
         def __init__(self, directory):
-            self.directory, self._tokenizer = directory, None
+            self.directory, self._tokenizer, self._tokenizer_sha256 = directory, None, None
             self._entry = {"searches": {"greedy": {"beam_size": 1,
                                                    "buckets": [{"length": 1024}]}}}
 
@@ -764,6 +764,21 @@ def test_a_dropped_ctrl_c_is_raised_again(where, then):
     assert done.stderr.strip().split("\n")[-1] == "error: interrupted"
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
     assert time.monotonic() - start < 20
+
+
+
+def test_ctrl_c_ends_a_bar_left_open_before_its_one_line():
+    """A Ctrl-C inside tqdm's constructor, after it drew the bar, left the bar open: "error:
+    interrupted" went on the bar's line (`...?pair/s]error: interrupted`)."""
+    script = ("import tqdm\nfrom transformer_jax.commands import interrupt_in_one_line\n"
+              "with interrupt_in_one_line():\n"
+              "    tqdm.tqdm(total=9, desc='reading', leave=False)  # never closed\n"
+              "    raise KeyboardInterrupt\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          timeout=60)  # bytes: text mode would read each "\r" as a line end
+    assert done.returncode == -signal.SIGINT
+    assert b"reading" in done.stderr  # drawn, then cleared: the error alone on its line
+    assert done.stderr.endswith(b"\rerror: interrupted\n"), done.stderr
 
 
 # --- files whole or not at all, stdout ----------------------------------------------------

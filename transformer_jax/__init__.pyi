@@ -44,6 +44,11 @@ from .model import (
 # Search (never imports the model): greedy and beam search over tokens_to_logits(ids, cache).
 from .decoding import PerExample, beam_search, greedy_search, length_penalty
 
+# A run from Python, as train.py makes it: a config file's locked ConfigDict (a misspelt
+# key is an error, not a new one) and the training loop, `tj.train(config, "runs/x")`.
+from .command_line import load_config_file
+from .trainer import train
+
 # A trained run's model, parameters and tokenizer (translate, attention maps):
 # `tj.Translator.from_workdir("runs/default")`.
 from .translation import Translator

@@ -62,12 +62,12 @@ def attention_implementations() -> tuple[str, ...]:
     return (*_IMPLEMENTATIONS, "auto")
 
 
-def attention_weights(query, key, bias=None, mask=None, *, scale=None):
+def attention_weights(query, key, bias=None, mask=None, *, scale=None, is_causal=False):
     """softmax(Q Kᵀ / √d_k), per head: the weights of §3.2.1, float32 `(B, N, T, S)`.
 
     `query` is `(B, T, N, H)`, `key` `(B, S, N, H)`; `bias` (float) and `mask` (bool)
-    broadcast to `(B, N, T, S)`, as in `dot_product_attention`. `scale` replaces
-    1/√d_k (None: the paper's). Logits and softmax are float32 even for bfloat16
+    broadcast to `(B, N, T, S)`, and `scale` and `is_causal` mean what they mean in
+    `dot_product_attention` (jax.nn's). Logits and softmax are float32 even for bfloat16
     inputs; the bias is added after scaling, as jax.nn does. Masked logits get
     float32's most negative finite value (the paper's −∞ without the NaN): a fully
     masked row becomes uniform instead of NaN.
@@ -75,7 +75,15 @@ def attention_weights(query, key, bias=None, mask=None, *, scale=None):
     query_BTNH, key_BSNH = jnp.asarray(query), jnp.asarray(key)
     bias_BNTS, mask_B1TS = (None if x is None else jnp.asarray(x) for x in (bias, mask))
     _check_inputs(query_BTNH, key_BSNH, key_BSNH, bias_BNTS, mask_B1TS)
+    if is_causal:
+        _check_causal(query_BTNH.shape[1], key_BSNH.shape[1])
+        mask_B1TS = combine_masks(mask_B1TS, causal_mask(query_BTNH.shape[1]))
     return _weights(query_BTNH, key_BSNH, bias_BNTS, mask_B1TS, scale)
+
+
+def _check_causal(t: int, s: int) -> None:
+    if t != s:
+        raise ValueError(f"is_causal needs as many queries as keys, got T={t}, S={s}")
 
 
 def _weights(query_BTNH, key_BSNH, bias_BNTS, mask_B1TS, scale):
@@ -277,7 +285,7 @@ def dot_product_attention(
     *,
     scale: float | None = None,
     is_causal: bool = False,
-    implementation: str = "reference",
+    implementation: str | None = "reference",
     dropout_rate: float = 0.0,
     dropout_rng=None,
     return_weights: bool = False,
@@ -291,8 +299,8 @@ def dot_product_attention(
     call with those is a call of the other. Not taken: its sequence lengths and
     local window (a mask does what they do) and keys with fewer heads than the
     queries (grouped-query attention is not the paper's). `implementation`'s names
-    and default differ ("reference", the einsums of the equation; jax.nn's None is
-    our "auto"), and the dropout and weights arguments are this function's own.
+    and default differ ("reference", the einsums of the equation; jax.nn's None, taken
+    too, is our "auto"), and the dropout and weights arguments are this function's own.
 
     Args:
       query: `(B, T, N, H)`.
@@ -305,7 +313,7 @@ def dot_product_attention(
       is_causal: also hide from query t every key after t (§3.2.3), as
         `combine_masks(mask, causal_mask(T))` would; needs T == S. cuDNN then
         skips the hidden blocks instead of reading them from a bias.
-      implementation: a name from `attention_implementations()`.
+      implementation: a name from `attention_implementations()`, or None ("auto").
       dropout_rate: dropout on the attention weights (not in the paper).
       dropout_rng: PRNG key, needed when dropout_rate > 0.
       return_weights: also return the weights `(B, N, T, S)` (for notebooks);
@@ -318,8 +326,9 @@ def dot_product_attention(
     bias_BNTS, mask_B1TS = (None if x is None else jnp.asarray(x) for x in (bias, mask))
     _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS)
     (_, t, _, h), s = query_BTNH.shape, key_BSNH.shape[1]
-    if is_causal and t != s:
-        raise ValueError(f"is_causal needs as many queries as keys, got T={t}, S={s}")
+    if is_causal:
+        _check_causal(t, s)
+    implementation = "auto" if implementation is None else implementation  # jax.nn's None
     dropout_rate = fraction("dropout_rate", dropout_rate)
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")

@@ -10,7 +10,6 @@ and evaluate.py are defined once, here. The package's warnings are one line each
 """
 
 import ast
-import difflib
 import importlib.machinery
 import importlib.util
 import os
@@ -23,7 +22,8 @@ import ml_collections
 import tqdm
 from absl import app, flags
 
-from transformer_jax.run_config import SEARCH_SETTINGS, base_config, data_fields, model_fields
+from transformer_jax.run_config import (SEARCH_SETTINGS, base_config, data_fields,
+                                        missing_and_unknown_keys, model_fields)
 
 
 def define_search_flags():
@@ -155,33 +155,14 @@ def _error_in_file(path: str, error: Exception) -> str:
 def _require_every_key(path: str, config) -> None:
     """Every key of `base_config` and no other: a key the run does not read (a misspelt
     one, `config.num_train_step = 5`) would be ignored without a word."""
-    base = base_config(model=model_fields("base"), data=data_fields())
-    missing = _missing_keys(config, base)
+    missing, unknown = missing_and_unknown_keys(config)
     if missing:
         named = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if missing[3:] else "")
         raise ConfigFileError(f"{path}: {named} {'is' if len(missing) == 1 else 'are'} missing; "
                               f"config files should start from run_config.base_config, "
                               f"which has every key, as configs/default.py does")
-    unknown = _missing_keys(base, config)
     if unknown:
-        group, _, name = unknown[0].rpartition(".")
-        known = base if group == "config" else base[group.removeprefix("config.")]
-        close = difflib.get_close_matches(name, list(known.keys()), n=1)
-        hint = f" (did you mean {group}.{close[0]}?)" if close else ""
-        raise ConfigFileError(f"{path}: {unknown[0]} is not a setting{hint}; the run would "
-                              f"ignore it")
-
-
-def _missing_keys(config, reference, prefix: str = "config") -> list[str]:
-    """The keys of `reference` (nested groups too) that `config` lacks, e.g. "config.optim.b1"."""
-    missing = []
-    for key, value in reference.items():
-        if key not in config:
-            missing.append(f"{prefix}.{key}")
-        elif isinstance(value, ml_collections.ConfigDict) and isinstance(
-                config[key], ml_collections.ConfigDict):
-            missing += _missing_keys(config[key], value, f"{prefix}.{key}")
-    return missing
+        raise ConfigFileError(f"{path}: {unknown}; the run would ignore it")
 
 
 class _ConfigFileParser(flags.ArgumentParser):

@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+import tqdm
+
 from transformer_jax.atomic_file import atomic_write
 
 
@@ -81,6 +83,7 @@ def interrupt_in_one_line():
             raise KeyboardInterrupt  # lost on its way out, and the block ended before again
     except KeyboardInterrupt:
         interrupt.handled.set()
+        _end_progress_bars()
         print("error: interrupted", file=sys.stderr, flush=True)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -93,6 +96,14 @@ def interrupt_in_one_line():
         # the noise of a failed read still to come) calls ours, which calls `previous`.
         if sys.unraisablehook is ours:
             sys.unraisablehook = previous
+
+
+def _end_progress_bars() -> None:
+    """Closes the tqdm bars still open, so the error starts a line of its own: a `with`
+    closes its bar as the interrupt passes, but not one interrupted inside tqdm's
+    constructor, after it drew the bar (tqdm keeps its open bars in `_instances`)."""
+    for bar in list(getattr(tqdm.tqdm, "_instances", ())):
+        bar.close()
 
 
 class _Interrupt:

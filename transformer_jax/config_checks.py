@@ -14,7 +14,8 @@ from transformer_jax.losses import smoothed_target
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.optim import optimizer_from_config
 from transformer_jax.parallel import STRATEGIES
-from transformer_jax.run_config import SEARCH_SETTINGS, build_model_config
+from transformer_jax.run_config import (SEARCH_SETTINGS, build_model_config,
+                                        missing_and_unknown_keys)
 
 
 class ConfigError(ValueError):
@@ -22,7 +23,13 @@ class ConfigError(ValueError):
 
 
 def check_config(config) -> None:
-    """Fails fast, naming the key, on values that could only fail later (before data is read)."""
+    """Fails fast, naming the key, on values that could only fail later (before data is read),
+    and on a key the run would ignore (`config.num_train_step = 5` in a notebook)."""
+    missing, unknown = missing_and_unknown_keys(config)
+    if missing or unknown:
+        raise ConfigError(f"{unknown}; the run would ignore it" if unknown else
+                          f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                          f"missing; start from run_config.base_config, which has every key")
     positive = ("num_train_steps", "accumulation_steps",
                 "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
                 "checkpoints_to_keep", "decode.bleu_examples")

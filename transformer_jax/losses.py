@@ -18,9 +18,9 @@ from transformer_jax.token_ids import PAD_ID, check_ids
 
 
 def label_smoothed_cross_entropy(
-    logits, targets, weights=None, *, label_smoothing: float = 0.0
+    logits, targets, weights=None, *, label_smoothing: float = 0.1
 ) -> tuple[jax.Array, jax.Array]:
-    """Weighted cross-entropy against a label-smoothed target (§5.4, ε_ls = 0.1).
+    """Weighted cross-entropy against a label-smoothed target (§5.4, ε_ls = 0.1 by default).
 
     The target distribution q (tensor2tensor / Flax WMT form) puts
 
@@ -39,7 +39,8 @@ def label_smoothed_cross_entropy(
       logits: `(B, T, V)`, any float dtype; the softmax runs in float32.
       targets: int `(B, T)`, token ids in [0, V).
       weights: `(B, T)`; default `targets != 0` (0 is padding).
-      label_smoothing: ε, a Python float in [0, 1).
+      label_smoothing: ε, a Python float in [0, 1): the paper's 0.1 unless given (0.0
+        is plain cross-entropy).
 
     Returns:
       `(loss_sum, weight_sum)`, float32 scalars: Σ weight · loss and Σ weight.

@@ -7,6 +7,7 @@ command_line.py loads one for `--config`.
 """
 
 import dataclasses
+import difflib
 import math
 
 import ml_collections
@@ -126,3 +127,30 @@ def decode_fields(**overrides) -> ml_collections.ConfigDict:
     decode.bleu_examples = 256  # the first this many validation pairs
     decode.lock().update(overrides)
     return decode.unlock()
+
+
+def missing_and_unknown_keys(config) -> tuple[list[str], str | None]:
+    """The keys of `base_config` that `config` lacks ("config.optim.b1", ...), and the first
+    key it has that `base_config` lacks, as "config.num_train_step is not a setting (did
+    you mean config.num_train_steps?)" (None: none): a run would ignore such a key."""
+    base = base_config(model=model_fields("base"), data=data_fields())
+    unknown = _missing_keys(base, config)
+    if not unknown:
+        return _missing_keys(config, base), None
+    group, _, name = unknown[0].rpartition(".")
+    known = base if group == "config" else base[group.removeprefix("config.")]
+    close = difflib.get_close_matches(name, list(known.keys()), n=1)
+    hint = f" (did you mean {group}.{close[0]}?)" if close else ""
+    return _missing_keys(config, base), f"{unknown[0]} is not a setting{hint}"
+
+
+def _missing_keys(config, reference, prefix: str = "config") -> list[str]:
+    """The keys of `reference` (nested groups too) that `config` lacks, e.g. "config.optim.b1"."""
+    missing = []
+    for key, value in reference.items():
+        if key not in config:
+            missing.append(f"{prefix}.{key}")
+        elif isinstance(value, ml_collections.ConfigDict) and isinstance(
+                config[key], ml_collections.ConfigDict):
+            missing += _missing_keys(config[key], value, f"{prefix}.{key}")
+    return missing
