@@ -291,3 +291,14 @@ def test_a_folder_that_is_no_folder_says_what_it_is(tmp_path, monkeypatch):
         load_split(data_config(dataset=f"folder:{tmp_path}"), "train")
     assert str(error.value).startswith(f"{tmp_path / 'train.en'} is a broken link (to "
                                        f"{tmp_path / 'gone.en'}); {tmp_path} holds: ")
+
+
+def test_a_utf16_file_is_named_as_such(tmp_path):
+    """A file saved as UTF-16 was "line 1: not valid UTF-8", as if that line were damaged."""
+    (tmp_path / "train.de").write_bytes("eins\nzwei\n".encode("utf-16"))
+    (tmp_path / "train.en").write_text("one\ntwo\n")
+    with pytest.raises(DataError) as error:
+        load_split(data_config(dataset=f"folder:{tmp_path}"), "train")
+    assert str(error.value) == (f"{tmp_path / 'train.de'} is UTF-16 (it starts with UTF-16's "
+                                f"byte-order mark), not UTF-8; convert it, e.g. iconv -f "
+                                f"UTF-16 -t UTF-8")

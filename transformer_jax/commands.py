@@ -5,6 +5,8 @@ gone away, Ctrl-C in one line, and words that are not flags refused.
 
 import contextlib
 import functools
+import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -85,6 +87,7 @@ def interrupt_in_one_line():
         interrupt.handled.set()
         _end_progress_bars()
         print("error: interrupted", file=sys.stderr, flush=True)
+        _end_child_processes()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
         os._exit(128 + signal.SIGINT)  # had the signal not ended the process
@@ -104,6 +107,21 @@ def _end_progress_bars() -> None:
     constructor, after it drew the bar (tqdm keeps its open bars in `_instances`)."""
     for bar in list(getattr(tqdm.tqdm, "_instances", ())):
         bar.close()
+
+
+def _end_child_processes() -> None:
+    """Ends the worker processes of the block's pools and frees their queues' semaphores,
+    as the teardown skipped here would: a pool's own shutdown, in a `finally` that waits
+    for its workers, is cut short by the interrupt raised again, and the resource tracker
+    would report the semaphores as leaked, after "error: interrupted"."""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(timeout=5)
+    # The exit-time finalizers of multiprocessing (priority >= 0: each semaphore's unlink),
+    # which its own atexit function runs first; no public call runs them.
+    multiprocessing.util._run_finalizers(0)  # noqa: SLF001
 
 
 class _Interrupt:

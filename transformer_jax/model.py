@@ -365,11 +365,11 @@ class Transformer(nn.Module):
     def _features(self, inputs, targets, *, inputs_positions=None, targets_positions=None,
                   inputs_segmentation=None, targets_segmentation=None,
                   deterministic: bool = True):
-        rows = [jnp.shape(x)[0] if jnp.ndim(x) else None for x in (inputs, targets)]
-        if rows[0] != rows[1] and None not in rows:  # else the decoder names the memory
-            raise ValueError(f"inputs {tuple(jnp.shape(inputs))} and targets "
-                             f"{tuple(jnp.shape(targets))} must have the same batch size B: "
-                             f"row b of each is one example")
+        shapes = [tuple(getattr(x, "shape", ())) for x in (inputs, targets)]
+        # Only two (B, T) arrays are compared here; `check_ids` names what else is wrong.
+        if all(len(shape) == 2 for shape in shapes) and shapes[0][0] != shapes[1][0]:
+            raise ValueError(f"inputs {shapes[0]} and targets {shapes[1]} must have the same "
+                             f"batch size B: row b of each is one example")
         memory_BSD = self.encode(inputs, inputs_positions=inputs_positions,
                                  inputs_segmentation=inputs_segmentation,
                                  deterministic=deterministic)

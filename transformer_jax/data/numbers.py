@@ -30,12 +30,13 @@ Records are stored in TFDS's key-hash order, not in numeric order.
 import collections
 import concurrent.futures
 import multiprocessing
-import os
 from collections.abc import Mapping
 
 import numpy as np
 import tensorflow_datasets as tfds
 from num2words import num2words
+
+from transformer_jax.data.parallel_encoding import follow_calling_process, usable_cores
 
 SPLITS = ("train", "validation", "test")
 FULL_SIZES = {"train": 200_000, "validation": 2_000, "test": 2_000}
@@ -117,15 +118,12 @@ def _spelled(numbers: np.ndarray):
         yield from map(number_words, numbers)
         return
     chunks = [numbers[i:i + POOL_CHUNK] for i in range(0, len(numbers), POOL_CHUNK)]
-    try:
-        workers = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        workers = os.cpu_count() or 1
     # Spawn, not fork: JAX may be imported here, and forking a multithreaded process
     # can deadlock. (So a script that builds "full" needs `if __name__ == "__main__":`.)
-    # The map is ordered: the result does not depend on `workers`.
+    # The map is ordered: the result does not depend on the number of workers.
     pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        max_workers=usable_cores(), mp_context=multiprocessing.get_context("spawn"),
+        initializer=follow_calling_process)
     try:
         for words in pool.map(_number_words_chunk, chunks):
             yield from words

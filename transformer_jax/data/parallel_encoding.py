@@ -96,13 +96,20 @@ def _main_module_hidden():
             sys.modules["__main__"] = main
 
 
+def follow_calling_process() -> None:
+    """A pool worker's start (`initializer=`): Ctrl-C, which a terminal sends the whole
+    process group, is the calling process's to handle (it stops the pool, in one line), and
+    the worker exits once the calling process is gone: the pool's queues would otherwise
+    keep it waiting forever, holding the caller's stderr open."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
+
+
 def _start_worker(tokenizer: Tokenizer) -> None:
     global _tokenizer
     _tokenizer = tokenizer
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the calling process stops the pool
-    # The pool's queues keep a worker waiting after its calling process was killed: exit then.
-    parent = multiprocessing.parent_process()
-    threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
+    follow_calling_process()
 
 
 def _exit_with(parent_sentinel) -> None:

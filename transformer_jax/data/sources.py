@@ -287,6 +287,9 @@ def decode_lines(data: bytes, where: str, first_line: int = 1) -> list[str]:
     U+2028, ...) keep files line-aligned; a byte-order mark that starts the text is dropped,
     and "\\r\\n" ends a line like "\\n". `where` names the text in the DataError for invalid
     UTF-8, and `data` starts at line `first_line` of it (after line 1, a BOM is text)."""
+    if first_line == 1 and data.startswith((b"\xff\xfe", b"\xfe\xff")):  # line 1 is not at fault
+        raise DataError(f"{where} is UTF-16 (it starts with UTF-16's byte-order mark), not "
+                        f"UTF-8; convert it, e.g. iconv -f UTF-16 -t UTF-8")
     try:
         text = data.decode("utf-8")
         text = text.removeprefix("\ufeff") if first_line == 1 else text
