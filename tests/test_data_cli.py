@@ -125,6 +125,9 @@ def test_prepare_names_a_damaged_file_and_prepares_or_stops(tmp_path):
     # 180 lines, 30 with an empty German side: said, not dropped silently.
     assert re.search(r"^prepared train: 150 pairs, .*; 30 skipped \(an empty side\)$",
                      first.stdout, re.M), first.stdout
+    # Both sides of the 150 pairs train it; sentencepiece says nothing while it trains.
+    assert re.search(r"^training the tokenizer: 300 bpe pieces from 300 sentences\n"
+                     r"trained the tokenizer in \d+\.\d s$", first.stdout, re.M), first.stdout
     manifest = run / "prepared" / "validation" / "manifest.json"
     whole = manifest.read_text()
     manifest.write_text(whole[:len(whole) // 2])
@@ -135,6 +138,7 @@ def test_prepare_names_a_damaged_file_and_prepares_or_stops(tmp_path):
                      r".*\); preparing validation again\n", again.stderr, re.M)
     assert manifest.read_text() == whole
     assert "prepared train:" not in again.stdout  # whole: reused, and the line says so
+    assert "training the tokenizer" not in again.stdout
     assert "\ntrain: prepared before, checked and reused\n" in again.stdout, again.stdout
     (run / "tokenizer.model.json").unlink()
     model = run / "tokenizer.model"

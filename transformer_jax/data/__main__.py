@@ -70,7 +70,8 @@ def main(argv) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             given = _WORKDIR.value is not None  # "" is refused, as an unset variable
             workdir = writable_folder(_WORKDIR.value) if given else scratch
-            tokenizer = get_tokenizer(config.data, workdir)
+            tokenizer = get_tokenizer(config.data, workdir,
+                                      log=lambda line: print(line, file=sys.stderr))
             split = load_split(config.data, _SPLIT.value)
             d = config.data
             print(f"{d.dataset} ({d.source_lang} -> {d.target_lang}), split {split.name}: "

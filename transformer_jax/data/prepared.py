@@ -112,7 +112,8 @@ def _prepare(data_config, workdir: str, splits, log, processes):
     # The training split is read only if something needs it: a resume reads no text.
     needs_train = "train" in missing or not os.path.exists(tokenizer_path(workdir))
     train = load_split(data_config, "train") if needs_train else None
-    tokenizer = get_tokenizer(data_config, workdir, train.pairs if train is not None else None)
+    tokenizer = get_tokenizer(data_config, workdir, train.pairs if train is not None else None,
+                              log=log)
     for split in splits:  # a loop, not a comprehension: the warnings' stacklevel counts frames
         if split not in missing and _damaged(data_config, workdir, split, tokenizer):
             missing.append(split)

@@ -100,13 +100,15 @@ def training_sentences(pairs, max_sentences: int):
     return itertools.islice(itertools.chain.from_iterable(sides), max_sentences)
 
 
-def get_tokenizer(data_config, workdir: str, train_pairs=None) -> Tokenizer:
+def get_tokenizer(data_config, workdir: str, train_pairs=None, *,
+                  log: Callable[[str], None] = lambda line: None) -> Tokenizer:
     """The tokenizer saved in `workdir`, or a new one trained on the training split.
 
     `train_pairs`: the whole training split if already loaded (else it is read,
     and only if the tokenizer has to be trained). DataError if the saved one
     was trained with other settings or data, or if training fails on the
-    configured settings (see the module's docstring).
+    configured settings (see the module's docstring). `log` gets a line as training
+    starts and one as it ends: sentencepiece's trainer reports no progress of its own.
     """
 
     def train() -> Tokenizer:
@@ -115,9 +117,14 @@ def get_tokenizer(data_config, workdir: str, train_pairs=None) -> Tokenizer:
             raise DataError(f"the training split of {data_config.dataset} has no pairs with "
                             f"text on both sides (pairs with an empty side are skipped); the "
                             f"tokenizer is trained on it")
-        sentences = training_sentences(pairs, data_config.tokenizer_sentences)
-        return train_tokenizer(sentences, data_config.vocab_size,
-                               model_type=data_config.tokenizer_type)
+        sentences = list(training_sentences(pairs, data_config.tokenizer_sentences))
+        log(f"training the tokenizer: {data_config.vocab_size:,} "
+            f"{data_config.tokenizer_type} pieces from {len(sentences):,} sentences")
+        start = time.perf_counter()
+        tokenizer = train_tokenizer(sentences, data_config.vocab_size,
+                                    model_type=data_config.tokenizer_type)
+        log(f"trained the tokenizer in {time.perf_counter() - start:.1f} s")
+        return tokenizer
 
     wanted = _Wanted(vocabulary_settings(data_config),
                      lambda: describe_split(data_config, "train"), train)
