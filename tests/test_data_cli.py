@@ -44,6 +44,15 @@ def test_shows_examples_ids_and_statistics(tmp_path):
     assert "150 pairs; 30 skipped (an empty side)" in out
     long_sources = sum(len(tokenizer.encode(s, add_eos=True)) > 6 for s in GERMAN if s) * 30
     assert re.search(rf"max_target_length=32: {long_sources} \(", out)
+    # --max_pairs scans the split's first pairs, and the statistics say so.
+    result = run_cli(f"--config.data.dataset=folder:{corpus}", "--config.data.vocab_size=300",
+                     "--config.data.max_source_length=6", "--split=validation", "--show=0",
+                     "--max_pairs=7", f"--workdir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr
+    assert "the first 7 pairs of 150 (--max_pairs); 30 skipped" in result.stdout
+    first_7 = [s for s in GERMAN if s][:5] + [s for s in GERMAN if s][:2]
+    long_sources = sum(len(tokenizer.encode(s, add_eos=True)) > 6 for s in first_7)
+    assert re.search(rf"max_target_length=32: {long_sources} \(", result.stdout)
 
 
 def test_bad_corpus_is_one_clear_line(tmp_path):

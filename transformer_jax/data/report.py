@@ -14,6 +14,7 @@ PERCENTILES = (50, 90, 99, 100)
 @dataclasses.dataclass
 class SplitStatistics:
     pairs: int  # pairs scanned (empty ones already skipped)
+    split_pairs: int  # pairs in the split: more than `pairs` when --max_pairs cut the scan
     skipped_empty: int  # pairs with an empty or blank side
     source_lengths: np.ndarray  # tokens per source sentence, EOS included
     target_lengths: np.ndarray
@@ -36,7 +37,7 @@ def split_statistics(split, tokenizer: Tokenizer, data_config,
     for pair in tqdm.tqdm(pairs, desc="scanning", unit="pair", leave=False):
         source.append(len(tokenizer.encode(pair["source"], add_eos=True)))
         target.append(len(tokenizer.encode(pair["target"], add_eos=True)))
-    return SplitStatistics(len(pairs), split.skipped_empty, np.asarray(source),
+    return SplitStatistics(len(pairs), len(split), split.skipped_empty, np.asarray(source),
                            np.asarray(target), data_config.max_source_length,
                            data_config.max_target_length, data_config.too_long)
 
@@ -52,7 +53,10 @@ def format_example(number: int, pair, tokenizer: Tokenizer) -> str:
 
 def format_statistics(stats: SplitStatistics) -> str:
     header = "  tokens   " + " ".join(f"{f'p{p}':>6}" for p in PERCENTILES) + "    mean"
-    lines = [f"{stats.pairs:,} pairs; {stats.skipped_empty:,} skipped (an empty side)", header]
+    scanned = f"{stats.pairs:,} pairs"
+    if stats.pairs < stats.split_pairs:
+        scanned = f"the first {scanned} of {stats.split_pairs:,} (--max_pairs)"
+    lines = [f"{scanned}; {stats.skipped_empty:,} skipped (an empty side)", header]
     for name, lengths in (("source", stats.source_lengths), ("target", stats.target_lengths)):
         if len(lengths):
             values = " ".join(f"{int(np.percentile(lengths, p)):>6}" for p in PERCENTILES)
