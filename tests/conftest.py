@@ -7,6 +7,8 @@ XLA_FLAGS must be set before JAX starts, so this runs before any test imports ja
 import atexit
 import contextlib
 import fcntl
+import importlib.metadata
+import importlib.util
 import json
 import os
 import pathlib
@@ -18,9 +20,29 @@ from typing import NamedTuple
 # comes 40 s after the others (its default); while another process used the 2 cores, that
 # ended 3 of 7 runs of test_data_prepared.py and test_docs.py (in the training of conftest's
 # `translating_run`), taking the whole suite down. 300 s still ends a true deadlock.
+#
+# On a machine where JAX has only the CPU, XLA compiles at optimization level 0 (LLVM's code
+# generation without its optimizations). Compiling, not running, is most of the suite's time
+# there: the tiny train step took 11.4-12.3 s to compile, 6.5-8.8 s at level 0; side by side
+# (2-core AMD EPYC, jax 0.10.2), tests/test_train.py took 250 s against 323 s, and the
+# whole suite passed in 0.76 x the test time (3,026 s, against 3,967 s the day before). The
+# processes the tests start inherit it (train.py, translate.py, the notebooks' kernels).
+# XLA's GPU backend compiles its kernels at the same level: with an accelerator's plugin
+# installed, the suite compiles as a user's run does.
+def _only_a_cpu() -> bool:
+    """Whether JAX will find no accelerator: JAX_PLATFORMS says "cpu", or no plugin of one is
+    installed (neither a `jax_plugins` package or entry point, as JAX finds them, nor libtpu)."""
+    if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+        return True
+    plugins = importlib.metadata.entry_points(group="jax_plugins")
+    return not plugins and not any(importlib.util.find_spec(name)
+                                   for name in ("jax_plugins", "libtpu"))
+
+
+FAST_COMPILE = "--xla_backend_optimization_level=0" if _only_a_cpu() else ""
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    " --xla_cpu_collective_call_terminate_timeout_seconds=300"
+    " --xla_cpu_collective_call_terminate_timeout_seconds=300 " + FAST_COMPILE
 ).strip()
 
 # pytest-xdist's workers share a GPU: JAX's default, each process taking 75 % of its memory

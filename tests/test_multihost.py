@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import FAST_COMPILE
 from transformer_jax import processes
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -58,9 +59,12 @@ def launch(commands, cwd, env, timeout=300, expect=0):
     return outputs
 
 
-def clean_env(**extra):
+def clean_env(xla_flags: str = "", **extra):
+    """This environment on the CPU, with `extra`: of conftest.py's XLA_FLAGS only its
+    compilation's (not its 8 devices or its collectives' time limit), then `xla_flags`."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return dict(env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **extra)
+    return dict(env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+                XLA_FLAGS=f"{FAST_COMPILE} {xla_flags}".strip(), **extra)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +101,7 @@ def test_train_py_with_two_processes(tmp_path):
                "--config.num_train_steps=4", "--config.log_every_steps=2",
                "--config.eval_every_steps=4", "--config.num_eval_batches=1",
                f"--coordinator_address=localhost:{port}", "--num_processes=2"]
-    env = clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    env = clean_env(xla_flags="--xla_force_host_platform_device_count=2",
                     TFDS_DATA_DIR=str(tmp_path / "tfds"))
     outputs = launch([command + [f"--process_id={i}"] for i in range(2)], tmp_path, env)
     assert "process 1: waiting for process 0 to prepare the data" in outputs[1]
@@ -166,7 +170,7 @@ def test_a_killed_peer_ends_the_other_in_one_line(tmp_path):
     COLLECTIVE_TIMEOUT_S, and it ends in one line with exit status 1 (no traceback, no
     JAX abort from C++, which would come at the heartbeat timeout)."""
     port, env = free_port(), clean_env(
-        XLA_FLAGS=f"--xla_cpu_collective_timeout_seconds={COLLECTIVE_TIMEOUT_S}")
+        xla_flags=f"--xla_cpu_collective_timeout_seconds={COLLECTIVE_TIMEOUT_S}")
     logs = [(open(tmp_path / f"out_{i}.log", "w+"), open(tmp_path / f"err_{i}.log", "w+"))
             for i in range(2)]
     procs = [subprocess.Popen([sys.executable, str(HERE / "multihost_worker.py"), str(i), "2",
