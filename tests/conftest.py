@@ -24,8 +24,8 @@ from typing import NamedTuple
 # On a machine where JAX has only the CPU, XLA compiles at optimization level 0 (LLVM's code
 # generation without its optimizations). Compiling, not running, is most of the suite's time
 # there: the tiny train step took 11.4-12.3 s to compile, 6.5-8.8 s at level 0; side by side
-# (2-core AMD EPYC, jax 0.10.2), tests/test_train.py took 250 s against 323 s, and the
-# whole suite passed in 0.76 x the test time (3,026 s, against 3,967 s the day before). The
+# (2-core AMD EPYC, jax 0.10.2, 2026-11-29), tests/test_train.py took 250 s against 323 s,
+# and the whole suite passed in 0.76 x the test time (3,026 s; 3,967 s on 2026-11-28). The
 # processes the tests start inherit it (train.py, translate.py, the notebooks' kernels).
 # XLA's GPU backend compiles its kernels at the same level: with an accelerator's plugin
 # installed, the suite compiles as a user's run does.
