@@ -32,9 +32,9 @@ from typing import NamedTuple
 #
 # Tried and not kept (2026-11-29): JAX's persistent compilation cache shared by a run's
 # workers and the processes they start (programs of 1 s or more, so that a test loads what
-# another compiled). Back to back from one fresh clone, the suite passed in 1,031 s of test
-# time with it and 1,006 s without. Keeping every program, with a size limit for JAX's lock
-# of the folder, took 2,486 s in a run of its own. And a process stopped while JAX writes an
+# another compiled). Back to back from one fresh clone, `make test` passed in 1,031 s
+# (pytest's wall time) with it and 1,006 s without. Keeping every program, with a size limit
+# for JAX's lock of the folder, took 2,486 s in a run of its own. And a process stopped while JAX writes an
 # entry leaves it truncated (JAX writes in place): the Ctrl-C test of translate.py did.
 def _only_a_cpu() -> bool:
     """Whether JAX will find no accelerator: JAX_PLATFORMS says "cpu", or no plugin of one is
