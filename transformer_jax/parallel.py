@@ -12,7 +12,6 @@ Either way each process feeds the rows it read itself (its data shard).
 
 import functools
 
-import flax.jax_utils
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -39,19 +38,30 @@ class Parallel:
         self.mesh = Mesh(np.array(devices), ("data",))
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
         self._split = NamedSharding(self.mesh, PartitionSpec("data"))
+        # pmap's layout: a copy per local device along a leading axis, named like pmap's
+        # outputs, so that step 2 does not compile again for another sharding.
+        self._copies = NamedSharding(Mesh(np.array(self._local_devices), (AXIS,)),
+                                     PartitionSpec(AXIS))
 
     def put_state(self, state):
         """One copy of the state, as the compiled steps want it placed."""
         if self.strategy == "pmap":
-            # Named like pmap's outputs, so step 2 does not compile again for a new sharding.
-            return flax.jax_utils.replicate(state, devices=self._local_devices, axis_name=AXIS)
+            return jax.tree.map(self._copy_to_each_device, state)
         return jax.device_put(state, self._replicated)
 
+    def _copy_to_each_device(self, x):
+        # From one host copy, compiling nothing. flax.jax_utils.replicate stacks the copies
+        # on the first device, all of them there at once, with a program compiled per
+        # shape: the tiny model's state took 2.2 s on a 2-core CPU, this 0.1 s.
+        host = np.asarray(jax.device_get(x))
+        return jax.device_put(np.broadcast_to(host, (len(self._local_devices), *host.shape)),
+                              self._copies)
+
     def get_state(self, placed):
-        """One copy of a placed state (device arrays), e.g. to save it."""
-        if self.strategy == "pmap":
-            return flax.jax_utils.unreplicate(placed)
-        return placed
+        """One copy of a placed state on the host (numpy arrays), e.g. to save it."""
+        if self.strategy == "pmap":  # the first local device's copy, nothing compiled
+            return jax.tree.map(lambda x: np.asarray(x.addressable_data(0))[0, ...], placed)
+        return jax.device_get(placed)
 
     def local_params(self, placed_state):
         """One copy of the parameters on this process's first device (for searches run here),
@@ -114,5 +124,5 @@ class Parallel:
     def to_host(self, metrics) -> dict[str, float]:
         """Summed metrics (equal on every device) as Python floats; this waits for them."""
         if self.strategy == "pmap":
-            metrics = jax.tree.map(lambda x: x[0], metrics)
-        return {name: float(value) for name, value in jax.device_get(metrics).items()}
+            metrics = jax.tree.map(lambda x: x.addressable_data(0), metrics)
+        return {name: float(value.item()) for name, value in jax.device_get(metrics).items()}

@@ -329,9 +329,9 @@ class _Loop:
         if restored is None:
             self._draw()
         parameters = sum(x.size for x in jax.tree.leaves(self.state.params))
+        step = first = int(self.state.step)
         placed = self.parallel.put_state(self.state)
         self.state = None  # the placed copy is the live one (its buffers are donated)
-        step = first = int(self.parallel.get_state(placed).step)
         if restored is not None:
             self._name_compute_changes(first, restored)
         log = RunLog(self.workdir, total_steps=self.config.num_train_steps, first_step=first,
@@ -469,5 +469,5 @@ class _Loop:
 
     def _save(self, step: int, placed) -> None:
         # A host copy: the step donates the device buffers before an async save would read them.
-        state = jax.device_get(self.parallel.get_state(placed))
+        state = self.parallel.get_state(placed)
         self.checkpointer.save(step, state, data_iterator=self.data, metadata=self.metadata)
