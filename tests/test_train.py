@@ -272,8 +272,9 @@ def test_a_resume_with_another_kind_of_data_iterator_keeps_the_state_on_a_new_sh
     (start,) = [line for line in printed.out.splitlines() if "training steps" in line]
     devices = jax.devices()  # the CPU's 8 simulated devices, or one GPU
     on = f"{len(devices)} {devices[0].device_kind} device{'s' * (len(devices) > 1)}"
+    layers = f"{tiny.num_layers} layer{'s' * (tiny.num_layers > 1)}"
     assert start.startswith(f"resumed at step 4; training steps 5-6: {count:,}"
-                            f" parameters ({tiny.num_layers} layers of width {tiny.d_model}, "
+                            f" parameters ({layers} of width {tiny.d_model}, "
                             f"float32) on {on}, pmap; ")
     assert ("8 packed rows of 12 + 24 tokens per update;" if value != "bucketed"
             else "bucketed batches (above);") in start
@@ -404,7 +405,7 @@ def test_bad_config_values_name_the_key(key, value, message):
 
 def run_train_py(workdir, *overrides, launch=(), **popen):
     command = [sys.executable, *launch, "train.py", "--config=configs/default.py", f"--workdir={workdir}",
-               "--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_layers=2",
+               "--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_layers=1",
                "--config.data.numbers_size=small", 
                "--config.optim.warmup_steps=10", *overrides]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -599,11 +599,12 @@ def test_missing_checkpoint_dir_raises(tmp_path):
 
 def test_bleu_while_training_matches_evaluating_the_checkpoint(tmp_path):
     """eval_bleu at step 20 equals sacreBLEU of the saved step-20 model on the same 16 pairs
-    (after 20 steps some 4-grams are right: neither score is 0)."""
+    (after 20 steps of the tiny model's 2 layers some 4-grams are right: neither score is 0;
+    with one layer BLEU is still 0)."""
     config = tiny_run(num_train_steps=20, checkpoint_every_steps=20, log_every_steps=20,
                       eval_every_steps=20,
                       **{"decode.bleu_every_steps": 20, "decode.bleu_examples": 16,
-                         "decode.beam_size": 2})
+                         "decode.beam_size": 2, "model.num_layers": 2})
     train(config, str(tmp_path))
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     bleu_records = [r for r in logged if "eval_bleu" in r]
@@ -675,11 +676,12 @@ def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(work
 
 
 def test_translate_output_on_a_full_disk_is_one_line_and_no_file(workdir, tmp_path):
-    """Writes past 100 bytes fail (the translations of 20 lines are longer): one line naming
-    the file and the OS error, exit 1, and neither the file nor a temporary left behind."""
+    """Writes past 100 bytes fail (the translations of 200 lines are longer: a line each,
+    even empty): one line naming the file and the OS error, exit 1, and neither the file nor
+    a temporary left behind."""
     out = tmp_path / "out" / "translations.txt"
     full = run("translate.py", f"--workdir={workdir}", f"--output={out}", "--beam_size=1",
-               stdin="null\n" * 20, max_file_size=100)
+               stdin="null\n" * 200, max_file_size=100)
     assert full.returncode == 1 and "Traceback" not in full.stderr
     assert full.stderr.strip().splitlines()[-1] == f"error: cannot write {out}: File too large"
     assert list((tmp_path / "out").iterdir()) == []
