@@ -34,8 +34,9 @@ from typing import NamedTuple
 # workers and the processes they start (programs of 1 s or more, so that a test loads what
 # another compiled). Back to back from one fresh clone, `make test` passed in 1,031 s
 # (pytest's wall time) with it and 1,006 s without. Keeping every program, with a size limit
-# for JAX's lock of the folder, took 2,486 s in a run of its own. And a process stopped while JAX writes an
-# entry leaves it truncated (JAX writes in place): the Ctrl-C test of translate.py did.
+# for JAX's lock of the folder, took 2,486 s in a run of its own. And a process stopped
+# while JAX writes an entry leaves it truncated (JAX writes in place): the Ctrl-C test of
+# translate.py did.
 def _only_a_cpu() -> bool:
     """Whether JAX will find no accelerator: JAX_PLATFORMS says "cpu", or no plugin of one is
     installed (neither a `jax_plugins` package or entry point, as JAX finds them, nor libtpu)."""
