@@ -1,6 +1,7 @@
 """The benchmark CLI: every suite runs (--quick) and reports positive figures; its counts are right."""
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -22,12 +23,15 @@ from transformer_jax.benchmark.model import model_configs, synthetic_batch
 from transformer_jax.benchmark.pipeline import _counts
 from transformer_jax.benchmark.timing import compile_seconds
 from transformer_jax.decoding import UNROLL
-from transformer_jax.train_state import init_params
+from transformer_jax.optim import make_optimizer
+from transformer_jax.parallel import Parallel
+from transformer_jax.train_state import create_train_state, init_params
 
 # Fields each suite's JSON rows must hold with positive values.
 POSITIVE = {
     "attention": ("ms", "tflops", "peak_tflops", "peak_fraction", "memory_bytes"),
-    "model": ("step_ms", "tokens_per_sec", "compile_s", "tflops", "mfu", "memory_bytes"),
+    "model": ("step_ms", "tokens_per_sec", "compile_s", "state_s", "tflops", "mfu",
+              "memory_bytes"),
     "decode": ("ms", "tokens_per_sec", "sentences_per_sec", "compile_s", "vs_unroll_1"),
     "pipeline": ("batches_per_sec", "examples_per_sec", "tokens_per_sec", "source_fill",
                  "target_fill", "first_batch_s", "resume_s", "prepare_s", "pairs_per_sec",
@@ -255,8 +259,89 @@ def test_xla_options_in_vary_take_the_type_xla_gives_them(tmp_path):
                     "xla_gpu_autotune_gemm_rtol": (1.0, 0.5), "xla_dump_to": (str(tmp_path),),
                     "dropout_bits": (8, 16)}
     assert [type(v) for v in vary["xla_gpu_autotune_gemm_rtol"]] == [float, float]
-    assert model_suite.split_fields({"dropout_bits": 8, "xla_gpu_autotune_level": 0}) == (
-        {"dropout_bits": 8}, {"xla_gpu_autotune_level": 0})
+
+
+def test_jax_options_in_vary_take_their_types_and_leave_jax_as_it_was():
+    """`--vary jax_...`: each value of the type of the option in force, checked by setting it
+    and setting it back; an option JAX does not have, a value not of its type and one JAX
+    refuses, each a ValueError in one line."""
+    vary = model_suite.parse_vary(["jax_threefry_gpu_kernel_lowering=false, true",
+                                   "jax_default_matmul_precision=highest,bfloat16"])
+    assert vary == {"jax_threefry_gpu_kernel_lowering": (False, True),
+                    "jax_default_matmul_precision": ("highest", "bfloat16")}
+    assert jax.config.jax_threefry_gpu_kernel_lowering is False
+    assert jax.config.jax_default_matmul_precision == "highest"  # conftest's, set back
+    assert model_suite.split_fields({"dropout_bits": 8, "xla_gpu_autotune_level": 0,
+                                     "jax_threefry_partitionable": False}) == (
+        {"dropout_bits": 8}, {"xla_gpu_autotune_level": 0}, {"jax_threefry_partitionable": False})
+    for text, message in [("jax_no_such_option=1", r"jax_no_such_option: JAX has no such"),
+                          ("jax_threefry_partitionable=yes", r"takes true or false, got 'yes'"),
+                          ("jax_default_matmul_precision=fastest",
+                           r"=fastest: JAX refuses it: new enum value must be None or in")]:
+        with pytest.raises(ValueError, match=message):
+            model_suite.parse_vary([text])
+    assert jax.config.jax_default_matmul_precision == "highest"
+
+
+def test_a_jax_option_in_vary_draws_the_state_and_compiles_the_step_and_is_set_back(
+        monkeypatch):
+    """`--vary jax_threefry_partitionable=false`: the row's parameters are drawn under it
+    (threefry's other layout of the bits gives other parameters), its step compiled and
+    timed under it, the row names it, and JAX's own setting is back after the row."""
+    case = next(c for c in model_suite.cases(quick=True) if c.name == "tiny")
+    seen, drawn = [], []
+    real_fresh_state, real_median_seconds = model_suite.fresh_state, model_suite.median_seconds
+
+    def fresh_state(parallel, *args):  # the parameters kept before the step donates them
+        state, seconds = real_fresh_state(parallel, *args)
+        drawn.append(parallel.get_state(state).params)
+        return state, seconds
+
+    def compile_spy(*args, **kwargs):
+        seen.append(("compile", jax.config.jax_threefry_partitionable))
+        return compile_seconds(*args, **kwargs)
+
+    def median_spy(run_once, **kwargs):
+        seen.append(("timed", jax.config.jax_threefry_partitionable))
+        return real_median_seconds(run_once, **kwargs)
+
+    monkeypatch.setattr(model_suite, "fresh_state", fresh_state)
+    monkeypatch.setattr(model_suite, "compile_seconds", compile_spy)
+    monkeypatch.setattr(model_suite, "median_seconds", median_spy)
+    row = model_suite.time_train_step(case, "float32", "sharded", quick=True,
+                                      fields={"jax_threefry_partitionable": False})
+    assert row["jax_threefry_partitionable"] is False and row["state_s"] > 0
+    assert seen == [("compile", False), ("timed", False)]
+    assert jax.config.jax_threefry_partitionable is True
+    draw = jax.jit(functools.partial(init_params, Transformer(case.config)))  # as the trainer
+    with model_suite.jax_options({"jax_threefry_partitionable": False}):
+        expected = draw(jax.random.key(0))
+    as_usual = draw(jax.random.key(0))
+    leaves = jax.tree.leaves(drawn[0])
+    assert len(drawn) == 1
+    assert all(np.array_equal(a, b) for a, b in zip(leaves, jax.tree.leaves(expected)))
+    assert not all(np.array_equal(a, b) for a, b in zip(leaves, jax.tree.leaves(as_usual)))
+
+
+def test_each_row_compiles_the_parameters_program_afresh(caplog):
+    """`state_s` is a fresh train.py's: the parameters' program compiled for each row, where
+    `create_train_state` alone keeps it for the next state of the same model."""
+    case = next(c for c in model_suite.cases(quick=True) if c.name == "tiny")
+    model, parallel = Transformer(case.config), Parallel("sharded")
+    tx = make_optimizer(d_model=case.config.d_model).tx
+
+    def compilations(build) -> int:
+        caplog.clear()
+        with jax.log_compiles(), caplog.at_level("WARNING", logger="jax._src.dispatch"):
+            build()
+            build()
+        return sum("XLA compilation of jit(_compiled_init_params)" in record.getMessage()
+                   for record in caplog.records)
+
+    assert compilations(lambda: create_train_state(model, tx, jax.random.key(0))) <= 1
+    assert compilations(lambda: model_suite.fresh_state(parallel, model, tx)) == 2
+    state, seconds = model_suite.fresh_state(parallel, model, tx)
+    assert seconds > 0 and int(parallel.get_state(state).step) == 0
 
 
 def test_values_that_hold_commas_are_separated_by_semicolons():
@@ -890,17 +975,21 @@ def test_a_decode_search_is_built_and_compiled_with_its_fields(monkeypatch):
     drawn, options = [], []
 
     def spy(jitted, *args, compiler_options=None, **static):
-        options.append((compiler_options, static["cast_once"]))
+        options.append((compiler_options, static["cast_once"],
+                        jax.config.jax_threefry_partitionable))
         return compile_seconds(jitted, *args, compiler_options=compiler_options, **static)
 
     monkeypatch.setattr(decode, "compile_seconds", spy)
     monkeypatch.setattr(decode, "_params", lambda config: drawn.append(config) or init_params(
         Transformer(config), jax.random.key(0)))
-    fields = {"attention_bias": False, "xla_cpu_use_fusion_emitters": False}
+    fields = {"attention_bias": False, "xla_cpu_use_fusion_emitters": False,
+              "jax_threefry_partitionable": False}
     row = decode.time_search("tiny", 2, 8, 8, beam_size=1, cached=True, quick=True,
                              dtype="bfloat16", cast_once=False, fields=fields)
     assert [(config.attention_bias, config.dtype) for config in drawn] == [(False, "float32")]
-    assert options == [({"xla_cpu_use_fusion_emitters": False}, False)]
+    # JAX's option in force while the search compiled, and set back after the row.
+    assert options == [({"xla_cpu_use_fusion_emitters": False}, False, False)]
+    assert jax.config.jax_threefry_partitionable is True
     assert {key: row[key] for key in (*fields, "cast", "dtype")} == {
         **fields, "cast": "each step", "dtype": "bfloat16"}
     assert row["tokens_per_sec"] > 0

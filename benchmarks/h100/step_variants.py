@@ -47,7 +47,7 @@ VARIANTS = {  # name: (ModelConfig fields or XLA's options, context while compil
 def compiled_variant(case, dtype, strategy, fields, context, quick):
     """(config, `run_once`, compile seconds, planned memory) of one variant."""
     with context():
-        config, _, step, compile_s, run_once = suite.compiled_step(
+        config, _, step, compile_s, _, run_once = suite.compiled_step(
             case, dtype, strategy, quick=quick, packed=jax.default_backend() != "cpu",
             fields=fields)
     return config, run_once, compile_s, memory_bytes(step)

@@ -74,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="model and decode: time the step, or each search, with each "
                              "value of this ModelConfig field, e.g. --vary "
                              "dropout_bits=32,16,8, or of one of XLA's options, e.g. --vary "
-                             "xla_gpu_enable_cublaslt=false,true (repeatable: every "
+                             "xla_gpu_enable_cublaslt=false,true, or of JAX's, e.g. --vary "
+                             "jax_threefry_gpu_kernel_lowering=false,true (repeatable: every "
                              "combination; values separated by ; where one holds a comma)")
     parser.add_argument("--loss-chunks", metavar="N1,N2",
                         help="model: time the step with each of these loss_chunk_size "

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import tqdm
 from jax import lax
 
-from transformer_jax.benchmark.model import (combinations, model_configs, split_fields,
-                                             synthetic_batch)
+from transformer_jax.benchmark.model import (combinations, jax_options, model_configs,
+                                             split_fields, synthetic_batch)
 from transformer_jax.benchmark.timing import compile_seconds, median_seconds, traced_as
 from transformer_jax.token_ids import EOS_ID, PAD_ID
 from transformer_jax.decoding import UNROLL, beam_search, greedy_search
@@ -117,17 +117,19 @@ def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick
                 dtype="float32", unroll=UNROLL, cast_once=True,
                 fields: dict | None = None) -> dict:
     """One row: the search compiled and timed. `fields` replace the model's `ModelConfig`
-    fields, or set XLA's options where named `xla_...`; they are columns of the row."""
+    fields, or set XLA's options where named `xla_...`, or JAX's where named `jax_...`; they
+    are columns of the row."""
     fields = fields or {}
-    model_fields, xla_options = split_fields(fields)
+    model_fields, xla_options, jax_settings = split_fields(fields)
     config = dataclasses.replace(model_configs()[name], dtype=dtype, **model_fields)
     model = Transformer(config)
     inputs_BS = jnp.asarray(synthetic_batch(config, batch, source_len)["inputs"])
     params = _params(dataclasses.replace(config, dtype="float32"))
     kwargs = dict(model=model, beam_size=beam_size, max_length=max_length, cached=cached,
                   unroll=unroll, cast_once=cast_once)
-    compiled, compile_s = compile_seconds(search, params, inputs_BS,
-                                          compiler_options=xla_options, **kwargs)
+    with jax_options(jax_settings):  # the search traced and compiled with them
+        compiled, compile_s = compile_seconds(search, params, inputs_BS,
+                                              compiler_options=xla_options, **kwargs)
     kind = "greedy" if beam_size == 1 else f"beam{beam_size}"
     cache = "cached" if cached else "uncached"
     unroll = 1 if beam_size == 1 else unroll  # greedy search: one step per iteration

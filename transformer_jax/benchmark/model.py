@@ -10,9 +10,11 @@ over the device peak (on CPUs, the matmul rate measured in the same run), with
 and without the FLOPs of softmax(Q Kᵀ) V itself.
 """
 
+import contextlib
 import dataclasses
 import functools
 import itertools
+import time
 
 import jax
 import tqdm
@@ -28,9 +30,11 @@ from transformer_jax.model_config import ModelConfig, get_model_config
 from transformer_jax.optim import make_optimizer
 from transformer_jax.parallel import STRATEGIES, Parallel
 from transformer_jax.steps import train_step
+from transformer_jax import train_state
 from transformer_jax.train_state import create_train_state
 
 XLA_PREFIX = "xla_"  # --vary's names of XLA's options, as XLA_FLAGS names them
+JAX_PREFIX = "jax_"  # --vary's names of JAX's own options, as jax.config names them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,39 +111,52 @@ def packed_batch(config: ModelConfig, batch: int, length: int, seed: int = 0) ->
 
 def train_setup(config: ModelConfig, strategy: str, batch: dict, loss_chunk_size: int = 0,
                 xla_options: dict | None = None):
-    """(compiled step, placed state, placed batch, compile seconds) as the trainer runs them;
-    `xla_options` are XLA's compiler options for this step alone."""
+    """(compiled step, placed state, placed batch, compile seconds, state seconds) as the
+    trainer runs them; `xla_options` are XLA's compiler options for this step alone."""
     parallel = Parallel(strategy)
     model = Transformer(config)
     optimizer = make_optimizer(d_model=config.d_model)
-    state = parallel.put_state(create_train_state(model, optimizer.tx, jax.random.key(0)))
+    state, state_s = fresh_state(parallel, model, optimizer.tx)
     step_fn = functools.partial(train_step, model=model, seed=0, label_smoothing=0.1,
                                 learning_rate_fn=optimizer.learning_rate_fn,
                                 loss_chunk_size=loss_chunk_size)
     placed = parallel.put_batch(batch)
     step, seconds = compile_seconds(parallel.compile_train_step(step_fn), state, placed,
                                     compiler_options=xla_options)
-    return step, state, placed, seconds
+    return step, state, placed, seconds, state_s
+
+
+def fresh_state(parallel: Parallel, model: Transformer, tx) -> tuple:
+    """(the state placed on the devices, seconds): a fresh train.py's state, its parameters'
+    program compiled afresh (`create_train_state` keeps it per model in a process; a row
+    of the same model would read it), run, the optimizer's state built and all placed."""
+    train_state._compiled_init_params.clear_cache()
+    start = time.perf_counter()
+    state = jax.block_until_ready(
+        parallel.put_state(create_train_state(model, tx, jax.random.key(0))))
+    return state, time.perf_counter() - start
 
 
 def compiled_step(case: Case, dtype: str, strategy: str, *, quick: bool, packed: bool,
                   loss_chunk_size: int = 0, fields: dict | None = None):
-    """(config, batch, compiled step, compile seconds, `run_once`): `run_once` queues
-    `queued_steps(quick)` steps back to back, each on the state the last one left, and waits
-    for the last (for `median_seconds`; divide by the steps). `fields` as in
-    `time_train_step`."""
-    model_fields, xla_options = split_fields(fields or {})
+    """(config, batch, compiled step, compile seconds, state seconds, `run_once`):
+    `run_once` queues `queued_steps(quick)` steps back to back, each on the state the last
+    one left, and waits for the last (for `median_seconds`; divide by the steps). `fields`
+    as in `time_train_step`; JAX's options among them are the caller's to set
+    (`jax_options`), around this call and the timed ones."""
+    model_fields, xla_options, _ = split_fields(fields or {})
     config = dataclasses.replace(case.config, dtype=dtype, **model_fields)
     batch = (packed_batch if packed else synthetic_batch)(config, case.batch, case.length)
-    step, state, placed, compile_s = train_setup(config, strategy, batch, loss_chunk_size,
-                                                 xla_options)
+    step, state, placed, compile_s, state_s = train_setup(config, strategy, batch,
+                                                          loss_chunk_size, xla_options)
     holder = [state]
 
     def one_step():
         holder[0], metrics = step(holder[0], placed)
         return metrics
 
-    return config, batch, step, compile_s, back_to_back(one_step, queued_steps(quick))
+    return (config, batch, step, compile_s, state_s,
+            back_to_back(one_step, queued_steps(quick)))
 
 
 def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
@@ -147,18 +164,19 @@ def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
                     fields: dict | None = None) -> dict:
     """One row; `packed` rows by default on accelerators, full rows on CPUs;
     `loss_chunk_size` as `train_step`'s (0: the whole logits); `fields` replace the case's
-    `ModelConfig` fields, or set XLA's options where named `xla_...` (and are columns of the
-    row)."""
+    `ModelConfig` fields, or set XLA's options where named `xla_...`, or JAX's where named
+    `jax_...` (and are columns of the row)."""
     fields = fields or {}
     packed = jax.default_backend() != "cpu" if packed is None else packed
-    config, batch, step, compile_s, run_once = compiled_step(
-        case, dtype, strategy, quick=quick, packed=packed, loss_chunk_size=loss_chunk_size,
-        fields=fields)
     label = "-".join([case.name, dtype, strategy, f"loss_chunk={loss_chunk_size}"]
                      + [f"{name}={value}" for name, value in fields.items()])
-    with traced_as(label, step):  # --profile: each case's trace beside its program
-        seconds = median_seconds(run_once, warmup=1 if quick else 2,
-                                 iters=3 if quick else 10) / queued_steps(quick)
+    with jax_options(split_fields(fields)[2]):
+        config, batch, step, compile_s, state_s, run_once = compiled_step(
+            case, dtype, strategy, quick=quick, packed=packed,
+            loss_chunk_size=loss_chunk_size, fields=fields)
+        with traced_as(label, step):  # --profile: each case's trace beside its program
+            seconds = median_seconds(run_once, warmup=1 if quick else 2,
+                                     iters=3 if quick else 10) / queued_steps(quick)
     flops = train_step_flops(config, case.batch, case.length, case.length)
     matmuls = train_step_flops(config, case.batch, case.length, case.length, attention=False)
     peak, _ = peak_tflops(dtype, quick=quick)
@@ -168,7 +186,8 @@ def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
             "loss_chunk": loss_chunk_size, **fields,
             "step_ms": seconds * 1e3, "tokens_per_sec": case.batch * case.length / seconds,
             "real_tokens_per_sec": int(np.count_nonzero(batch["targets"])) / seconds,
-            "compile_s": compile_s, "tflops": tflops, "mfu": tflops / peak if peak else None,
+            "compile_s": compile_s, "state_s": state_s, "tflops": tflops,
+            "mfu": tflops / peak if peak else None,
             "mfu_no_attention": matmuls / seconds / 1e12 / peak if peak else None,
             "memory_bytes": memory_bytes(step)}
 
@@ -185,9 +204,9 @@ def queued_steps(quick: bool) -> int:
 def parse_vary(texts) -> dict[str, tuple]:
     """{"dropout_bits": (32, 16)} from ["dropout_bits=32,16"] (the CLI's --vary): each a
     `ModelConfig` field and values of its type, or one of XLA's options (a name that starts
-    with `xla_`, as XLA_FLAGS names it: true/false, a number or text); values are separated
-    by semicolons instead where one holds a comma (`_values`). A ValueError names what is
-    wrong."""
+    with `xla_`, as XLA_FLAGS names it: true/false, a number or text), or one of JAX's own
+    (`jax_...`, as `jax.config` names it); values are separated by semicolons instead where
+    one holds a comma (`_values`). A ValueError names what is wrong."""
     types = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
     vary = {}
     for text in texts:
@@ -198,10 +217,13 @@ def parse_vary(texts) -> dict[str, tuple]:
         if name.startswith(XLA_PREFIX) and equals:
             vary[name] = tuple(xla_option(name, v) for v in _values(values))
             continue
+        if name.startswith(JAX_PREFIX) and equals:
+            vary[name] = tuple(jax_option(name, v) for v in _values(values))
+            continue
         if name not in types or name in ("dtype", "vocab_size") or not values:
             raise ValueError(f"--vary takes FIELD=V1,V2,... with a ModelConfig field other than "
                              f"dtype (--dtypes) and vocab_size, or one of XLA's options "
-                             f"(xla_...), got "
+                             f"(xla_...) or JAX's (jax_...), got "
                              f"{text!r}; fields: "
                              f"{', '.join(n for n in types if n not in ('dtype', 'vocab_size'))}")
         vary[name] = tuple(_field_value(types[name], name, v) for v in _values(values))
@@ -218,10 +240,45 @@ def _values(text: str) -> list[str]:
     return [value.strip() for value in (values[:-1] if not values[-1].strip() else values)]
 
 
-def split_fields(fields: dict) -> tuple[dict, dict]:
-    """(`ModelConfig` fields, XLA's options) of one variant of `--vary`."""
+def split_fields(fields: dict) -> tuple[dict, dict, dict]:
+    """(`ModelConfig` fields, XLA's options, JAX's options) of one variant of `--vary`."""
     xla = {name: value for name, value in fields.items() if name.startswith(XLA_PREFIX)}
-    return {name: value for name, value in fields.items() if name not in xla}, xla
+    jax_ = {name: value for name, value in fields.items() if name.startswith(JAX_PREFIX)}
+    model = {name: value for name, value in fields.items() if name not in xla | jax_}
+    return model, xla, jax_
+
+
+def jax_option(name: str, text: str):
+    """`text` as the value of JAX's option `name` (`jax.config`'s name): true/false where it
+    is a bool, an integer where an int, else the text; checked by setting it, then setting
+    back the one in force. A ValueError names an option JAX does not have, or JAX's refusal."""
+    try:
+        current = getattr(jax.config, name)
+    except AttributeError:
+        raise ValueError(f"--vary {name}: JAX has no such option (as jax.config names "
+                         f"them)") from None
+    kind = type(current) if isinstance(current, (bool, int)) else str
+    value = _field_value(kind, name, text)
+    try:
+        with jax_options({name: value}):
+            pass
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"--vary {name}={text}: JAX refuses it: {error}") from None
+    return value
+
+
+@contextlib.contextmanager
+def jax_options(options: dict):
+    """JAX's `options` in force inside, the ones before restored after (one variant of
+    `--vary`'s, set while its programs are traced, compiled and timed)."""
+    before = {name: getattr(jax.config, name) for name in options}
+    try:
+        for name, value in options.items():
+            jax.config.update(name, value)
+        yield
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
 
 
 def xla_option(name: str, text: str):
@@ -337,6 +394,8 @@ def run(quick: bool = False, *, models=None, dtypes=None, strategies=None,
                   "real_tokens_per_sec: non-padding target tokens per second",
                   "loss_chunk: target tokens per chunk of the output layer and loss "
                   "(output_loss.py); 0: the whole (B, T, V) logits",
+                  "state_s: seconds building a fresh train.py's state: its parameters' "
+                  "program compiled and run, the optimizer's state, placed on the devices",
                   "tflops, mfu: train_step_flops() in transformer_jax/benchmark/flops.py; "
                   "mfu_no_attention leaves out softmax(Q Kᵀ) V",
                   f"{MEMORY_NOTE} (per device)"]
