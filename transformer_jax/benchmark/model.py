@@ -20,6 +20,7 @@ import jax
 import tqdm
 import numpy as np
 
+from transformer_jax import train_state
 from transformer_jax.benchmark.flops import train_step_flops
 from transformer_jax.benchmark.machine import peak_tflops
 from transformer_jax.benchmark.timing import (MEMORY_NOTE, back_to_back, compile_seconds,
@@ -30,7 +31,6 @@ from transformer_jax.model_config import ModelConfig, get_model_config
 from transformer_jax.optim import make_optimizer
 from transformer_jax.parallel import STRATEGIES, Parallel
 from transformer_jax.steps import train_step
-from transformer_jax import train_state
 from transformer_jax.train_state import create_train_state
 
 XLA_PREFIX = "xla_"  # --vary's names of XLA's options, as XLA_FLAGS names them
