@@ -7,25 +7,65 @@ again; evaluate.py and translate.py call it too, so each later command loads the
 searches an earlier one compiled (one program per batch shape: predict.py).
 """
 
+import contextlib
+import glob
 import os
+import warnings
 
 import jax
 
 FOLDER = "compilation_cache"  # in the workdir
+ENTRY, ACCESS_TIME = "-cache", "-atime"  # the suffixes of JAX's files for one program
 
 
 def use_compilation_cache(workdir: str) -> str | None:
-    """JAX's persistent compilation cache in WORKDIR/compilation_cache. A cache directory
-    the user set (JAX_COMPILATION_CACHE_DIR) is kept, JAX_ENABLE_COMPILATION_CACHE=false
-    turns the cache off, and a workdir this process cannot write (a trained model in a
-    read-only folder) gets none: JAX would warn at each program it could not save.
+    """JAX's persistent compilation cache in WORKDIR/compilation_cache, its damaged entries
+    removed first (`drop_damaged_entries`). A cache directory the user set
+    (JAX_COMPILATION_CACHE_DIR) is kept as it is, JAX_ENABLE_COMPILATION_CACHE=false turns
+    the cache off, and a workdir this process cannot write (a trained model in a read-only
+    folder) gets none: JAX would warn at each program it could not save.
     Returns the directory in use, or None."""
     if jax.config.jax_compilation_cache_dir is None:
         if not _can_write(workdir):
             return None
-        jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, FOLDER))
+        folder = os.path.join(workdir, FOLDER)
+        jax.config.update("jax_compilation_cache_dir", folder)
+        if jax.config.jax_enable_compilation_cache:
+            drop_damaged_entries(folder)
     return jax.config.jax_compilation_cache_dir if jax.config.jax_enable_compilation_cache \
         else None
+
+
+def drop_damaged_entries(folder: str) -> list[str]:
+    """Removes each entry of JAX's cache in `folder` that does not decompress, with one
+    warning each: an entry cut short by a process killed while JAX wrote it, or by a full
+    disk. JAX writes an entry in place and never replaces one it finds, so such an entry
+    would warn ("Error reading persistent compilation cache entry") and be compiled again
+    at every later start; removed, the next compilation saves it whole. A process writing an
+    entry meanwhile loses only that entry (its file unlinked, never mixed). Returns the
+    names removed. Only the workdir's own cache is swept: one the user shares between runs
+    may be large, and is theirs."""
+    try:  # the decompression JAX reads its entries with (zstd or zlib, as JAX was installed)
+        from jax._src.compilation_cache import decompress_executable
+    except ImportError:  # a JAX that moved it: JAX's own warnings stay the only sign
+        return []
+    removed = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(folder), "*" + ENTRY))):
+        try:
+            with open(path, "rb") as f:
+                entry = f.read()
+        except OSError:  # removed by another process meanwhile, or not ours to read
+            continue
+        try:
+            decompress_executable(entry)
+        except Exception as error:  # zlib.error or zstd's ZstdError, by JAX's compression
+            for file in (path, path.removesuffix(ENTRY) + ACCESS_TIME):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(file)
+            warnings.warn(f"{path} is damaged ({error}); removed, so that its program "
+                          f"is compiled and saved again")
+            removed.append(os.path.basename(path))
+    return removed
 
 
 def _can_write(workdir: str) -> bool:
