@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -35,6 +36,7 @@ from transformer_jax.trainer import train
 from transformer_jax.attention import attention_weights
 from transformer_jax.token_ids import PAD_ID
 from transformer_jax.train_state import abstract_train_state, init_params
+from transformer_jax.compilation_cache import drop_damaged_entries
 from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
                                       write_whole)
 from transformer_jax.translation import (TranslationError, Translator, check_setting,
@@ -675,16 +677,22 @@ def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(work
     assert aside.name.startswith("4-")
 
 
-def test_translate_output_on_a_full_disk_is_one_line_and_no_file(workdir, tmp_path):
+def test_translate_output_on_a_full_disk_is_one_line_and_no_file(workdir_copy, tmp_path):
     """Writes past 100 bytes fail (the translations of 200 lines are longer: a line each,
     even empty): one line naming the file and the OS error, exit 1, and neither the file nor
-    a temporary left behind."""
+    a temporary left behind. The compiled searches JAX saved meanwhile were cut at 100 bytes
+    too (in a copy: they damaged the shared run's), and are what the next start removes."""
+    cache = workdir_copy / "compilation_cache"
+    shutil.rmtree(cache, ignore_errors=True)  # so that the search is compiled and saved
     out = tmp_path / "out" / "translations.txt"
-    full = run("translate.py", f"--workdir={workdir}", f"--output={out}", "--beam_size=1",
-               stdin="null\n" * 200, max_file_size=100)
+    full = run("translate.py", f"--workdir={workdir_copy}", f"--output={out}",
+               "--beam_size=1", stdin="null\n" * 200, max_file_size=100)
     assert full.returncode == 1 and "Traceback" not in full.stderr
     assert full.stderr.strip().splitlines()[-1] == f"error: cannot write {out}: File too large"
     assert list((tmp_path / "out").iterdir()) == []
+    cut = sorted(p.name for p in cache.glob("*-cache") if p.stat().st_size == 100)
+    with warnings.catch_warnings(record=True):
+        assert drop_damaged_entries(str(cache)) == cut
 
 
 def test_evaluate_on_a_full_disk_prints_the_scores_and_keeps_earlier_results(workdir_copy):
