@@ -53,13 +53,15 @@ def main(argv) -> None:
     age = profiling.seconds_since_process_start()
     launched = None if age is None else time.monotonic() - age  # for the first step's line
     logging.set_verbosity(logging.WARNING)  # orbax and TFDS report every file at INFO
+    # Before the processes join, so that no process of a run compiles (and saves) while
+    # another still checks the cache's entries.
+    use_compilation_cache(_WORKDIR.value)
     try:
         processes.initialize_processes(_COORDINATOR.value, _NUM_PROCESSES.value,
                                        _PROCESS_ID.value, cluster=_CLUSTER.value,
                                        timeout_s=_JOIN_TIMEOUT.value)
     except processes.JoinError as error:
         sys.exit(f"error: {error}")
-    use_compilation_cache(_WORKDIR.value)
     try:
         trainer.train(loaded_config(_CONFIG.value), _WORKDIR.value, launched=launched)
     except (ConfigError, OutputPathError, DataError, NonFiniteLossError,

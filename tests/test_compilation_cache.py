@@ -4,12 +4,15 @@ test_translation.py.)"""
 
 import subprocess
 import sys
+import zlib
 
 import jax
 import pytest
 from jax._src.compilation_cache import compress_executable, decompress_executable
 
 from transformer_jax.compilation_cache import drop_damaged_entries, use_compilation_cache
+
+ZSTD = b"\x28\xb5\x2f\xfd"  # the magic number of a zstd frame (RFC 8878)
 
 
 @pytest.fixture(autouse=True)
@@ -60,23 +63,25 @@ def start(workdir) -> subprocess.CompletedProcess:
 
 
 def test_an_entry_cut_short_is_removed_at_the_next_start_and_saved_whole_again(tmp_path):
-    """JAX writes an entry in place and never replaces one it finds: an entry a killed
-    process left half written warned and was compiled again at every start, for good."""
-    first = start(tmp_path)
+    """An entry a killed process left half written is removed by the next start, with one
+    warning, and saved whole by its compilation; the whole entries are not touched, and JAX
+    never meets the damaged one."""
+    start(tmp_path)
     folder = tmp_path / "compilation_cache"
     entry = next(folder.glob("jit__lambda-*-cache"))
-    whole, others = entry.read_bytes(), sorted(folder.glob("*-cache"))
+    whole = entry.read_bytes()
     entry.write_bytes(whole[:len(whole) // 2])  # a process killed while JAX wrote it
     access_time = entry.with_name(entry.name.removesuffix("-cache") + "-atime")
     access_time.write_bytes(b"\0" * 8)  # JAX_COMPILATION_CACHE_MAX_SIZE's companion file
+    others = {p: p.stat().st_mtime_ns for p in folder.glob("*-cache") if p != entry}
+    assert others  # the programs of jnp.ones and of the indexing
 
     second = start(tmp_path)
-    assert second.stdout == first.stdout
     assert f"{entry} is damaged" in second.stderr
-    assert second.stderr.count("UserWarning") == 1  # the whole entries stay
+    assert second.stderr.count("-cache is damaged") == 1
     assert "Error reading persistent compilation cache entry" not in second.stderr
     assert not access_time.exists()
-    assert sorted(folder.glob("*-cache")) == others
+    assert {p: p.stat().st_mtime_ns for p in others} == others  # neither removed nor saved
     assert decompress_executable(entry.read_bytes())  # compiled and saved whole again
 
     third = start(tmp_path)
@@ -93,13 +98,25 @@ def test_only_the_workdirs_own_cache_is_swept(tmp_path):
     assert (mine / "jit_f-0-cache").exists()
 
 
-def test_the_sweep_keeps_what_decompresses_and_what_it_cannot_read(tmp_path):
+def test_the_sweep_removes_only_entries_in_jaxs_compression_that_do_not_decompress(tmp_path):
+    """Whole entries stay; so do entries in the other compression (zstd or zlib, by the
+    Python and packages that wrote them: another JAX's, under other keys), other files, and
+    folders whose names end as entries do."""
     folder = tmp_path / "compilation_cache"
     folder.mkdir()
-    (folder / "jit_whole-1-cache").write_bytes(compress_executable(b"an executable" * 100))
-    (folder / "jit_short-2-cache").write_bytes(compress_executable(b"an executable" * 100)[:9])
+    executable = compress_executable(b"an executable" * 100)
+    other = (zlib.compress(b"another JAX's" * 100) if executable.startswith(ZSTD)
+             else ZSTD + b"another JAX's")
+    (folder / "jit_whole-1-cache").write_bytes(executable)
+    (folder / "jit_short-2-cache").write_bytes(executable[:9])
     (folder / "jit_short-2-atime").write_bytes(b"\0" * 8)
+    (folder / "jit_empty-3-cache").write_bytes(b"")
+    (folder / "jit_other-4-cache").write_bytes(other)
+    (folder / "jit_folder-5-cache").mkdir()
     (folder / "other-file").write_bytes(b"not JAX's")
-    with pytest.warns(UserWarning, match="jit_short-2-cache is damaged"):
-        assert drop_damaged_entries(str(folder)) == ["jit_short-2-cache"]
-    assert sorted(p.name for p in folder.iterdir()) == ["jit_whole-1-cache", "other-file"]
+    with pytest.warns(UserWarning) as warned:
+        assert drop_damaged_entries(str(folder)) == ["jit_empty-3-cache", "jit_short-2-cache"]
+    assert [str(w.message).split(" is damaged")[0] for w in warned] == [
+        f"{folder}/jit_empty-3-cache", f"{folder}/jit_short-2-cache"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "jit_folder-5-cache", "jit_other-4-cache", "jit_whole-1-cache", "other-file"]

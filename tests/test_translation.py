@@ -60,13 +60,15 @@ def workdir_copy(workdir, tmp_path):
     return copy
 
 
-def run(script, *args, stdin=None, max_file_size=None):
-    """`script` run with `args`; files it writes end at `max_file_size` bytes (a full disk:
-    writes fail with EFBIG, "File too large"; Python ignores SIGXFSZ)."""
+def run(script, *args, stdin=None, max_file_size=None, env=None):
+    """`script` run with `args` (and `env` added to the environment); files it writes end
+    at `max_file_size` bytes (a full disk: writes fail with EFBIG, "File too large"; Python
+    ignores SIGXFSZ)."""
     limit = [] if max_file_size is None else [sys.executable, "-c", LIMIT_FILES,
                                               str(max_file_size)]
     return subprocess.run([*limit, sys.executable, script, *args], cwd=ROOT, input=stdin,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          env=None if env is None else {**os.environ, **env})
 
 
 # Sets RLIMIT_FSIZE and runs the command (no preexec_fn: this process has threads).
@@ -680,17 +682,20 @@ def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(work
 def test_translate_output_on_a_full_disk_is_one_line_and_no_file(workdir_copy, tmp_path):
     """Writes past 100 bytes fail (the translations of 200 lines are longer: a line each,
     even empty): one line naming the file and the OS error, exit 1, and neither the file nor
-    a temporary left behind. The compiled searches JAX saved meanwhile were cut at 100 bytes
-    too (in a copy: they damaged the shared run's), and are what the next start removes."""
+    a temporary left behind. The searches JAX saved in the workdir's compilation cache
+    meanwhile are cut at 100 bytes too (so the test takes a copy), and are exactly the
+    entries the next start removes."""
     cache = workdir_copy / "compilation_cache"
     shutil.rmtree(cache, ignore_errors=True)  # so that the search is compiled and saved
     out = tmp_path / "out" / "translations.txt"
     full = run("translate.py", f"--workdir={workdir_copy}", f"--output={out}",
-               "--beam_size=1", stdin="null\n" * 200, max_file_size=100)
+               "--beam_size=1", stdin="null\n" * 200, max_file_size=100,
+               env={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})  # each one saved
     assert full.returncode == 1 and "Traceback" not in full.stderr
     assert full.stderr.strip().splitlines()[-1] == f"error: cannot write {out}: File too large"
     assert list((tmp_path / "out").iterdir()) == []
     cut = sorted(p.name for p in cache.glob("*-cache") if p.stat().st_size == 100)
+    assert any(name.startswith("jit_predict_step-") for name in cut)
     with warnings.catch_warnings(record=True):
         assert drop_damaged_entries(str(cache)) == cut
 

@@ -37,35 +37,52 @@ def use_compilation_cache(workdir: str) -> str | None:
 
 
 def drop_damaged_entries(folder: str) -> list[str]:
-    """Removes each entry of JAX's cache in `folder` that does not decompress, with one
-    warning each: an entry cut short by a process killed while JAX wrote it, or by a full
-    disk. JAX writes an entry in place and never replaces one it finds, so such an entry
-    would warn ("Error reading persistent compilation cache entry") and be compiled again
-    at every later start; removed, the next compilation saves it whole. A process writing an
-    entry meanwhile loses only that entry (its file unlinked, never mixed). Returns the
-    names removed. Only the workdir's own cache is swept: one the user shares between runs
-    may be large, and is theirs."""
-    try:  # the decompression JAX reads its entries with (zstd or zlib, as JAX was installed)
-        from jax._src.compilation_cache import decompress_executable
-    except ImportError:  # a JAX that moved it: JAX's own warnings stay the only sign
+    """Removes each entry of JAX's cache in `folder` that this JAX writes and cannot
+    decompress, with one warning each: an entry cut short by a process killed while JAX
+    wrote it, or by a full disk. JAX writes an entry in place and never replaces one it
+    finds, so such an entry would warn ("Error reading persistent compilation cache entry")
+    and be compiled again at every later start; removed, the next compilation saves it
+    whole. Entries in the other compression (zstd or zlib: another Python or JAX wrote
+    them, under other keys) are left as they are. A process writing an entry meanwhile
+    loses at most that entry. Returns the names removed."""
+    try:  # JAX's own (de)compression: zstd or zlib, by the Python and packages installed
+        from jax._src.compilation_cache import compress_executable, decompress_executable
+    except ImportError:  # a JAX that moved them: JAX's own warnings stay the only sign
         return []
+    ours = _compression(compress_executable(b""))
     removed = []
     for path in sorted(glob.glob(os.path.join(glob.escape(folder), "*" + ENTRY))):
         try:
             with open(path, "rb") as f:
                 entry = f.read()
-        except OSError:  # removed by another process meanwhile, or not ours to read
+        except OSError:  # removed by another process meanwhile, or not a file to read
+            continue
+        if _compression(entry) not in (ours, None):
             continue
         try:
             decompress_executable(entry)
+        except MemoryError:
+            raise
         except Exception as error:  # zlib.error or zstd's ZstdError, by JAX's compression
-            for file in (path, path.removesuffix(ENTRY) + ACCESS_TIME):
+            # The access time first: a whole entry saved again meanwhile keeps its own
+            # (with JAX_COMPILATION_CACHE_MAX_SIZE, JAX fails every save after an entry
+            # without one).
+            for file in (path.removesuffix(ENTRY) + ACCESS_TIME, path):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(file)
             warnings.warn(f"{path} is damaged ({error}); removed, so that its program "
                           f"is compiled and saved again")
             removed.append(os.path.basename(path))
     return removed
+
+
+def _compression(entry: bytes) -> str | None:
+    """"zstd" or "zlib" by the header `entry` starts with (RFC 8878 and RFC 1950), or None."""
+    if entry.startswith(b"\x28\xb5\x2f\xfd"):
+        return "zstd"
+    if len(entry) >= 2 and entry[0] & 0x0F == 8 and (entry[0] * 256 + entry[1]) % 31 == 0:
+        return "zlib"
+    return None
 
 
 def _can_write(workdir: str) -> bool:
