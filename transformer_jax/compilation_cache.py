@@ -77,7 +77,8 @@ def drop_damaged_entries(folder: str) -> list[str]:
 
 
 def _compression(entry: bytes) -> str | None:
-    """"zstd" or "zlib" by the header `entry` starts with (RFC 8878 and RFC 1950), or None."""
+    """The compression `entry` starts with the header of (RFC 8878, RFC 1950): "zstd",
+    "zlib", or None."""
     if entry.startswith(b"\x28\xb5\x2f\xfd"):
         return "zstd"
     if len(entry) >= 2 and entry[0] & 0x0F == 8 and (entry[0] * 256 + entry[1]) % 31 == 0:
