@@ -10,9 +10,8 @@ import jax
 import pytest
 from jax._src.compilation_cache import compress_executable, decompress_executable
 
-from transformer_jax.compilation_cache import drop_damaged_entries, use_compilation_cache
-
-ZSTD = b"\x28\xb5\x2f\xfd"  # the magic number of a zstd frame (RFC 8878)
+from transformer_jax.compilation_cache import (ZSTD_FRAME, drop_damaged_entries,
+                                               use_compilation_cache)
 
 
 @pytest.fixture(autouse=True)
@@ -105,8 +104,8 @@ def test_the_sweep_removes_only_entries_in_jaxs_compression_that_do_not_decompre
     folder = tmp_path / "compilation_cache"
     folder.mkdir()
     executable = compress_executable(b"an executable" * 100)
-    other = (zlib.compress(b"another JAX's" * 100) if executable.startswith(ZSTD)
-             else ZSTD + b"another JAX's")
+    other = (zlib.compress(b"another JAX's" * 100) if executable.startswith(ZSTD_FRAME)
+             else ZSTD_FRAME + b"another JAX's")
     (folder / "jit_whole-1-cache").write_bytes(executable)
     (folder / "jit_short-2-cache").write_bytes(executable[:9])
     (folder / "jit_short-2-atime").write_bytes(b"\0" * 8)

@@ -16,6 +16,7 @@ import jax
 
 FOLDER = "compilation_cache"  # in the workdir
 ENTRY, ACCESS_TIME = "-cache", "-atime"  # the suffixes of JAX's files for one program
+ZSTD_FRAME = b"\x28\xb5\x2f\xfd"  # the magic number a zstd frame starts with (RFC 8878)
 
 
 def use_compilation_cache(workdir: str) -> str | None:
@@ -79,7 +80,7 @@ def drop_damaged_entries(folder: str) -> list[str]:
 def _compression(entry: bytes) -> str | None:
     """The compression `entry` starts with the header of (RFC 8878, RFC 1950): "zstd",
     "zlib", or None."""
-    if entry.startswith(b"\x28\xb5\x2f\xfd"):
+    if entry.startswith(ZSTD_FRAME):
         return "zstd"
     if len(entry) >= 2 and entry[0] & 0x0F == 8 and (entry[0] * 256 + entry[1]) % 31 == 0:
         return "zlib"
