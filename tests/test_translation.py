@@ -288,17 +288,12 @@ def test_translator_refuses_bad_input_as_translate_py_does(workdir, monkeypatch)
 
 def test_an_empty_line_translates_to_an_empty_line_unsearched(translating_run, monkeypatch):
     """A sentence whose tokenization is empty, or of whitespace alone (which training never
-    saw: it skips such pairs), is "", never searched (searched, the model writes a number
-    for it); its neighbours keep their order and their translations."""
+    saw: it skips such pairs), is "", never searched (whatever a search would invent for
+    it); its neighbours keep their order and their translations."""
     from transformer_jax import predict
 
     translator = Translator.from_workdir(str(translating_run.workdir))
-    greedy = translator.search_settings(beam_size=1)
     ids = translator.tokenizer.encode_batch(SENTENCES[:2], add_eos=True)
-    eos_alone = translator.tokenizer.encode("", add_eos=True)
-    invented = predict._search_sorted(translator.model, translator.params, [eos_alone, ids[0]],
-                                      batch_size=32, progress=False, **greedy)
-    assert translator.tokenizer.decode(invented[0]) != ""  # what a search would write
     alone = translator.translate(SENTENCES[:2], beam_size=1)
     assert all(alone)
     searched, search = [], predict._predict_step
