@@ -65,7 +65,7 @@ def _xla_accepts(flag: str) -> bool:
 # MLIR). Compiling was 1,470 s of the suite's 3,030 test-seconds (jax.monitoring's
 # backend_compile_duration, in the workers and the processes they start). With them, the
 # tiny run of test_train.py compiled its 15 programs in 4.7-5.5 s against 7.6-8.7 s (3 runs
-# each, alternated; 2-core AMD EPYC, jax 0.10.2, 2026-11-29), its loss equal to 1e-7; the
+# each, alternated; 2-core AMD EPYC, jax 0.10.2, 2026-11-29), its loss equal to 1e-7 relative; the
 # whole suite passed in 1,128 s (pytest's wall time, -n 2) against 1,559 and 1,575 s in the
 # two runs before it (which also recorded compile times). A jaxlib that no longer has the
 # flag compiles as it does by default.
