@@ -17,6 +17,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 from run_configs import BAD_SEARCH_SETTINGS, ROOT  # noqa: E402
 from transformer_jax.data import load_split  # noqa: E402
+from transformer_jax.decoding import length_penalty  # noqa: E402
 from transformer_jax.export import ExportError, export  # noqa: E402
 from transformer_jax.export.ctranslate2_model import (  # noqa: E402
     CTranslate2Translator, check_expressible, save_model, transformer_spec)
@@ -145,12 +146,14 @@ def test_beam_searches_with_alpha_differ_only_where_their_length_penalties_do(te
     differing = [(i, a, b) for i, (a, b) in enumerate(zip(expected, theirs)) if a != b]
     assert differing  # 8 of 200 test sentences of the translating run
     for i, ours_ids, their_ids in differing:
-        log_p = {len(y): _our_log_probs(ours.model, ours.params, np.array([ids[i]]),
-                                        np.array([y]))[0].sum() for y in (ours_ids, their_ids)}
-        (short, long) = sorted(log_p)
-        assert len(their_ids) == long > short == len(ours_ids)
-        assert log_p[short] / ((5 + short) / 6) ** 0.6 > log_p[long] / ((5 + long) / 6) ** 0.6
-        assert log_p[long] / long ** 0.6 > log_p[short] / short ** 0.6
+        ours_log_p, their_log_p = (
+            _our_log_probs(ours.model, ours.params, np.array([ids[i]]), np.array([y]))[0].sum()
+            for y in (ours_ids, their_ids))
+        short, long = len(ours_ids), len(their_ids)
+        assert long > short
+        assert (ours_log_p / length_penalty(short, 0.6)
+                > their_log_p / length_penalty(long, 0.6))
+        assert their_log_p / long ** 0.6 > ours_log_p / short ** 0.6
 
 
 def test_int8_stores_a_byte_per_weight_and_translates(exported, test_split):
