@@ -100,6 +100,10 @@ def test_train_py_with_two_processes(tmp_path):
                "--config.per_device_batch_size=2",
                "--config.num_train_steps=4", "--config.log_every_steps=2",
                "--config.eval_every_steps=4", "--config.num_eval_batches=1",
+               # BLEU of 8 pairs, greedy: the path of several processes, not the search's
+               # cost (the default, 256 pairs in beam 4: the test took 60 s of CPU time
+               # against 40 s; 2-core AMD EPYC, 2026-11-29).
+               "--config.decode.bleu_examples=8", "--config.decode.beam_size=1",
                f"--coordinator_address=localhost:{port}", "--num_processes=2"]
     env = clean_env(xla_flags="--xla_force_host_platform_device_count=2",
                     TFDS_DATA_DIR=str(tmp_path / "tfds"))
