@@ -164,14 +164,14 @@ def trained_run(tmp_path_factory) -> TrainedRun:
 @pytest.fixture(scope="session")
 def translating_run(tmp_path_factory) -> TrainedRun:
     """run_configs.translating_run() trained once (as `trained_run`): a model whose
-    translations end where the data's do (test BLEU about 60), for comparing searches.
+    translations end where the data's do (test BLEU about 64), for comparing searches.
 
-    It trains in a process of its own, as a user's run does: XLA's defaults (one CPU device,
-    its optimizations), not this process's 8 devices compiled for speed of compiling. Its
-    steps are mostly running, not compiling: 300 took 36 s there against 64 s here (2-core
-    AMD EPYC, jax 0.10.2, one run each, 2026-11-29), and its 400 took 37 s to test BLEU 64
-    (58.7 after 300 here). Its config here has this process's rows per device; it trained
-    on the same 32 rows an update."""
+    It trains in a process of its own, as a user's run does: XLA's defaults (on a CPU, one
+    device and its optimizations), not this process's 8 devices compiled for speed of
+    compiling. Its steps are mostly running, not compiling: 300 took 36 s there against
+    64 s here (2-core AMD EPYC, jax 0.10.2, one run each, 2026-11-29), and its 400 took
+    37 s to test BLEU 64 (58.7 after 300 here). Its config here has this process's rows
+    per device; it trained on the same 32 rows an update."""
     from run_configs import translating_run
 
     def train_in_its_own_process(workdir: pathlib.Path, summary: pathlib.Path) -> None:
