@@ -156,9 +156,14 @@ class TrainedRun(NamedTuple):
 def trained_run(tmp_path_factory) -> TrainedRun:
     """run_configs.shared_run() trained once: the first pytest-xdist worker to need it
     trains it, the others wait for it and read what it wrote."""
-    from run_configs import shared_run
+    from run_configs import shared_run, train_counting_fetches
 
-    return _trained_once(tmp_path_factory, "trained_run", shared_run())
+    config = shared_run()
+
+    def train_here(workdir: pathlib.Path, summary: pathlib.Path) -> None:
+        summary.write_text(json.dumps(train_counting_fetches(config, workdir)))
+
+    return _trained_once(tmp_path_factory, "trained_run", config, train_here)
 
 
 @pytest.fixture(scope="session")
@@ -185,11 +190,9 @@ def translating_run(tmp_path_factory) -> TrainedRun:
                          train_in_its_own_process)
 
 
-def _trained_once(tmp_path_factory, name: str, config, train=None) -> TrainedRun:
-    """`config` trained once into the session's folder, by `train(workdir, summary)`, or in
-    this process when None (`summary`: the JSON of run_configs.train_counting_fetches)."""
-    from run_configs import train_counting_fetches
-
+def _trained_once(tmp_path_factory, name: str, config, train) -> TrainedRun:
+    """`config` trained once into the session's folder by `train(workdir, summary)`, which
+    writes `summary`, the JSON of run_configs.train_counting_fetches."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the session's folder, shared by its workers
@@ -197,10 +200,7 @@ def _trained_once(tmp_path_factory, name: str, config, train=None) -> TrainedRun
     with _exclusive(root / f"{name}.lock"):
         if not summary.exists():
             shutil.rmtree(workdir, ignore_errors=True)  # a worker's failed attempt
-            if train is None:
-                summary.write_text(json.dumps(train_counting_fetches(config, workdir)))
-            else:
-                train(workdir, summary)
+            train(workdir, summary)
     return TrainedRun(workdir, config, **json.loads(summary.read_text()))
 
 
