@@ -16,8 +16,9 @@ status 1, and earlier results of the same name as they were).
 
 import signal
 
-# Ctrl-C while JAX is imported (a second or more) ends the command at once and quietly, as
-# it would a C program; from main on, interrupt_in_one_line says so in one line.
+# Ctrl-C while the modules import ends the command at once and quietly, as it would a C
+# program; from main on (where JAX loads, a second or more), interrupt_in_one_line says so
+# in one line.
 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -25,20 +26,22 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from absl import app, flags, logging
 
-from transformer_jax.bleu import score
-from transformer_jax.config_checks import ConfigError
-from transformer_jax.output_paths import OutputPathError, writable_folder
-from transformer_jax.data import DataError, load_split
+# What the flags need, and no JAX: a bad flag is said at once; the model loads in main.
 from transformer_jax import command_line
+from transformer_jax.bleu import score
 from transformer_jax.command_line import define_search_flags, define_setting_flag, parse_flags
-from transformer_jax.compilation_cache import use_compilation_cache
 from transformer_jax.commands import (OutputError, interrupt_in_one_line, refuse_arguments,
                                       write_stdout_and_go_on, write_whole)
-from transformer_jax.trained_params import checkpoints_named
-from transformer_jax.translation import TranslationError, Translator
+from transformer_jax.config_checks import ConfigError
+from transformer_jax.data import DataError, load_split
+from transformer_jax.output_paths import OutputPathError, writable_folder
+
+if TYPE_CHECKING:
+    from transformer_jax.translation import Translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
 _SPLIT = flags.DEFINE_enum("split", "test", ["train", "validation", "test"], "the split")
@@ -63,7 +66,7 @@ def checkpoint_spec() -> str:
     return f"average:{_AVERAGE.value}"
 
 
-def evaluate(translator: Translator, pairs: list[dict], batch_size: int = 32, **search) -> dict:
+def evaluate(translator: "Translator", pairs: list[dict], batch_size: int = 32, **search) -> dict:
     """Translates the sources of `pairs` and scores them against their targets (BLEU and
     chrF, §6.1). A source longer than a learned position table is a TranslationError."""
     start = time.perf_counter()
@@ -74,7 +77,7 @@ def evaluate(translator: Translator, pairs: list[dict], batch_size: int = 32, **
                 sentences_per_sec=len(pairs) / seconds)
 
 
-def results_name(translator: Translator, settings: dict) -> str:
+def results_name(translator: "Translator", settings: dict) -> str:
     """"500", "500-average5", "500-beam1": the step, the checkpoints averaged, and the
     search settings that are not the run config's (their results would replace those)."""
     steps = translator.steps
@@ -89,6 +92,10 @@ def results_name(translator: Translator, settings: dict) -> str:
 def main(argv) -> None:
     """Loads the checkpoints and the split, translates, prints the scores, saves the files."""
     refuse_arguments(argv, "--workdir=runs/default --split=test")
+    from transformer_jax.compilation_cache import use_compilation_cache
+    from transformer_jax.trained_params import checkpoints_named
+    from transformer_jax.translation import TranslationError, Translator
+
     logging.set_verbosity(logging.WARNING)
     use_compilation_cache(_WORKDIR.value)  # the searches of earlier commands, loaded
     try:

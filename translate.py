@@ -15,8 +15,9 @@ stablehlo with a directory that `python -m transformer_jax.export` wrote (--expo
 
 import signal
 
-# Ctrl-C while JAX is imported (a second or more) ends the command at once and quietly, as
-# it would a C program; from main on, interrupt_in_one_line says so in one line.
+# Ctrl-C while the modules import ends the command at once and quietly, as it would a C
+# program; from main on (where JAX loads, a second or more), interrupt_in_one_line says so
+# in one line.
 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -26,17 +27,15 @@ import sys
 
 from absl import app, flags, logging
 
-from transformer_jax.config_checks import ConfigError
-from transformer_jax.output_paths import OutputPathError, writable_file
-from transformer_jax.data import DataError
-from transformer_jax.data.sources import decode_lines, read_lines
+# What the flags need, and no JAX: a bad flag is said at once; the engines load in main.
 from transformer_jax import command_line
 from transformer_jax.command_line import define_search_flags, define_setting_flag, parse_flags
-from transformer_jax.export.engines import open_engine
-from transformer_jax.compilation_cache import use_compilation_cache
 from transformer_jax.commands import (OutputError, interrupt_in_one_line, refuse_arguments,
                                       write_stdout, write_whole)
-from transformer_jax.translation import SentenceTooLongError, TranslationError
+from transformer_jax.config_checks import ConfigError
+from transformer_jax.data import DataError
+from transformer_jax.data.sources import decode_lines, read_lines
+from transformer_jax.output_paths import OutputPathError, writable_file
 
 _ENGINE = flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2", "stablehlo"],
                             "jax: a training run (--workdir); ctranslate2, stablehlo: an "
@@ -59,6 +58,10 @@ flags.adopt_module_key_flags(command_line)  # so that --helpshort lists them
 
 def main(argv) -> None:
     refuse_arguments(argv, "--workdir=runs/default --input=FILE --output=FILE")
+    from transformer_jax.compilation_cache import use_compilation_cache
+    from transformer_jax.export.engines import open_engine
+    from transformer_jax.translation import TranslationError
+
     logging.set_verbosity(logging.WARNING)
     if _ENGINE.value == "jax" and _WORKDIR.value:
         use_compilation_cache(_WORKDIR.value)  # the searches of earlier commands, loaded
@@ -90,6 +93,8 @@ def translate_as_typed(translate) -> None:
     (with --output, also written there whole at the end), until Ctrl-D. A line that cannot
     be translated (not UTF-8, too long) is one error line and the next is read; any other
     error (a search setting an export does not hold) ends the command, as from a pipe."""
+    from transformer_jax.translation import SentenceTooLongError, TranslationError
+
     print("translating each line as it is entered; Ctrl-D ends", file=sys.stderr)
     translations, number = [], 1
     while typed := _read_typed():

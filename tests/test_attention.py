@@ -18,6 +18,7 @@ from transformer_jax.attention import (
     register_attention,
     resolve_implementation,
 )
+from transformer_jax.model_config import BUILT_IN_ATTENTION, get_model_config
 
 # Distinct primes so that no transposed axis can pass by accident.
 B, T, S, N, H = 2, 3, 5, 7, 11
@@ -512,6 +513,8 @@ def test_register_custom_implementation():
 
     try:
         assert name in attention_implementations()
+        assert get_model_config("tiny", attention_implementation=name).attention_implementation \
+            == name  # the config takes the names registered, not only the built-in ones
         assert name in available_implementations(jnp.float32)
         q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=12)
         out = dot_product_attention(q_BTNH, k_BSNH, v_BSNH, implementation=name)
@@ -520,6 +523,8 @@ def test_register_custom_implementation():
     finally:
         del attention_module._IMPLEMENTATIONS[name]
     assert name not in attention_implementations()
+    with pytest.raises(ValueError, match="attention_implementation must be one of"):
+        get_model_config("tiny", attention_implementation=name)
 
 
 def test_a_registration_never_replaces_a_built_in_implementation():
@@ -538,6 +543,7 @@ def test_a_registration_never_replaces_a_built_in_implementation():
                                         r"got NoneType$"):
         register_attention("mine")(None)
     assert attention_implementations() == ("reference", "xla", "cudnn", "auto")
+    assert BUILT_IN_ATTENTION == attention_implementations()[:-1]  # ModelConfig's before import
     first, second = (lambda *a, **k: 1), (lambda *a, **k: 2)
     try:
         register_attention("mine")(first)

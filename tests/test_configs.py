@@ -5,13 +5,15 @@ import dataclasses
 import importlib.util
 import pathlib
 import re
+import subprocess
+import sys
 import warnings
 
 import jax
 import pytest
 from absl import flags
 from ml_collections import config_flags
-from run_configs import tiny_run
+from run_configs import ROOT, tiny_run
 from transformer_jax.config_checks import ConfigError, check_config
 from transformer_jax import command_line
 from transformer_jax.model_config import ModelConfig, get_model_config
@@ -221,3 +223,67 @@ def test_command_lines_write_the_packages_warnings_in_one_line(capsys):
     assert capsys.readouterr().err == "warning: tokenizer.model is stale\n"
     assert before == [("a library's notice", DeprecationWarning, "/elsewhere/library.py", 3),
                       ("jax will change", FutureWarning, command_line.__file__, 9)]
+
+
+# Runs a command line as `python FILE ARGS` or `python -m MODULE ARGS` would, then prints
+# which of the heavy libraries it imported: JSON of the names, after its own output.
+WHAT_IT_IMPORTED = """
+import json, runpy, sys
+target, sys.argv = sys.argv[1], sys.argv[1:]
+try:
+    if target.endswith(".py"):
+        runpy.run_path(target, run_name="__main__")
+    else:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+except SystemExit as end:
+    print(end.code if isinstance(end.code, str) else "", file=sys.stderr)
+heavy = ("jax", "flax", "optax", "orbax", "grain")
+print(json.dumps([name for name in heavy if name in sys.modules]))
+"""
+
+
+RUN = ["--config=configs/default.py", "--workdir={workdir}"]
+
+
+@pytest.mark.parametrize("command, error", [
+    (["train.py", *RUN, "--config.decode.beam_size=0"],
+     "error: config.decode.beam_size must be a positive integer, got 0"),
+    (["train.py", *RUN, "--config.model.num_heads=5"],
+     "error: config.model.d_model must be divisible by num_heads=5, got 128"),
+    (["train.py", *RUN, "--config.model.attention_implementation=flash"],
+     "error: config.model.attention_implementation must be one of 'reference', 'xla', "
+     "'cudnn', 'auto', got 'flash'"),
+    (["train.py", *RUN, "--config.num_train_stepz=5"],
+     "error in the command line: --config.num_train_stepz: config has no key "
+     "'num_train_stepz'; did you mean 'num_train_steps'?"),
+    (["transformer_jax.data", "preapre"], "error: unknown command 'preapre': use prepare, or none"),
+    (["transformer_jax.data", *RUN, "--config.data.tokenizer_type=wordpiece"],
+     "error: config.data.tokenizer_type must be one of 'bpe', 'unigram', got 'wordpiece'"),
+    (["translate.py", "--workdir={workdir}", "--beam_size=0"],
+     "FATAL Flags parsing error: flag --beam_size=0: 0 is not a positive integer"),
+    (["evaluate.py", "--workdir={workdir}", "--split=dev"],
+     "FATAL Flags parsing error: flag --split=dev: value should be one of "
+     "<train|validation|test>"),
+], ids=lambda value: value[-1] if isinstance(value, list) else None)
+def test_a_bad_command_line_is_answered_before_jax_loads(tmp_path, command, error):
+    """The command lines check their flags, and train.py and the data command the config's
+    values too, with the modules of the config (no JAX, Flax, optax, orbax or grain): the
+    answer takes a fraction of a second, not the seconds those take to import. (TFDS, half
+    a second, is not among them: the built-in dataset's sizes are checked with it.)"""
+    workdir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-c", WHAT_IT_IMPORTED,
+                           *(part.format(workdir=workdir) for part in command)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert error in done.stderr.splitlines(), done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
+    assert not workdir.exists()
+
+
+def test_the_devices_checks_are_left_to_the_run_that_joined_its_processes():
+    """`devices=False` (train.py before its processes join) passes what only this machine's
+    backend refuses; the full check refuses it."""
+    config = tiny_run(**{"model.attention_implementation": "cudnn"})
+    check_config(config, devices=False)
+    with pytest.raises(ConfigError, match="'cudnn' needs an NVIDIA GPU"):
+        check_config(config)

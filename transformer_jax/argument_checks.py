@@ -1,18 +1,25 @@
 """The rules for the static arguments of the pure functions, one message each.
 
 A size (a width, a count, a length) is a positive integer; a fraction (a dropout rate,
-label smoothing's ε) a number in [0, 1). NumPy's and concrete JAX scalars count as their
-number, since sizes are often read from a shape or an array; a bool and text do not. A
-value traced by `jax.jit` has no number to check or to build the program from: it gets a
-message saying to make the argument static, where Python's comparison would raise a
+label smoothing's ε) a number in [0, 1), and a dropout rate one that its random bits can
+draw (`checked_rate`). NumPy's and concrete JAX scalars count as their number, since
+sizes are often read from a shape or an array; a bool and text do not. A value traced by
+`jax.jit` has no number to check or to build the program from: it gets a message saying
+to make the argument static, where Python's comparison would raise a
 TracerBoolConversionError from inside the function.
+
+No JAX here: `ModelConfig` and the run config's checks use these rules, and a command line
+with a bad value answers before JAX is imported (a value can only be traced once it is).
 """
 
 import numbers
 import operator
+import sys
 
-import jax
 import numpy as np
+
+DROPOUT_BITS = (8, 16, 32)  # random bits per dropout decision (dropout.py)
+DEFAULT_BITS = 16
 
 
 def positive_int(name: str, value) -> int:
@@ -20,7 +27,7 @@ def positive_int(name: str, value) -> int:
     if not isinstance(value, bool) and _kind(value) in "iu":  # bool: Python's int, no size
         try:
             number = operator.index(value)  # not 2.0: a float is no size
-        except jax.errors.TracerIntegerConversionError:
+        except _jax_errors("TracerIntegerConversionError"):
             raise ValueError(f"{name} must be a Python integer (under jax.jit, a static "
                              f"argument), got {value!r}") from None
         except TypeError:
@@ -37,7 +44,7 @@ def fraction(name: str, value) -> float:
     if not isinstance(value, bool) and _kind(value) in "iuf" and np.ndim(value) == 0:
         try:
             number = float(value)
-        except jax.errors.ConcretizationTypeError:
+        except _jax_errors("ConcretizationTypeError"):
             raise ValueError(f"{name} must be a Python number in [0, 1) (under jax.jit, a "
                              f"static argument), got {value!r}") from None
         except TypeError:  # a PRNG key, ...
@@ -46,6 +53,26 @@ def fraction(name: str, value) -> float:
             if 0.0 <= number < 1.0:  # not NaN
                 return number
     raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+
+
+def checked_rate(name: str, rate, bits: int) -> float:
+    """`rate` as a float that `bits` random bits can draw (`fraction`, and neither rounded to
+    0 nor to 1), or a ValueError that starts with `name`."""
+    rate = fraction(name, rate)
+    threshold = round(rate * 2**bits)
+    if rate > 0.0 and threshold == 0:
+        raise ValueError(f"{name} {rate!r} rounds to 0 in {bits} random bits (the least rate "
+                         f"above 0 they draw is {2.0 ** -bits})")
+    if threshold == 2**bits:
+        raise ValueError(f"{name} {rate!r} rounds to 1 in {bits} random bits (the largest "
+                         f"rate they draw is {1 - 2.0 ** -bits})")
+    return rate
+
+
+def _jax_errors(name: str) -> tuple[type, ...]:
+    """(jax.errors.`name`,) once JAX is imported; () before, when no value is traced."""
+    jax = sys.modules.get("jax")
+    return (getattr(jax.errors, name),) if jax is not None else ()
 
 
 def _kind(value) -> str:

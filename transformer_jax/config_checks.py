@@ -1,30 +1,33 @@
 """A run config's values checked before anything is read or compiled, each error naming its key.
 
-    check_config(config)         # raises ConfigError("config.decode.beam_size must be ...")
+    check_config(config)                 # ConfigError("config.decode.beam_size must be ...")
+    check_config(config, devices=False)  # all but what asks JAX's backend
+
+The checks run in the order of their cost: the keys and values first, with no JAX imported
+(a bad value on a command line is named in a fraction of a second); then the optimizer's
+and the loss's rules (optax and JAX), then what the machine's devices can run.
 """
 
 import dataclasses
 
-from transformer_jax.attention import cudnn_unsupported, xla_unsupported
-from transformer_jax.data.numbers import CONFIG_SIZES as NUMBERS_SIZES
-from transformer_jax.data.pipeline import BATCHING, TOO_LONG
 from transformer_jax.data.sources import DataError, dataset_kind
 from transformer_jax.data.tokenizer import MIN_VOCAB_SIZE, MODEL_TYPES
-from transformer_jax.losses import smoothed_target
 from transformer_jax.model_config import ModelConfig
-from transformer_jax.optim import optimizer_from_config
-from transformer_jax.parallel import STRATEGIES
-from transformer_jax.run_config import (SEARCH_SETTINGS, build_model_config,
-                                        missing_and_unknown_keys)
+from transformer_jax.run_config import (BATCHING, SEARCH_SETTINGS, STRATEGIES, TOO_LONG,
+                                        build_model_config, missing_and_unknown_keys)
 
 
 class ConfigError(ValueError):
     """A run config that cannot work; raised before anything compiles."""
 
 
-def check_config(config) -> None:
+def check_config(config, *, devices: bool = True) -> None:
     """Fails fast, naming the key, on values that could only fail later (before data is read),
-    and on a key the run would ignore (`config.num_train_step = 5` in a notebook)."""
+    and on a key the run would ignore (`config.num_train_step = 5` in a notebook).
+
+    `devices=False` leaves out the attention implementation against this machine's devices:
+    asking JAX's backend starts it, and a process of a run of several must join the others
+    first (train.py checks the rest before it does, and all of it once joined)."""
     missing, unknown = missing_and_unknown_keys(config)
     if missing or unknown:
         raise ConfigError(f"{unknown}; the run would ignore it" if unknown else
@@ -58,13 +61,17 @@ def check_config(config) -> None:
     except DataError as error:
         raise ConfigError(f"config.data.dataset: {error}") from None
     if kind == "numbers":
-        _require_choice(config, "data.numbers_size", tuple(NUMBERS_SIZES))
+        from transformer_jax.data.numbers import CONFIG_SIZES  # TFDS: only for this dataset
+
+        _require_choice(config, "data.numbers_size", tuple(CONFIG_SIZES))
     try:
         model_config = build_model_config(config.model, vocab_size=config.data.vocab_size)
     except (TypeError, ValueError) as error:
         raise _naming_the_key(error, "model", _MODEL_KEYS) from None
+    _check_lengths(model_config, config.data)
     _check_optim(config)
-    _check_model_fits_the_run(model_config, config.data)
+    if devices:
+        _check_attention_here(model_config)
 
 
 # ModelConfig's errors start with the field they reject; the run config's key for it.
@@ -84,6 +91,10 @@ def _check_optim(config) -> None:
     for key in ("optim.b1", "optim.b2"):
         _require_number(config, key, lambda beta: 0 <= beta < 1, "a number in [0, 1)")
     _require_number(config, "optim.eps", lambda eps: eps > 0, "a number > 0")
+    # optax's schedule and the loss's rules: JAX loads here, once the cheaper checks passed.
+    from transformer_jax.losses import smoothed_target
+    from transformer_jax.optim import optimizer_from_config
+
     try:
         optimizer_from_config(config.optim, config.model.d_model)
         smoothed_target(config.optim.label_smoothing, config.data.vocab_size)
@@ -127,13 +138,19 @@ def _check_batch_size(config) -> None:
                           f"config.accumulation_steps={config.accumulation_steps}")
 
 
-def _check_model_fits_the_run(model_config, data) -> None:
-    """The model against the rows it will read and the machine it will run on."""
+def _check_lengths(model_config, data) -> None:
+    """The model against the rows it will read."""
     longest = max(data.max_source_length, data.max_target_length)
     if model_config.positional_encoding == "learned" and model_config.max_length < longest:
         raise ConfigError(f"config.model.max_length={model_config.max_length} (the learned "
                           f"position table) is shorter than the rows ({longest} tokens); raise "
                           f"it or lower config.data.max_source_length / max_target_length")
+
+
+def _check_attention_here(model_config) -> None:
+    """The attention implementation against this machine's devices (JAX's backend)."""
+    from transformer_jax.attention import cudnn_unsupported, xla_unsupported
+
     implementation, dtype = model_config.attention_implementation, model_config.compute_dtype
     reason = (cudnn_unsupported(dtype, head_dim=model_config.head_dim)
               if implementation == "cudnn" else

@@ -21,10 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from transformer_jax.argument_checks import fraction
-
-DROPOUT_BITS = (8, 16, 32)
-DEFAULT_BITS = 16
+from transformer_jax.argument_checks import DEFAULT_BITS, DROPOUT_BITS, checked_rate
 
 
 def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
@@ -56,20 +53,6 @@ def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
     # Scaled in float32, then rounded once: a bfloat16 scale would be off by up to 0.4 %.
     kept = (x.astype(jnp.float32) * scale).astype(x.dtype)
     return lax.select(keep, kept, lax.full_like(x, 0))
-
-
-def checked_rate(name: str, rate, bits: int) -> float:
-    """`rate` as a float that `bits` random bits can draw (`argument_checks.fraction`, and
-    neither rounded to 0 nor to 1), or a ValueError that starts with `name`."""
-    rate = fraction(name, rate)
-    threshold = round(rate * 2**bits)
-    if rate > 0.0 and threshold == 0:
-        raise ValueError(f"{name} {rate!r} rounds to 0 in {bits} random bits (the least rate "
-                         f"above 0 they draw is {2.0 ** -bits})")
-    if threshold == 2**bits:
-        raise ValueError(f"{name} {rate!r} rounds to 1 in {bits} random bits (the largest "
-                         f"rate they draw is {1 - 2.0 ** -bits})")
-    return rate
 
 
 def _uniform_bits(key, shape: tuple, dtype: np.dtype):

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-LAYER_NORM_IMPLEMENTATIONS = ("xla", "pallas", "tokamax")
+from transformer_jax.model_config import LAYER_NORM_IMPLEMENTATIONS
 # Elements per program of the Pallas kernels: 16 rows of base's 512 (32 KiB in float32),
 # 8 of big's 1,024, so that a row block's float32 copies fit one program's registers.
 _ELEMENTS = 8192

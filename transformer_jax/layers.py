@@ -8,9 +8,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.argument_checks import positive_int
+from transformer_jax.argument_checks import DEFAULT_BITS, positive_int
 from transformer_jax.attention import dot_product_attention
-from transformer_jax.dropout import DEFAULT_BITS, dropout
+from transformer_jax.dropout import dropout
 from transformer_jax.layer_norm import LayerNorm
 from transformer_jax.model_config import ModelConfig
 

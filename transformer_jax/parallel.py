@@ -16,8 +16,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from transformer_jax.run_config import STRATEGIES
 
-STRATEGIES = ("pmap", "sharded")
 AXIS = "batch"  # the pmap axis name the steps sum over
 
 

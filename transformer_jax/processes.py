@@ -21,6 +21,9 @@ The aborts are LOG(FATAL) in xla/pjrt/distributed/client.h ("Terminating process
 because the JAX distributed service detected fatal errors"), on a thread of JAX's
 coordination client; Python cannot catch them (jaxlib's `missed_heartbeat_callback`
 takes no Python function in this version: it fails with std::bad_cast).
+
+JAX is imported in the functions that join and wait, not above: train.py defines its flags
+from the limits here, and answers a bad command line before JAX loads.
 """
 
 import itertools
@@ -28,9 +31,6 @@ import os
 import socket
 import sys
 import time
-
-import jax
-from jax._src import distributed
 
 # A process that stops answering is declared dead between half of HEARTBEAT_TIMEOUT_S
 # and all of it, and JAX then aborts every other process from C++ (JAX's default: 100 s).
@@ -111,6 +111,8 @@ def initialize_processes(coordinator_address=None, num_processes=None, process_i
     """
     if not several_processes(coordinator_address, num_processes, process_id, cluster=cluster):
         return
+    import jax
+
     if jax.config.jax_cpu_collectives_implementation == "none":  # older JAX's default
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # Read when the backend starts, which jax.distributed.initialize must precede.
@@ -155,11 +157,15 @@ def _coordination_client():
     """JAX's coordination-service client, for its key-value store. JAX offers no public
     handle on it; orbax (`multihost.get_jax_distributed_client`) and
     `jax.experimental.multihost_utils.live_devices` reach it the same way."""
+    from jax._src import distributed
+
     return distributed.global_state.client
 
 
 def _wait_for_key(client, key: str) -> str:
     """The key's value once some process sets it, however long that takes."""
+    import jax
+
     while True:
         try:
             return client.blocking_key_value_get(key, _POLL_MS)
@@ -196,6 +202,8 @@ def first_then_others(fn, what: str, *, quiet: bool = False):
     raise PeerFailedError naming that process and its error, instead of waiting. One
     process: just `fn()`.
     """
+    import jax
+
     if jax.process_count() == 1:
         return fn()
     client, me = _coordination_client(), jax.process_index()
@@ -237,6 +245,8 @@ def end_at_once_on_errors() -> None:
     its traceback. PeerFailedError, one line too, is the exception: it exits through
     that barrier, as the failed peer does.
     """
+    import jax
+
     previous = sys.excepthook
 
     def hook(kind, error, traceback):

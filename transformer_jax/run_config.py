@@ -3,7 +3,8 @@
 A config file is Python returning a locked `ml_collections.ConfigDict`; it starts
 from these groups and overrides what its setup needs, so every run accepts the
 same keys on the command line (`--config.data.vocab_size=8000`).
-command_line.py loads one for `--config`.
+command_line.py loads one for `--config`. No JAX here (nor in model_config.py): a config
+is loaded and checked before the run imports it.
 """
 
 import dataclasses
@@ -14,6 +15,11 @@ import ml_collections
 from absl.flags import FloatParser, IntegerParser
 
 from transformer_jax.model_config import ModelConfig, get_model_config
+
+# The values of the fields that choose among implementations (data/pipeline.py, parallel.py).
+TOO_LONG = ("truncate", "drop")  # data.too_long
+BATCHING = ("packed", "bucketed")  # data.batching: pipeline.py's packing, or bucketing.py
+STRATEGIES = ("pmap", "sharded")  # parallelism
 
 
 def model_fields(preset: str, **overrides) -> ml_collections.ConfigDict:

@@ -29,7 +29,8 @@ from transformer_jax.layer_norm import add_layer_norm
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig, get_model_config
 from transformer_jax.optim import make_optimizer
-from transformer_jax.parallel import STRATEGIES, Parallel
+from transformer_jax.parallel import Parallel
+from transformer_jax.run_config import STRATEGIES
 from transformer_jax.steps import train_step
 from transformer_jax.train_state import create_train_state
 

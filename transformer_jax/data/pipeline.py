@@ -26,10 +26,8 @@ from absl import flags
 
 from transformer_jax.data.packing import PackedBatchIterDataset
 from transformer_jax.data.sources import DataError
+from transformer_jax.run_config import TOO_LONG
 from transformer_jax.token_ids import PAD_ID
-
-TOO_LONG = ("truncate", "drop")
-BATCHING = ("packed", "bucketed")  # this module's packing, or bucketing.py
 
 CHUNK = 1024  # example indices per grain element: grain's cost is per element, not per pair
 
