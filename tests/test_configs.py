@@ -264,6 +264,9 @@ RUN = ["--config=configs/default.py", "--workdir={workdir}"]
     (["evaluate.py", "--workdir={workdir}", "--split=dev"],
      "FATAL Flags parsing error: flag --split=dev: value should be one of "
      "<train|validation|test>"),
+    (["transformer_jax.export", "--workdir={workdir}", "--format=onnx", "--output={workdir}"],
+     "FATAL Flags parsing error: flag --format=onnx: value should be one of "
+     "<ctranslate2|stablehlo>"),
 ], ids=lambda value: value[-1] if isinstance(value, list) else None)
 def test_a_bad_command_line_is_answered_before_jax_loads(tmp_path, command, error):
     """The command lines check their flags, and train.py and the data command the config's

@@ -18,6 +18,12 @@ from transformer_jax.export.manifest import FORMATS, ExportError, check_output, 
 # names them.
 FORMAT_OPTIONS = {"ctranslate2": ("quantization", "max_positions"),
                   "stablehlo": ("batch_sizes", "lengths", "platforms")}
+# ctranslate2's: ModelSpec.optimize's choices that a CPU or GPU runs (CTranslate2 converts at
+# load time too), and the default rows of the position table, the longest input or output.
+# Here, not in ctranslate2_model.py (JAX), for the command's flags.
+QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16",
+                 "int8_bfloat16", "int16")
+MAX_POSITIONS = 1024
 
 
 def export(workdir: str, output: str, *, fmt: str, checkpoint: str = "latest",

@@ -13,8 +13,9 @@ no half-written --output.
 
 import signal
 
-# Ctrl-C while JAX is imported ends the command at once and quietly, as it would a C
-# program; from main on, interrupt_in_one_line says so in one line (as translate.py).
+# Ctrl-C while the modules import ends the command at once and quietly, as it would a C
+# program; from main on (where JAX loads), interrupt_in_one_line says so in one line (as
+# translate.py).
 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -25,9 +26,7 @@ from absl import app, flags, logging
 from transformer_jax.command_line import define_search_flags, one_line_warnings
 from transformer_jax.commands import interrupt_in_one_line, refuse_arguments
 from transformer_jax.data import DataError
-from transformer_jax.export import FORMATS, ExportError, export
-from transformer_jax.export.ctranslate2_model import MAX_POSITIONS, QUANTIZATIONS
-from transformer_jax.trained_params import CheckpointChoiceError, checkpoints_named
+from transformer_jax.export import FORMATS, MAX_POSITIONS, QUANTIZATIONS, ExportError, export
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory", required=True)
 _FORMAT = flags.DEFINE_enum("format", None, FORMATS, "what to export to", required=True)
@@ -72,6 +71,8 @@ def _options() -> dict:
 
 def main(argv) -> None:
     refuse_arguments(argv, "--workdir=runs/default --format=ctranslate2 --output=OUT")
+    from transformer_jax.trained_params import CheckpointChoiceError, checkpoints_named
+
     logging.set_verbosity(logging.WARNING)
     one_line_warnings()
     try:

@@ -35,6 +35,7 @@ import os
 import numpy as np
 import tqdm
 
+from transformer_jax.export import MAX_POSITIONS, QUANTIZATIONS
 from transformer_jax.export.manifest import ExportError, read_manifest
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.positional import sinusoidal_encoding
@@ -43,11 +44,7 @@ from transformer_jax.token_ids import BOS_ID, DECODER_START_ID, EOS_ID, PAD_ID, 
 from transformer_jax.translation import (check_lengths, check_setting, search_settings,
                                          sentence_list)
 
-# ModelSpec.optimize's choices that a CPU or GPU runs; CTranslate2 converts at load time too.
-QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16",
-                 "int8_bfloat16", "int16")
 PATIENCE = 4  # CTranslate2's beam search patience that gives §6.1's hypotheses (above)
-MAX_POSITIONS = 1024  # the default rows of the position table: the longest input or output
 _NEVER = -65504.0  # float16's lowest: the padding logit in every compute type
 
 
