@@ -78,9 +78,9 @@ class ParallelRun(NamedTuple):
     compiles: list[int]
 
 
-def run_parallel(strategy, compiler_options=None) -> ParallelRun:
+def run_parallel(strategy, compiler_options=None, devices=CPUS) -> ParallelRun:
     model, state = initial_state()
-    parallel = Parallel(strategy, CPUS)
+    parallel = Parallel(strategy, devices)
     placed = parallel.put_state(state)
     step = parallel.compile_train_step(step_fn(model), compiler_options)
     with counted_compiles() as compiled:
@@ -178,6 +178,26 @@ def test_rows_must_split_over_devices():
         Parallel("pmap", CPUS).put_batch({"inputs": np.zeros((12, 3), np.int32)})
     with pytest.raises(ValueError, match="parallelism must be one of"):
         Parallel("tpu-magic")
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_pmap_sums_over_its_devices_only_where_there_are_several(devices, one_device):
+    """A sum over one device is the identity, and XLA's CPU backend compiled it as an
+    all-reduce anyway: a copy of every gradient between the backward and Adam. So pmap's
+    train and eval steps sum only over several devices, and on one train as one device."""
+    model, state = initial_state()
+    parallel = Parallel("pmap", CPUS[:devices])
+    placed, batch = parallel.put_state(state), parallel.put_batch(batches(1)[0])
+    programs = [(parallel.compile_train_step(step_fn(model)), placed),
+                (parallel.compile_eval_step(functools.partial(eval_step, model=model)),
+                 placed.params)]
+    for step, first in programs:
+        assert ("all-reduce" in step.lower(first, batch).compile().as_text()) == (devices > 1)
+    if devices == 1:
+        run = run_parallel("pmap", devices=CPUS[:1])
+        np.testing.assert_allclose(run.losses, one_device[1], rtol=1e-5)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
+                     jax.device_get(run.params), jax.device_get(one_device[0]))
 
 
 @pytest.mark.parametrize("strategy", ["pmap", "sharded"])

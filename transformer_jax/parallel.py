@@ -3,7 +3,8 @@
 Two strategies run the same pure steps of `steps.py`:
 
     "pmap"     jax.pmap over this process's devices; the steps sum across all
-               devices of all processes with lax.psum over the axis "batch".
+               devices of all processes with lax.psum over the axis "batch" (where
+               there are several: a sum over one device is no sum).
     "sharded"  jax.jit on a Mesh of every device with one axis "data": the batch
                is split along it, parameters are replicated, XLA adds the sums.
 

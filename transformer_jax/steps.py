@@ -36,7 +36,12 @@ def _apply(params, batch, *, model, deterministic: bool, dropout_key=None, **kwa
 
 
 def _psum(tree, axis_name):
-    return tree if axis_name is None else jax.lax.psum(tree, axis_name)
+    """The sum over the devices of pmap's axis; none where there is no axis or it has one
+    device. XLA's CPU backend kept a one-device all-reduce: a copy of every gradient between
+    the backward's fusions and Adam's (base: 286 MB, 4-10 % of the step on a 2-core CPU)."""
+    if axis_name is None or jax.lax.axis_size(axis_name) == 1:
+        return tree
+    return jax.lax.psum(tree, axis_name)
 
 
 def dropout_key(seed: int, step, axis_name=None):
