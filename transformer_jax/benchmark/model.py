@@ -320,7 +320,11 @@ def _field_value(kind: type, name: str, text: str):
 
 
 def default_strategies() -> tuple[str, ...]:
-    """Both strategies, except on a single accelerator, where they compile one program."""
+    """Both strategies, except on a single accelerator, where only `sharded` is timed (an
+    accelerator's time is scarce). The programs differ there too: pmap runs its function
+    on blocks of shape (1, ...), which costs base 1.14-1.16 x on one CPU device ("model:
+    pmap on one device without its sum" in BENCHMARKS.md); on an H200 train.py's pmap
+    steps took 36.3 ms where this suite's `sharded` step took 35.1-36.1 ms."""
     one_accelerator = jax.default_backend() != "cpu" and jax.device_count() == 1
     return ("sharded",) if one_accelerator else STRATEGIES
 
