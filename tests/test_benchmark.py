@@ -215,8 +215,11 @@ def test_compare_has_torch_and_flax_peers(tmp_path):
     (["decode", "--searches=beam1"], "with a beam size K of 2 or more (beam4), got 'beam1'"),
     (["model", "--searches=greedy"], "--searches is for the decode suite"),
     (["decode", "--peers", "--searches=greedy"], "--searches is not for decode --peers"),
-    (["attention", "--models=base"], "--models and --loss-chunks are for the model suite"),
-    (["decode", "--loss-chunks=0"], "--models and --loss-chunks are for the model suite"),
+    (["attention", "--models=base"], "--models, --loss-chunks and --strategies are for the"),
+    (["decode", "--loss-chunks=0"], "--models, --loss-chunks and --strategies are for the"),
+    (["decode", "--strategies=pmap"], "--models, --loss-chunks and --strategies are for the"),
+    (["model", "--strategies=pmap,jit"], "--strategies takes pmap, sharded, got 'jit'"),
+    (["model", "--strategies=pmap,"], "--strategies='pmap,' holds an empty name"),
     (["attention", "--vary", "xla_gpu_enable_cublaslt=true"],
      "--vary is for the model and decode suites"),
     (["decode", "--peers", "--vary", "xla_gpu_enable_cublaslt=true"],
@@ -944,11 +947,12 @@ def test_the_decode_suite_times_each_search_once_per_variant_and_bfloat16_cast_t
     assert any("vs_cast_each_step" in note for note in notes)
 
 
-def test_dtypes_and_searches_choose_what_the_suites_time(monkeypatch, tmp_path):
+def test_dtypes_searches_and_strategies_choose_what_the_suites_time(monkeypatch, tmp_path):
     """`decode --dtypes=bfloat16 --searches=beam8`: that search alone, with its comparisons
     (uncached, one step per iteration, cast at each step), in bfloat16 alone, beam size 8;
-    `model --dtypes=float16,float32` times those dtypes in that order (both suites' timing
-    faked: the grid alone)."""
+    `model --dtypes=float16,float32` times those dtypes in that order, and
+    `--strategies=sharded,pmap` those strategies (both suites' timing faked: the grid
+    alone)."""
     searches = []
 
     def fake_search(name, batch, source_len, max_length, *, beam_size, cached, quick, dtype,
@@ -966,6 +970,11 @@ def test_dtypes_and_searches_choose_what_the_suites_time(monkeypatch, tmp_path):
     assert main(["model", "--quick", "--dtypes=float16,float32", "--loss-chunks=0"]) == 0
     strategies = len(model_suite.default_strategies())
     assert steps == ["float16"] * strategies + ["float32"] * strategies
+    monkeypatch.setattr(model_suite, "time_train_step", lambda case, dtype, strategy, **kw: (
+        steps.append(strategy) or {"model": case.name, "strategy": strategy, "step_ms": 1.0}))
+    steps.clear()
+    assert main(["model", "--quick", "--strategies=sharded,pmap", "--loss-chunks=0"]) == 0
+    assert steps == ["sharded", "pmap"]
 
 
 def test_a_decode_search_is_built_and_compiled_with_its_fields(monkeypatch):

@@ -1,5 +1,6 @@
 """python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png] [--markdown] [--profile=DIR]
 python -m transformer_jax.benchmark model [--models=base,big] [--dtypes=bfloat16]
+                                         [--strategies=pmap,sharded]
                                          [--vary FIELD=V1,V2 ...] [--loss-chunks=0,4096]
 python -m transformer_jax.benchmark decode [--dtypes=float32,bfloat16] [--searches=greedy,beam4]
                                           [--vary FIELD=V1,V2 ...]
@@ -27,6 +28,7 @@ from transformer_jax.benchmark.model import chosen_cases, parse_vary
 from transformer_jax.commands import interrupt_in_one_line, write_stdout_and_go_on
 from transformer_jax.model_config import DTYPES
 from transformer_jax.output_paths import OutputPathError, writable_file, writable_folder
+from transformer_jax.run_config import STRATEGIES
 
 
 def parse_args(argv):
@@ -67,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtypes", metavar="D1,D2",
                         help="model and decode: time these compute dtypes, of "
                              f"{', '.join(DTYPES)} (default: the suite's for this backend)")
+    parser.add_argument("--strategies", metavar="S1,S2",
+                        help=f"model: time the step under these of {', '.join(STRATEGIES)} "
+                             f"(default: both, but sharded alone on one accelerator)")
     parser.add_argument("--searches", metavar="S1,S2",
                         help="decode: time these searches, greedy or beamK with beam size K "
                              "(default: greedy,beam4)")
@@ -87,8 +92,9 @@ def _parser() -> argparse.ArgumentParser:
 def _check_flags_fit_the_suite(parser, args) -> None:
     if args.peers and args.suite != "decode":
         parser.error("--peers is for the decode suite")
-    if (args.models is not None or args.loss_chunks is not None) and args.suite != "model":
-        parser.error("--models and --loss-chunks are for the model suite")
+    model_flags = (args.models, args.loss_chunks, args.strategies)
+    if any(flag is not None for flag in model_flags) and args.suite != "model":
+        parser.error("--models, --loss-chunks and --strategies are for the model suite")
     for flag, suites in (("vary", ("model", "decode")), ("dtypes", ("model", "decode")),
                          ("searches", ("decode",))):
         if getattr(args, flag) not in (None, []) and args.suite not in suites:
@@ -109,11 +115,16 @@ def _check_flags_fit_the_suite(parser, args) -> None:
 
 
 def _parse_lists(parser, args) -> None:
-    """--models, --dtypes, --searches, --loss-chunks and --vary as lists and values, in place;
-    the models and every combination of --vary checked against what the backend times."""
+    """--models, --dtypes, --searches, --strategies, --loss-chunks and --vary as lists and
+    values, in place; the models and every combination of --vary checked against what the
+    backend times."""
     args.models = _names(parser, "--models", args.models)
     args.dtypes = None if args.dtypes is None else _dtypes(parser, args.dtypes)
     args.searches = _names(parser, "--searches", args.searches)
+    args.strategies = _names(parser, "--strategies", args.strategies)
+    if unknown := [name for name in args.strategies or () if name not in STRATEGIES]:
+        parser.error(f"--strategies takes {', '.join(STRATEGIES)}, "
+                     f"got {', '.join(map(repr, unknown))}")
     for search in args.searches or ():
         try:
             beam_size(search)
@@ -228,7 +239,7 @@ def _run_suite(args) -> tuple[list[dict], list[str]]:
         return decode_peers.run(quick=args.quick, workdir=args.workdir or "runs/default")
     suite = importlib.import_module(f"transformer_jax.benchmark.{args.suite}")
     options = {"model": dict(models=args.models, dtypes=args.dtypes, vary=args.vary,
-                             loss_chunks=args.loss_chunks),
+                             loss_chunks=args.loss_chunks, strategies=args.strategies),
                "decode": dict(dtypes=args.dtypes, searches=args.searches, vary=args.vary),
                }.get(args.suite, {})
     return suite.run(quick=args.quick, **options)
