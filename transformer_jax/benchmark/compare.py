@@ -64,9 +64,9 @@ def torch_row(case: model.Case, *, quick: bool, compile: bool = False) -> dict:
 
 
 def jax_row(case: model.Case, *, quick: bool) -> dict:
-    """Our train step on the same rows, unpacked as the peer's: `sharded` (on one device of
-    a 2-core CPU, the base step 1.14-1.16 x pmap's, small 0.99-1.04 x; on one GPU the same
-    program), in bfloat16 on a GPU and float32 on a CPU; each backend's fastest."""
+    """Our train step on the same rows, unpacked as the peer's: `sharded`, the faster on
+    one device (on a 2-core CPU the base step 1.14-1.16 x pmap's, small 0.99-1.04 x), in
+    bfloat16 on a GPU and float32 on a CPU."""
     dtype, strategy = ("bfloat16" if on_gpu() else "float32"), "sharded"
     row = model.time_train_step(case, dtype, strategy, quick=quick, packed=False)
     return {"framework": f"transformer_jax ({strategy}{', bf16' if on_gpu() else ''})",
