@@ -298,7 +298,10 @@ def test_export_cli_refuses_the_other_formats_flags(flags, message, tmp_path):
 def test_sources_end_with_our_eos_in_any_ctranslate2_client(translating_run, test_split,
                                                             exported):
     """A client that passes the SentencePiece pieces alone (the usual recipe) changed 2 of
-    100 translations: our sources end with EOS. The model's config.json now adds it."""
+    100 translations: our sources end with EOS. The model's config.json now adds it. An
+    output of ours that reached its length limit (S + 10) without EOS is compared with the
+    start of CTranslate2's, which goes on to 64 tokens (the tiny model repeats itself on a
+    few sources)."""
     config = json.loads((exported / "float32" / "config.json").read_text())
     assert config["add_source_eos"] is True and config["add_source_bos"] is False
     ours, pairs, ids = test_split
@@ -310,8 +313,13 @@ def test_sources_end_with_our_eos_in_any_ctranslate2_client(translating_run, tes
                                      max_decoding_length=64)
     expected = predict(ours.model, ours.params, ids[:100], beam_size=1, alpha=0.0,
                        max_extra_length=10)
-    same = sum([ours.tokenizer.id_to_piece(i) for i in _until_eos(e) if i != EOS_ID] ==
-               r.hypotheses[0] for e, r in zip(expected, results))
+
+    def agree(row, theirs) -> bool:
+        row = _until_eos(row)
+        pieces = [ours.tokenizer.id_to_piece(i) for i in row if i != EOS_ID]
+        return pieces == (theirs if row[-1] == EOS_ID else theirs[:len(pieces)])
+
+    same = sum(agree(e, r.hypotheses[0]) for e, r in zip(expected, results))
     assert same >= 99, f"{same} of 100 equal"
 
 
