@@ -329,16 +329,16 @@ class _Loop:
         if restored is None:
             self._draw()
         parameters = sum(x.size for x in jax.tree.leaves(self.state.params))
-        step = first = int(self.state.step)
+        first = int(self.state.step)
         placed = self.parallel.put_state(self.state)
         self.state = None  # the placed copy is the live one (its buffers are donated)
         if restored is not None:
             self._name_compute_changes(first, restored)
         log = RunLog(self.workdir, total_steps=self.config.num_train_steps, first_step=first,
                      enabled=jax.process_index() == 0)
-        records, stopped = [], False
         for line in self._opening_lines(first, parameters):
             log.message(line)
+        records = []
         work = self._periodic_work(log, records)
         trace = StepTrace(self.workdir, first_step=first, steps=self.config.profile_steps
                           if jax.process_index() == 0 else 0)
@@ -346,45 +346,10 @@ class _Loop:
             log.message(note)
         built = time.monotonic()  # the state built or restored, and placed
         try:
-            self._window.start()
-            stop.check()
-            while step < self.config.num_train_steps:
-                self._watch(log, trace.before, step)
-                if step == first or trace.tracing:  # compiling and tracing: not the speed
-                    self._window.pause()
-                batch = self.parallel.put_batch(next(self.data))
-                placed, metrics = self.p_train(placed, batch)
-                step += 1
-                self._window.pending.append(metrics)
-                if step == first + 1:
-                    jax.block_until_ready(metrics)
-                    log.message(_first_step_line(step, starts, opened, built, self.drawing_s))
-                    # Compiled and run: from here a signal asks for a save (before, it stops
-                    # at once, even inside the compilation).
-                    stop.training = True
-                stopped = self._stop_requested(stop, step)
-                profiled = self._watch(
-                    log, trace.after, step, metrics,
-                    last=stopped or step == self.config.num_train_steps,
-                    # The step's program, from JAX's cache of the compilation just run (a
-                    # profiled pmap step runs under jit in one process; in several, pmap
-                    # compiles it again: WORKDIR/compilation_cache may hold it).
-                    program=lambda: self.p_train.lower(placed, batch).compile().as_text())
-                if profiled:
-                    log.message(_profile_line(profiled))
-                if not trace.tracing:
-                    self._window.resume()
-                due = [w for w in work if w.due(step, self.config.num_train_steps, stopped)]
-                if due:  # the window's metrics reach the host once; never save a broken state
-                    self._window.fetch(self.parallel, step)
-                for periodic in due:
-                    periodic.run(step, placed)
-                if not self._window.rows and not self._window.pending:
-                    self._window.start()  # evaluating and saving are not training time
-                if stopped:
-                    log.message(f"stopped at step {step}; saved to "
-                                f"{self.checkpointer.directory}/{step}")
-                    break
+            step, stopped = self._loop(
+                stop, placed, first, log, trace, work,
+                first_line=lambda step: _first_step_line(step, starts, opened, built,
+                                                         self.drawing_s))
         finally:
             stop.training = False
             trace.close()
@@ -392,6 +357,58 @@ class _Loop:
             getattr(self.data, "close", lambda: None)()  # grain's worker processes, if any
             log.close()
         return TrainResult(step, records, stopped)
+
+    def _loop(self, stop: StopSignal, placed, first: int, log: RunLog, trace: StepTrace,
+              work: list["_Periodic"], first_line: Callable[[int], str]) -> tuple[int, bool]:
+        """The steps after `first`, each followed by the work due, to `num_train_steps` or a
+        stop signal's step: (the last step, whether a signal stopped it)."""
+        step, last = first, self.config.num_train_steps
+        self._window.start()
+        stop.check()
+        while step < last:
+            self._watch(log, trace.before, step)
+            if step == first or trace.tracing:  # compiling and tracing: not the speed
+                self._window.pause()
+            batch = self.parallel.put_batch(next(self.data))
+            placed, metrics = self.p_train(placed, batch)
+            step += 1
+            self._window.pending.append(metrics)
+            if step == first + 1:
+                jax.block_until_ready(metrics)
+                log.message(first_line(step))
+                # Compiled and run: from here a signal asks for a save (before, it stops at
+                # once, even inside the compilation).
+                stop.training = True
+            stopped = self._stop_requested(stop, step)
+            profiled = self._watch(
+                log, trace.after, step, metrics, last=stopped or step == last,
+                # The step's program, from JAX's cache of the compilation just run (a
+                # profiled pmap step runs under jit in one process; in several, pmap
+                # compiles it again: WORKDIR/compilation_cache may hold it).
+                program=lambda: self.p_train.lower(placed, batch).compile().as_text())
+            if profiled:
+                log.message(_profile_line(profiled))
+            if not trace.tracing:
+                self._window.resume()
+            self._between_steps(work, step, placed, stopped)
+            if stopped:
+                log.message(f"stopped at step {step}; saved to "
+                            f"{self.checkpointer.directory}/{step}")
+                return step, True
+        return step, False
+
+    def _between_steps(self, work: list["_Periodic"], step: int, placed,
+                       stopped: bool) -> None:
+        """The periodic work due after `step`: the window's metrics reach the host once,
+        then each runs in order (never saving a broken state); their time is not
+        training's."""
+        due = [w for w in work if w.due(step, self.config.num_train_steps, stopped)]
+        if due:
+            self._window.fetch(self.parallel, step)
+        for periodic in due:
+            periodic.run(step, placed)
+        if not self._window.rows and not self._window.pending:
+            self._window.start()  # evaluating and saving are not training time
 
     @staticmethod
     def _watch(log: RunLog, call, *args, **kwargs):
