@@ -1,4 +1,4 @@
-"""The benchmark CLI: every suite runs (--quick) and reports positive figures; its counts are right."""
+"""The benchmark CLI: every suite runs (--quick), reports positive figures and counts right."""
 
 import dataclasses
 import functools
@@ -45,8 +45,10 @@ POSITIVE = {
 def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
     path = tmp_path / f"{suite}.json"
     # The model suite with a ModelConfig field set to another value than its default (16),
-    # and loss chunks of its choosing (--quick's own are 0 and 64).
-    vary = ["--vary", "dropout_bits=8", "--loss-chunks=0,32"] if suite == "model" else []
+    # loss chunks of its choosing (--quick's own are 0 and 64), and train.py's strategy
+    # alone (the tests of --vary time both).
+    vary = (["--vary", "dropout_bits=8", "--loss-chunks=0,32", "--strategies=pmap"]
+            if suite == "model" else [])
     assert main([suite, "--quick", f"--json={path}", *vary]) == 0
     result = json.loads(path.read_text())
     assert result["suite"] == suite and result["quick"] is True
@@ -68,8 +70,8 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
     if suite == "attention":
         assert_attention_masks(result)
     if suite == "model":
-        assert {(row["loss_chunk"], row["dropout_bits"]) for row in result["results"]} == {
-            (0, 8), (32, 8)}
+        assert [(row["strategy"], row["loss_chunk"], row["dropout_bits"])
+                for row in result["results"]] == [("pmap", 0, 8), ("pmap", 32, 8)]
     if suite == "decode":  # beam search also at 1 step per loop iteration, beside its default
         assert [(row["search"], row["cache"], row["unroll"]) for row in result["results"]] == [
             ("greedy", "cached", 1), ("greedy", "uncached", 1), ("beam4", "cached", UNROLL),
