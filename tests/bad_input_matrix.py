@@ -7,8 +7,9 @@ its data, benchmark and plot commands) with one bad value or one fault (a full d
 /dev/full, Ctrl-C, too little memory) and passes when the command exits non-zero within
 120 s, prints no traceback, and its last stderr line starts with "error" (absl's flag
 errors: "FATAL Flags parsing error: ..." and a line pointing at --helpshort; argparse's:
-"python -m transformer_jax...: error: ..."). Bad inputs to translate.py and evaluate.py use a tiny run trained
-first. Not part of the test suite (a minute of process starts); its result is in docs/faults.md.
+"python -m transformer_jax...: error: ..."). Bad inputs to translate.py and evaluate.py use a
+tiny run trained first. Not part of the test suite (a minute of process starts); its result is
+in docs/faults.md.
 """
 
 import glob
@@ -21,14 +22,14 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_layers=2",
-        "--config.data.numbers_size=small", 
-        "--config.decode.bleu_every_steps=0"]
+        "--config.data.numbers_size=small", "--config.decode.bleu_every_steps=0"]
 
 BAD_CONFIGS = [f"--config.{c}" for c in (
     "num_train_steps=0", "num_train_steps=-5", "per_device_batch_size=0",
     "per_device_batch_size=-1", "accumulation_steps=0", "log_every_steps=0",
     "eval_every_steps=0", "checkpoint_every_steps=0", "checkpoints_to_keep=0", "seed=-1",
-    "num_eval_batches=-2", "loss_chunk_size=-1", "parallelism=mpi", "data.too_long=wrap", "data.numbers_size=medium",
+    "num_eval_batches=-2", "loss_chunk_size=-1", "parallelism=mpi", "data.too_long=wrap",
+    "data.numbers_size=medium",
     "data.max_source_length=0", "data.max_target_length=1", "data.num_workers=-1",
     "decode.beam_size=0", "decode.alpha=-0.5", "decode.bleu_every_steps=-1",
     "decode.max_extra_length=-1", "decode.bleu_examples=0", "model.num_heads=5",
@@ -37,7 +38,8 @@ BAD_CONFIGS = [f"--config.{c}" for c in (
     "optim.warmup_steps=0", "num_train_stepz=5", "data.batching=sorted",
     "data.tokens_per_batch=25000", "data.tokens_per_batch=-1", "data.num_buckets=0",
     "data.dataset=wmt14", "model.preset=tiny")] + [
-    "--config.per_device_batch_size=0 --config.data.tokens_per_batch=20"] + ["--config=configs/missing.py"]
+    "--config.per_device_batch_size=0 --config.data.tokens_per_batch=20",
+    "--config=configs/missing.py"]
 
 
 def write_inputs(scratch) -> None:

@@ -241,7 +241,8 @@ def test_restore_replicated_into_replicated(open_checkpointer):
     checkpointer = open_checkpointer()
     checkpointer.save(4, state, data_iterator=data_iterator(), metadata=METADATA)
     checkpointer.wait()
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), state)
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), state)
     restored, _ = checkpointer.restore(4, abstract)
     assert_trees_equal(restored, state)
     for leaf in jax.tree.leaves(restored):
@@ -377,12 +378,13 @@ from transformer_jax.checkpoint import Checkpointer, CheckpointWriteError
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails as on a full disk
 checkpointer = Checkpointer(sys.argv[1], keep=3)
 state = {f"w{i}": jnp.arange(100_000.0) + i for i in range(8)}
-checkpointer.save(1, state, data_iterator=iter(grain.MapDataset.range(3).to_iter_dataset()), metadata={})
+data = lambda: iter(grain.MapDataset.range(3).to_iter_dataset())
+checkpointer.save(1, state, data_iterator=data(), metadata={})
 checkpointer.wait()
 resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
 try:
-    checkpointer.save(2, state, data_iterator=iter(grain.MapDataset.range(3).to_iter_dataset()), metadata={})
-    checkpointer.save(3, state, data_iterator=iter(grain.MapDataset.range(3).to_iter_dataset()), metadata={})  # reports step 2's failure
+    checkpointer.save(2, state, data_iterator=data(), metadata={})
+    checkpointer.save(3, state, data_iterator=data(), metadata={})  # reports step 2's failure
 except CheckpointWriteError as error:
     print(f"error: {error}", file=sys.stderr)
 finally:

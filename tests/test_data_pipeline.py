@@ -183,7 +183,9 @@ def test_epochs_cover_every_pair_and_reshuffle(prepared, tokenizer):
 @pytest.mark.parametrize("skip", [5, 200])  # inside the first chunk; past it
 def test_iterator_state_resumes_exactly(train, skip):
     """Save the state after k batches, restore it in a new pipeline: the same next batches."""
-    make = lambda: iter(train_dataset(train, batch_size=4, seed=3, **LENGTHS))
+    def make():
+        return iter(train_dataset(train, batch_size=4, seed=3, **LENGTHS))
+
     first = make()
     for _ in range(skip):
         next(first)

@@ -25,7 +25,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
 
 def write_split(folder, split, de_lines, en_lines, *, end="\n"):
     for lang, lines in (("de", de_lines), ("en", en_lines)):
-        (folder / f"{split}.{lang}").write_bytes("".join(l + end for l in lines).encode())
+        (folder / f"{split}.{lang}").write_bytes("".join(line + end for line in lines).encode())
 
 
 def test_the_three_forms_of_a_dataset_name():

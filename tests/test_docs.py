@@ -72,7 +72,8 @@ def data_example(namespace, printed, folder):
     padded = namespace["padded"]  # a bucket of 8 or of 16 tokens
     rows, length = padded["targets"].shape
     assert padded.keys() == {"inputs", "targets"} and rows * length <= 2048 < (rows + 1) * length
-    assert padded["inputs"].shape == (rows, min(length, 16)) and (padded["targets"] != 0).any(1).all()
+    assert padded["inputs"].shape == (rows, min(length, 16))
+    assert (padded["targets"] != 0).any(1).all()
 
 
 def assert_english_words(text: str):

@@ -167,7 +167,9 @@ def test_align_verses_joins_verses_of_one_chapter_only():
     across a chapter break (a held-out chapter must not share a pair with another)."""
     lexicon = {"w1": frozenset({"t1"}), "w2": frozenset({"t2"})}
     es = [verse("Acts", 19, 40, "w1 aaaa w2 bbbb")]
-    refs = lambda beads: [([v.ref[1:] for v in e], [v.ref[1:] for v in f]) for e, f in beads]
+    def refs(beads):
+        return [([v.ref[1:] for v in e], [v.ref[1:] for v in f]) for e, f in beads]
+
     same_chapter = [verse("Acts", 19, 40, "t1 aaaa"), verse("Acts", 19, 41, "t2 bbbb")]
     assert refs(bible.align_verses(es, same_chapter, lexicon)) == [([(19, 40)],
                                                                     [(19, 40), (19, 41)])]
@@ -204,8 +206,9 @@ def test_split_chapters_holds_out_whole_chapters_near_the_asked_sizes():
 
 def test_split_chapters_is_fixed_by_the_seed():
     sizes = synthetic_chapter_sizes()
-    test = lambda seed: {c for c, s in bible.split_chapters(sizes, seed=seed).items()
-                         if s == "test"}
+    def test(seed):
+        return {c for c, s in bible.split_chapters(sizes, seed=seed).items() if s == "test"}
+
     assert test(0) == test(0) and test(1) == test(1)
     assert test(0) != test(1)
 

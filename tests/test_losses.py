@@ -197,7 +197,9 @@ def test_gradient_is_softmax_minus_target(eps):
 def test_jit_matches_eager():
     """jax.jit gives the eager sums."""
     logits_BTV, targets_BT = random_logits_targets(seed=9)
-    fn = lambda l, t: label_smoothed_cross_entropy(l, t, label_smoothing=EPS_LS)  # noqa: E731
+    def fn(logits_BTV, targets_BT):
+        return label_smoothed_cross_entropy(logits_BTV, targets_BT, label_smoothing=EPS_LS)
+
     eager, jitted = fn(logits_BTV, targets_BT), jax.jit(fn)(logits_BTV, targets_BT)
     assert_allclose(np.asarray(jitted), np.asarray(eager), rtol=1e-6)
 

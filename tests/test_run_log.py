@@ -183,7 +183,8 @@ def test_a_full_disk_for_the_tensorboard_events_is_one_line_too(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     (line,) = printed_lines(done.stderr)
-    assert line.startswith(f"error: the TensorBoard events in {tmp_path}: the record of step "), line
+    assert line.startswith(
+        f"error: the TensorBoard events in {tmp_path}: the record of step "), line
     assert line.endswith(" could not be written: File too large (OS error 27); training "
                          "stopped, and the same command resumes from the newest checkpoint")
     step = int(line.split("step ")[1].split(" ")[0])

@@ -404,9 +404,9 @@ def test_bad_config_values_name_the_key(key, value, message):
 
 
 def run_train_py(workdir, *overrides, launch=(), **popen):
-    command = [sys.executable, *launch, "train.py", "--config=configs/default.py", f"--workdir={workdir}",
-               "--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_layers=1",
-               "--config.data.numbers_size=small", 
+    command = [sys.executable, *launch, "train.py", "--config=configs/default.py",
+               f"--workdir={workdir}", "--config.model.d_model=32", "--config.model.d_ff=64",
+               "--config.model.num_layers=1", "--config.data.numbers_size=small",
                "--config.optim.warmup_steps=10", *overrides]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, **popen)

@@ -209,7 +209,8 @@ def test_translate_errors_are_one_line(workdir, tmp_path):
         assert result.returncode == 1 and message in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
     too_long = run("translate.py", f"--workdir={workdir}", "--max_input_length=12",
-                   stdin="null\n" + "dreihundertzweiundvierzigtausendeinhundertelf " * 4 + "\nnull\n")
+                   stdin=("null\n" + "dreihundertzweiundvierzigtausendeinhundertelf " * 4
+                          + "\nnull\n"))
     assert too_long.returncode == 1 and "Traceback" not in too_long.stderr
     assert too_long.stderr.strip().splitlines()[-1].startswith("error: sentence 2 has ")
     assert "more than max_input_length=12 (1 sentence(s) too long)" in too_long.stderr

@@ -298,7 +298,8 @@ class Checkpointer:
         # OSError, ValueError, KeyError, JSON errors, ...): this step cannot be used.
         except Exception as error:  # noqa: BLE001
             self._failed_reads = True
-            raise DamagedCheckpointError(step, f"{self.directory}/{step}: {_cause(error)}") from None
+            raise DamagedCheckpointError(
+                step, f"{self.directory}/{step}: {_cause(error)}") from None
 
     def newest(self, read: Callable[[int], T], *, move_aside: bool = True) -> tuple[int, T] | None:
         """(step, read(step)) for the newest step that `read` can read, or None if none.

@@ -1,4 +1,5 @@
-"""python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png] [--markdown] [--profile=DIR]
+"""python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png]
+                                    [--markdown] [--profile=DIR]
 python -m transformer_jax.benchmark model [--models=base,big] [--dtypes=bfloat16]
                                          [--strategies=pmap,sharded]
                                          [--vary FIELD=V1,V2 ...] [--loss-chunks=0,4096]

@@ -60,7 +60,8 @@ def torch_row(case: model.Case, *, quick: bool, compile: bool = False) -> dict:
             "model": case.name,
             "batch": case.batch, "length": case.length, "step_ms": seconds * 1e3,
             "tokens_per_sec": case.batch * case.length / seconds,
-            "tflops": flops / seconds / 1e12, "mfu": flops / seconds / 1e12 / peak if peak else None}
+            "tflops": flops / seconds / 1e12,
+            "mfu": flops / seconds / 1e12 / peak if peak else None}
 
 
 def jax_row(case: model.Case, *, quick: bool) -> dict:

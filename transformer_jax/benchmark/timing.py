@@ -26,9 +26,10 @@ def trace_timed_calls(directory: str | None) -> None:
 @contextlib.contextmanager
 def traced_as(name: str, compiled):
     """The timed calls inside are traced into the subfolder `name` of the trace directory
-    (its timed-NNN folders), beside `compiled`'s HLO (`profiling.PROGRAM_FILE`, which `profiling.summarize_parts`
-    reads with the trace); nothing is written when nothing is traced. A `/` in `name` (an
-    XLA option's path, in `--vary`) becomes `_`: the folder stays one level deep."""
+    (its timed-NNN folders), beside `compiled`'s HLO (`profiling.PROGRAM_FILE`, which
+    `profiling.summarize_parts` reads with the trace); nothing is written when nothing is
+    traced. A `/` in `name` (an XLA option's path, in `--vary`) becomes `_`: the folder
+    stays one level deep."""
     global _trace_dir
     outer = _trace_dir
     if outer is not None:

@@ -4,8 +4,9 @@
     python -m transformer_jax.data --config=configs/default.py --split=validation --show=5
 
 `prepare` trains (or loads) the run's tokenizer and writes the training and
-validation splits as token ids into WORKDIR/prepared, with progress and rates; `train.py` does the same on
-its first start, so this is for preparing ahead (e.g. before a multi-host run).
+validation splits as token ids into WORKDIR/prepared, with progress and rates;
+`train.py` does the same on its first start, so this is for preparing ahead (e.g.
+before a multi-host run).
 Without a command, a split's examples are shown as text, ids and pieces, then
 statistics.
 

@@ -12,7 +12,7 @@ Each directory also holds export.json and the tokenizer (`manifest.py`).
 """
 
 from transformer_jax.export.manifest import FORMATS, ExportError, check_output, \
-    read_manifest, staged_directory, write_manifest
+    staged_directory, write_manifest
 
 # Each format's options (keyword arguments of `export`), as `python -m transformer_jax.export`
 # names them.
