@@ -4,6 +4,7 @@ do the loss reductions a GPU runs."""
 import contextlib
 import functools
 import os
+import re
 from typing import NamedTuple
 
 import jax
@@ -14,7 +15,7 @@ from transformer_jax import losses, output_loss
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import get_model_config
 from transformer_jax.optim import make_optimizer
-from transformer_jax.parallel import Parallel
+from transformer_jax.parallel import CPU_REGION_ANALYSIS, Parallel
 from transformer_jax.steps import eval_step, train_step
 from transformer_jax.train_state import create_train_state
 
@@ -198,6 +199,32 @@ def test_pmap_sums_over_its_devices_only_where_there_are_several(devices, one_de
         np.testing.assert_allclose(run.losses, one_device[1], rtol=1e-5)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
                      jax.device_get(run.params), jax.device_get(one_device[0]))
+
+
+def test_the_sharded_cpu_step_copies_no_array_of_its_donated_state(one_device):
+    """On CPUs the `sharded` step compiles with XLA's copy insertion by region
+    (`parallel.CPU_REGION_ANALYSIS`): its program copies none of the state's arrays, of
+    which XLA's default copies some (the option set back to off, as a caller's options
+    may); and it trains as the one-device jit step does."""
+    model, state = initial_state()
+    parallel = Parallel("sharded", CPUS[:1])
+    placed, batch = parallel.put_state(state), parallel.put_batch(batches(1)[0])
+    lowered = parallel.compile_train_step(step_fn(model)).lower(placed, batch)
+    off = {name: False for name in CPU_REGION_ANALYSIS}
+    copied = [len(copied_parameters(lowered.compile(compiler_options=options).as_text()))
+              for options in (None, off)]
+    assert copied[0] == 0 and copied[1] > 0, copied
+    run = run_parallel("sharded", devices=CPUS[:1])
+    np.testing.assert_allclose(run.losses, one_device[1], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
+                 jax.device_get(run.params), jax.device_get(one_device[0]))
+
+
+def copied_parameters(program: str) -> list[str]:
+    """The names of a compiled program's entry parameters that it copies."""
+    parameters = set(re.findall(r"(%[\w.\-]+) = \S+ parameter\(", program))
+    return [name for name in re.findall(r"= \S+ copy\((%[\w.\-]+)\)", program)
+            if name in parameters]
 
 
 @pytest.mark.parametrize("strategy", ["pmap", "sharded"])

@@ -20,6 +20,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from transformer_jax.run_config import STRATEGIES
 
 AXIS = "batch"  # the pmap axis name the steps sum over
+# XLA's CPU backend copies many arrays of the donated state at the start of the `sharded`
+# step (base: 146 of them) unless its copy insertion analyses the program by region, an
+# option it leaves off: with it none, and 1.04-1.10 x the base step in three runs (2-core
+# Intel Xeon VM, 2026-11-30; BENCHMARKS.md, "model: copy insertion by region"). Under pmap
+# it gave 0.98-1.01 x, so pmap's step goes without; GPUs have a copy insertion of their own.
+CPU_REGION_ANALYSIS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 
 
 class Parallel:
@@ -34,6 +40,7 @@ class Parallel:
         devices = list(jax.devices() if devices is None else devices)
         self._local_devices = [d for d in devices if d.process_index == jax.process_index()]
         self.num_local_devices = len(self._local_devices)
+        self._on_cpu = devices[0].platform == "cpu"
         # A plain Mesh has Auto axes; jax.make_mesh's Explicit axes would reject
         # batches and parameters placed without explicit shardings.
         self.mesh = Mesh(np.array(devices), ("data",))
@@ -94,7 +101,8 @@ class Parallel:
         in one process its step runs under a jit that takes them: the same program, since
         pmap's arguments there are already whole. In several processes pmap turns each
         process's rows into global arrays outside its jit, so there its step compiles
-        without them."""
+        without them. On CPUs the `sharded` step compiles with `CPU_REGION_ANALYSIS` too,
+        unless `compiler_options` set it."""
         if self.strategy == "pmap":
             pmapped = jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS,
                                devices=self._pmap_devices(), donate_argnums=(0,))
@@ -107,8 +115,9 @@ class Parallel:
                 return pmapped(state, batch)
 
             return jax.jit(step, donate_argnums=(0,), compiler_options=compiler_options)
+        options = dict(_cpu_region_analysis() if self._on_cpu else {}, **(compiler_options or {}))
         return jax.jit(functools.partial(step_fn, axis_name=None), donate_argnums=(0,),
-                       compiler_options=compiler_options)
+                       compiler_options=options or None)
 
     def compile_eval_step(self, step_fn):
         """`step_fn(params, batch, axis_name=...)` compiled; returns summed metrics."""
@@ -127,3 +136,16 @@ class Parallel:
         if self.strategy == "pmap":
             metrics = jax.tree.map(lambda x: x.addressable_data(0), metrics)
         return {name: float(value.item()) for name, value in jax.device_get(metrics).items()}
+
+
+@functools.cache
+def _cpu_region_analysis() -> dict:
+    """`CPU_REGION_ANALYSIS` where this jaxlib's XLA knows the option (it refuses an unknown
+    one when compiling; asked once, on a CPU program of one addition), else none."""
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=CPU_REGION_ANALYSIS).lower(
+            jax.ShapeDtypeStruct((), np.float32, sharding=cpu)).compile()
+    except jax.errors.JaxRuntimeError:  # INVALID_ARGUMENT: No such compile option
+        return {}
+    return CPU_REGION_ANALYSIS
