@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import types
 from importlib import metadata
 
 import jax
@@ -16,12 +17,12 @@ import numpy as np
 import pytest
 
 from transformer_jax import Transformer, count_parameters, get_model_config
-from transformer_jax.benchmark import SUITES, decode, flops, machine, report
+from transformer_jax.benchmark import SUITES, decode, flops, machine, report, timing
 from transformer_jax.benchmark import model as model_suite
 from transformer_jax.benchmark.__main__ import main, parse_args
 from transformer_jax.benchmark.model import model_configs, synthetic_batch
 from transformer_jax.benchmark.pipeline import _counts
-from transformer_jax.benchmark.timing import compile_seconds
+from transformer_jax.benchmark.timing import alternated_steps, compile_seconds
 from transformer_jax.decoding import UNROLL
 from transformer_jax.optim import make_optimizer
 from transformer_jax.parallel import Parallel
@@ -326,6 +327,27 @@ def test_a_jax_option_in_vary_draws_the_state_and_compiles_the_step_and_is_set_b
     assert len(drawn) == 1
     assert all(np.array_equal(a, b) for a, b in zip(leaves, jax.tree.leaves(expected)))
     assert not all(np.array_equal(a, b) for a, b in zip(leaves, jax.tree.leaves(as_usual)))
+
+
+def test_alternated_steps_take_turns_each_on_its_own_state(monkeypatch):
+    """One step of each in turn per round, each on the state its last step left, the
+    warm-up rounds untimed; each step's seconds are its own (steps of 2 and 5 s on a faked
+    clock)."""
+    now, calls = [0.0], []
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def step(label, seconds):
+        def run(state, batch):
+            calls.append((label, state, batch))
+            now[0] += seconds
+            return state + 1, {"loss_sum": jnp.zeros(())}
+        return run
+
+    runs = {"a": [step("a", 2.0), 10, "A"], "b": [step("b", 5.0), 20, "B"]}
+    assert alternated_steps(runs, 3, warmup=1) == {"a": [2.0, 2.0], "b": [5.0, 5.0]}
+    assert calls == [("a", 10, "A"), ("b", 20, "B"), ("a", 11, "A"), ("b", 21, "B"),
+                     ("a", 12, "A"), ("b", 22, "B")]
+    assert [runs["a"][1], runs["b"][1]] == [13, 23]
 
 
 def test_each_row_compiles_the_parameters_program_afresh(caplog):

@@ -10,16 +10,15 @@ over the other's.
 """
 
 import argparse
-import collections
 import dataclasses
 import json
 import re
-import time
 
 import jax
 import numpy as np
 
 from transformer_jax.benchmark import model as bm
+from transformer_jax.benchmark import timing
 
 OPTION = "xla_cpu_copy_insertion_use_region_analysis"
 
@@ -47,14 +46,7 @@ def main():
                                                    xla_options=options)
         runs[label] = [step, state, placed]
         rows[label] = {"memory_bytes": bm.memory_bytes(step), **copies(step.as_text())}
-    times = collections.defaultdict(list)
-    for i in range(args.rounds):
-        for label, run in runs.items():
-            start = time.perf_counter()
-            run[1], metrics = run[0](run[1], run[2])
-            jax.block_until_ready(metrics)
-            if i >= 2:
-                times[label].append(time.perf_counter() - start)
+    times = timing.alternated_steps(runs, args.rounds)
     default = np.array(times["default"])
     for label, row in rows.items():
         row["step_ms"] = 1e3 * float(np.median(times[label]))

@@ -9,16 +9,15 @@ one's.
 """
 
 import argparse
-import collections
 import dataclasses
 import json
-import time
 
 import jax
 import numpy as np
 
 from transformer_jax import steps
 from transformer_jax.benchmark import model as bm
+from transformer_jax.benchmark import timing
 
 
 def summed(tree, axis_name):
@@ -45,14 +44,7 @@ def main():
         runs[label] = [step, state, placed]
         rows[label] = {"memory_bytes": bm.memory_bytes(step), "copies": text.count(" copy("),
                        "all_reduces": text.count(" all-reduce(")}
-    times = collections.defaultdict(list)
-    for i in range(args.rounds):
-        for label, run in runs.items():
-            start = time.perf_counter()
-            run[1], metrics = run[0](run[1], run[2])
-            jax.block_until_ready(metrics)
-            if i >= 2:
-                times[label].append(time.perf_counter() - start)
+    times = timing.alternated_steps(runs, args.rounds)
     before = np.array(times["pmap, summed"])
     for label, row in rows.items():
         row["step_ms"] = 1e3 * float(np.median(times[label]))

@@ -69,6 +69,23 @@ def median_seconds(run_once: Callable[[], object], *, warmup: int = 2, iters: in
     return statistics.median(times)
 
 
+def alternated_steps(runs: dict[str, list], rounds: int, *,
+                     warmup: int = 2) -> dict[str, list[float]]:
+    """Seconds of each train step in `runs` ({label: [step, state, batch]}), one step of
+    each in turn per round, every one on the state its last step left (kept in `runs`);
+    the first `warmup` rounds are not timed. On a machine whose speed drifts, compare two
+    steps by the median of their ratios within rounds (BENCHMARKS.md's scripts)."""
+    times = {label: [] for label in runs}
+    for i in range(rounds):
+        for label, run in runs.items():
+            start = time.perf_counter()
+            run[1], metrics = run[0](run[1], run[2])
+            jax.block_until_ready(metrics)
+            if i >= warmup:
+                times[label].append(time.perf_counter() - start)
+    return times
+
+
 def back_to_back(call: Callable[[], jax.Array], calls: int) -> Callable[[], None]:
     """A `run_once` for `median_seconds` that queues `calls` calls and waits for the last:
     divide its seconds by `calls`. On a GPU this times the kernels, not the ~0.1 ms of
