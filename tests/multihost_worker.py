@@ -65,5 +65,8 @@ for strategy in ("pmap", "sharded"):
         leaves = jax.tree_util.tree_leaves_with_path(final)
         np.savez(os.path.join(out, f"{strategy}.npz"),
                  **{jax.tree_util.keystr(path): leaf for path, leaf in leaves})
+# Every process past its last collective before any leaves: a process that left at once
+# closed its connections while another still read its part of the last all-reduce.
+processes.first_then_others(lambda: None, "finish its steps", quiet=True)
 print(f"process {pid} done", flush=True)
 os._exit(0)  # skip the distributed shutdown at exit: every process is done

@@ -142,7 +142,7 @@ class Parallel:
 def _cpu_region_analysis() -> dict:
     """`CPU_REGION_ANALYSIS` where this jaxlib's XLA knows the option (it refuses an unknown
     one when compiling; asked once, on a CPU program of one addition), else none."""
-    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
     try:
         jax.jit(lambda x: x + 1, compiler_options=CPU_REGION_ANALYSIS).lower(
             jax.ShapeDtypeStruct((), np.float32, sharding=cpu)).compile()
