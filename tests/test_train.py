@@ -645,7 +645,7 @@ def test_no_evaluation_data_logs_no_eval_records(tmp_path, capsys, why):
     else:  # a folder corpus with an empty validation split
         corpus = tmp_path / "corpus"
         corpus.mkdir()
-        for split, count in (("train", 60), ("validation", 0)):
+        for split, count in (("train", 60), ("validation", 0), ("test", 5)):
             for lang, word in (("de", "Satz"), ("en", "sentence")):
                 (corpus / f"{split}.{lang}").write_text(
                     "".join(f"{word} {i}\n" for i in range(count)))
