@@ -8,7 +8,7 @@ import pytest
 from transformer_jax.losses import label_smoothed_cross_entropy
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.positional import sinusoidal_encoding
-from transformer_jax.argument_checks import fraction, positive_int
+from transformer_jax.argument_checks import finite_number, fraction, positive_int
 
 
 @pytest.mark.parametrize("value", [np.int64(3), np.uint8(3), 3])
@@ -46,6 +46,23 @@ def test_a_fraction_outside_zero_to_one_is_refused_by_name(value):
     with pytest.raises(ValueError) as error:
         fraction("label_smoothing", value)
     assert str(error.value) == f"label_smoothing must be a number in [0, 1), got {value!r}"
+
+
+@pytest.mark.parametrize("value, strict, accepted", [
+    (0, False, True), (0.0, True, False), (np.float32(0.5), True, True),
+    (jnp.float32(2), False, True),
+    (-1e-9, False, False), (float("inf"), False, False), (float("nan"), False, False),
+    ("0.6", False, False), (True, False, False), (None, False, False), ([0.6], False, False)])
+def test_finite_numbers_above_a_bound(value, strict, accepted):
+    """A length penalty's α (>= 0) or a scale (> 0): a finite Python float, else one line."""
+    if accepted:
+        result = finite_number("alpha", value, strict=strict)
+        assert result == float(value) and type(result) is float
+        return
+    with pytest.raises(ValueError) as error:
+        finite_number("alpha", value, strict=strict)
+    sign = ">" if strict else ">="
+    assert str(error.value) == f"alpha must be a finite number {sign} 0, got {value!r}"
 
 
 def test_traced_arguments_are_asked_to_be_static():

@@ -182,12 +182,15 @@ def test_bias_and_scale_match_numpy(impl, bias_shape):
 
 def test_a_call_of_jax_nn_is_a_call_of_ours():
     """The same positional call (query, key, value, bias, mask) and keywords give jax.nn's
-    result: a bias is never read as a mask, nor a mask as a bias."""
+    result: a bias is never read as a mask, nor a mask as a bias; one of lower rank is
+    broadcast as jax.nn (and NumPy) broadcast it, ones in front."""
     q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=23)
     bias = jnp.asarray(np.random.default_rng(24).standard_normal((B, N, T, S)), jnp.float32)
     mask_B1TS = jnp.asarray(causal_padding_mask_B1TS())
     for args, kwargs in [((bias, mask_B1TS), {"scale": 0.5}), ((None, mask_B1TS), {}),
-                         ((bias,), {}), ((), {"mask": mask_B1TS, "scale": 2.0})]:
+                         ((bias,), {}), ((), {"mask": mask_B1TS, "scale": 2.0}),
+                         ((bias[0, 0],), {"mask": mask_B1TS[1, 0]}),
+                         ((bias[0],), {"mask": mask_B1TS[0]})]:
         ours = dot_product_attention(q_BTNH, k_BSNH, v_BSNH, *args, **kwargs)
         theirs = jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, *args, **kwargs)
         assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-5, atol=1e-6)
@@ -569,6 +572,8 @@ def test_shape_errors():
         dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=jnp.ones((B, 1, T, S), jnp.float32))
     with pytest.raises(ValueError, match="broadcastable"):
         dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=jnp.ones((B, 1, T, S + 1), bool))
+    with pytest.raises(ValueError, match=r"broadcastable .*; got bool \(1, 1, 1, 1, 1\)"):
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=jnp.ones((1, 1, 1, 1, 1), bool))
 
 
 def test_integer_inputs_are_refused():

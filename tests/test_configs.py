@@ -158,10 +158,11 @@ def test_an_override_of_a_key_that_is_nowhere_close_lists_its_groups_keys():
     ("optim.b1", -0.1, "config.optim.b1 must be a number in [0, 1), got -0.1"),
     ("optim.b2", 1.0, "config.optim.b2 must be a number in [0, 1), got 1.0"),
     ("optim.eps", 0.0, "config.optim.eps must be a number > 0, got 0.0"),
-    ("optim.learning_rate_scale", -1.0, "config.optim.learning_rate_scale must be > 0, got -1.0"),
+    ("optim.learning_rate_scale", -1.0,
+     "config.optim.learning_rate_scale must be a finite number > 0, got -1.0"),
     ("optim.grad_clip_norm", -1.0,
      "config.optim.grad_clip_norm must be >= 0 (0: no clipping), got -1.0"),
-    ("optim.warmup_steps", 0, "config.optim.warmup_steps must be >= 1, got 0"),
+    ("optim.warmup_steps", 0, "config.optim.warmup_steps must be a positive integer, got 0"),
     ("model.dtype", "x", "config.model.dtype must be one of 'float32', 'bfloat16', 'float16', "
                          "got 'x'"),
     ("data.vocab_size", 260, "config.data.vocab_size must be an integer >= 261 (the "

@@ -201,10 +201,20 @@ def test_steps_per_loop_iteration_change_nothing_but_the_loop(max_length, one_ne
         assert_array_equal(searches[unroll][1], scores)
 
 
-def test_an_unroll_below_one_step_is_refused():
-    with pytest.raises(ValueError, match="unroll must be at least 1 step per iteration, got 0"):
+@pytest.mark.parametrize("settings, message", [
+    (dict(unroll=0), "unroll must be a positive integer, got 0"),
+    (dict(unroll=2.0), "unroll must be a positive integer, got 2.0"),
+    (dict(alpha=-0.5), "alpha must be a finite number >= 0, got -0.5"),
+    (dict(alpha=float("nan")), "alpha must be a finite number >= 0, got nan"),
+    (dict(alpha="0.6"), "alpha must be a finite number >= 0, got '0.6'")])
+def test_an_unroll_or_a_length_penalty_it_cannot_use_is_refused(settings, message):
+    """α < 0 would let lp fall with length, so the early stop's bound, max live log P over
+    lp(max_length), would no longer bound the live hypotheses; α as text failed deep in
+    `length_penalty`, and an unroll of 2.0 in the loop's body."""
+    with pytest.raises(ValueError) as caught:
         beam_search(markov_fn(TRAP_TABLE[None]), markov_cache([0]), batch_size=1, beam_size=2,
-                    max_length=4, alpha=0.6, unroll=0)
+                    max_length=4, **{"alpha": 0.6, **settings})
+    assert str(caught.value) == message
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])

@@ -282,11 +282,16 @@ def test_targets_outside_the_vocabulary_or_not_integers_raise():
 
 
 def test_shape_mismatch_raises():
-    """Logits must be targets' shape + (V,), and weights targets' shape."""
+    """Logits must be targets' shape + (V,), and weights targets' shape; logits without
+    their V axis are named as such, not as ids outside a vocabulary of their last axis."""
     logits_BTV, targets_BT = random_logits_targets()
     for fn in (label_smoothed_cross_entropy, accuracy):
         with pytest.raises(ValueError, match="logits shape"):
             fn(logits_BTV[:, :-1], targets_BT)
+        with pytest.raises(ValueError) as error:
+            fn(logits_BTV[..., 0], targets_BT)
+        assert str(error.value) == (f"logits shape {targets_BT.shape} must be targets shape "
+                                    f"{targets_BT.shape} + (V,)")
         with pytest.raises(ValueError, match="weights shape"):
             fn(logits_BTV, targets_BT, jnp.ones((B, 1)))
 

@@ -312,6 +312,25 @@ def test_sequence_longer_than_learned_table_raises():
         Transformer(config).init(jax.random.key(0), tokens_BT, tokens_BT)
 
 
+@pytest.mark.parametrize("position", [4, 50, -1])
+def test_a_position_outside_the_learned_table_raises(position):
+    """Learned positions given eagerly: one outside [0, max_length) is an error naming the
+    table, where jnp.take gave NaN logits (4, 50) or the last row (-1)."""
+    config = get_model_config("tiny", positional_encoding="learned", max_length=4)
+    tokens_BT, positions_BT = jnp.ones((1, 3), jnp.int32), jnp.array([[0, 1, 2]])
+    model = Transformer(config)
+    variables = model.init(jax.random.key(0), tokens_BT, tokens_BT)
+    assert np.isfinite(model.apply(variables, tokens_BT, tokens_BT,
+                                   targets_positions=positions_BT)).all()
+    bad_BT = positions_BT.at[0, 2].set(position)
+    message = (f"positions must be in [0, 4) (ModelConfig.max_length, the learned table's "
+               f"rows), got ids from {min(0, position)} to {max(1, position)}")
+    for where in ("inputs_positions", "targets_positions"):
+        with pytest.raises(ValueError) as error:
+            model.apply(variables, tokens_BT, tokens_BT, **{where: bad_BT})
+        assert str(error.value).splitlines()[0] == message  # then JAX's note on its frames
+
+
 def test_packing_needs_both_segmentations(variables):
     """Giving only the source's segment ids would leak across examples: it raises."""
     inputs_BS, targets_BT = _batch(2)

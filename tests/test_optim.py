@@ -185,9 +185,13 @@ def test_the_logged_rate_is_the_rate_of_the_update():
     "kwargs, name",
     [
         (dict(d_model=0), "d_model"),
+        (dict(d_model=512.5), "d_model"),  # gave a rate
+        (dict(d_model="512"), "d_model"),  # a TypeError from `<`
         (dict(d_model=512, warmup_steps=0), "warmup_steps"),
+        (dict(d_model=512, warmup_steps=4000.5), "warmup_steps"),
         (dict(d_model=512, scale=0.0), "scale"),
         (dict(d_model=512, scale=-1.0), "scale"),
+        (dict(d_model=512, scale=float("inf")), "scale"),
     ],
 )
 def test_bad_schedule_arguments_raise(kwargs, name):

@@ -90,7 +90,7 @@ def test_cached_beam_search_equals_the_full_decoder_rerun_per_beam():
 @pytest.mark.usefixtures("on_the_cpu")  # the two greedy searches below: bit for bit
 def test_searches_refuse_sizes_the_cache_cannot_hold():
     """A search longer than the model's cache (whose last slot it would overwrite at every
-    step past the end, silently), a beam search's batch other than the cache's, and sizes
+    step past the end, silently), a batch other than the cache's, and sizes
     below 1: one ValueError each, before anything is traced. A shorter search reads the
     cache as is."""
     _, _, _, cache, step = setup()
@@ -104,6 +104,8 @@ def test_searches_refuse_sizes_the_cache_cannot_hold():
             (beam, dict(batch_size=3, beam_size=4, max_length=MAX_LENGTH + 1), too_long),
             (beam, dict(batch_size=1, beam_size=2, max_length=3),
              "batch_size=1, but the cache's arrays have 3 rows (their leading axis)"),
+            (greedy, dict(batch_size=2, max_length=3),
+             "batch_size=2, but the cache's arrays have 3 rows (their leading axis)"),
             (beam, dict(batch_size=3, beam_size=0, max_length=3),
              "beam_size must be a positive integer, got 0"),
             (greedy, dict(batch_size=3, max_length=0), "max_length must be a positive integer, "

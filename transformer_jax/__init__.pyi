@@ -26,6 +26,7 @@ from .model_config import ModelConfig, PRESETS, get_model_config
 from .layer_norm import LayerNorm, add_layer_norm
 from .layers import (
     DecoderLayer,
+    Dropout,
     EncoderLayer,
     FeedForward,
     MultiHeadAttention,

@@ -41,18 +41,33 @@ def positive_int(name: str, value) -> int:
 def fraction(name: str, value) -> float:
     """`value` as a Python float in [0, 1), or a ValueError "`name` must be a number in
     [0, 1), got ..."."""
+    return _number(name, value, lambda number: 0.0 <= number < 1.0, "number", "in [0, 1)")
+
+
+def finite_number(name: str, value, *, minimum: float = 0.0, strict: bool = False) -> float:
+    """`value` as a finite Python float >= `minimum` (> with `strict`), or a ValueError
+    "`name` must be a finite number >= `minimum`, got ..."."""
+    def accepts(number: float) -> bool:
+        return (number > minimum if strict else number >= minimum) and number < float("inf")
+
+    return _number(name, value, accepts, "finite number", f"{'>' if strict else '>='} {minimum:g}")
+
+
+def _number(name: str, value, accepts, kind: str, condition: str) -> float:
+    """`value` as a Python float that `accepts`, or "`name` must be a `kind` `condition`,
+    got ..."."""
     if not isinstance(value, bool) and _kind(value) in "iuf" and np.ndim(value) == 0:
         try:
             number = float(value)
         except _jax_errors("ConcretizationTypeError"):
-            raise ValueError(f"{name} must be a Python number in [0, 1) (under jax.jit, a "
+            raise ValueError(f"{name} must be a Python {kind} {condition} (under jax.jit, a "
                              f"static argument), got {value!r}") from None
         except TypeError:  # a PRNG key, ...
             pass
         else:
-            if 0.0 <= number < 1.0:  # not NaN
+            if accepts(number):  # NaN compares false
                 return number
-    raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+    raise ValueError(f"{name} must be a {kind} {condition}, got {value!r}")
 
 
 def checked_rate(name: str, rate, bits: int) -> float:

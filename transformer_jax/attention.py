@@ -73,7 +73,7 @@ def attention_weights(query, key, bias=None, mask=None, *, scale=None, is_causal
     masked row becomes uniform instead of NaN.
     """
     query_BTNH, key_BSNH = jnp.asarray(query), jnp.asarray(key)
-    bias_BNTS, mask_B1TS = (None if x is None else jnp.asarray(x) for x in (bias, mask))
+    bias_BNTS, mask_B1TS = _rank_4(bias), _rank_4(mask)
     _check_inputs(query_BTNH, key_BSNH, key_BSNH, bias_BNTS, mask_B1TS)
     if is_causal:
         _check_causal(query_BTNH.shape[1], key_BSNH.shape[1])
@@ -305,10 +305,11 @@ def dot_product_attention(
     Args:
       query: `(B, T, N, H)`.
       key, value: `(B, S, N, H)`.
-      bias: float, broadcastable to `(B, N, T, S)`, added to the scaled logits
-        (not in the paper; None: none).
-      mask: bool, broadcastable to `(B, N, T, S)` (the model's are `(B, 1, T, S)`),
-        True where attention is allowed (see `transformer_jax.masks`).
+      bias: float, broadcastable to `(B, N, T, S)` (of rank 4 or less, as NumPy
+        broadcasts), added to the scaled logits (not in the paper; None: none).
+      mask: bool, broadcastable to `(B, N, T, S)` (the model's are `(B, 1, T, S)`; a
+        `(T, S)` one serves every row and head), True where attention is allowed (see
+        `transformer_jax.masks`).
       scale: the logits' factor (None: the paper's 1/√d_k).
       is_causal: also hide from query t every key after t (§3.2.3), as
         `combine_masks(mask, causal_mask(T))` would; needs T == S. cuDNN then
@@ -323,7 +324,7 @@ def dot_product_attention(
       `(B, T, N, H)` in value's dtype, or `(output, weights)`.
     """
     query_BTNH, key_BSNH, value_BSNH = map(jnp.asarray, (query, key, value))
-    bias_BNTS, mask_B1TS = (None if x is None else jnp.asarray(x) for x in (bias, mask))
+    bias_BNTS, mask_B1TS = _rank_4(bias), _rank_4(mask)
     _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS)
     (_, t, _, h), s = query_BTNH.shape, key_BSNH.shape[1]
     if is_causal:
@@ -380,6 +381,15 @@ def _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS) -> Non
                 f"bias must be float, broadcastable to (B, N, T, S) = {full_shape}; "
                 f"got {bias.dtype} {bias.shape} (a bool mask goes to mask=)"
             )
+
+
+def _rank_4(x):
+    """A bias or mask as an array of rank 4, ones put in front of a lower rank as NumPy
+    broadcasts (a `(T, S)` mask is the `(1, 1, T, S)` one, as in jax.nn); None stays None."""
+    if x is None:
+        return None
+    x = jnp.asarray(x)
+    return x.reshape((1,) * (4 - x.ndim) + x.shape) if x.ndim < 4 else x
 
 
 def _broadcasts(shape, target) -> bool:

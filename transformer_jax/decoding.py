@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from transformer_jax.argument_checks import positive_int
+from transformer_jax.argument_checks import finite_number, positive_int
 from transformer_jax.token_ids import DECODER_START_ID, EOS_ID, PAD_ID
 
 TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
@@ -66,8 +66,8 @@ def length_penalty(length, alpha: float) -> jax.Array:
 def _check_search(cache, batch_size, max_length, beam_size=None) -> tuple:
     """(batch_size, max_length, beam_size) as Python ints (beam_size None for greedy search),
     or one-line errors, before anything is traced, for sizes that would otherwise fail deep
-    in JAX or, past the end of a model's cache, silently overwrite its last slot; for beam
-    search (`beam_size` given), the rows of the parts of `cache` it repeats."""
+    in JAX or, past the end of a model's cache, silently overwrite its last slot; and the
+    rows of `cache`'s arrays, `PerExample` ones included: B in either search."""
     batch_size, max_length = (positive_int("batch_size", batch_size),
                               positive_int("max_length", max_length))
     if beam_size is not None:  # greedy search has none
@@ -76,11 +76,7 @@ def _check_search(cache, batch_size, max_length, beam_size=None) -> tuple:
     if capacity is not None and max_length > capacity:
         raise ValueError(f"max_length={max_length} is more than the cache's {capacity} "
                          f"positions; make it with init_cache(..., max_length={max_length})")
-    if beam_size is None:  # greedy search threads its state through as it is
-        return batch_size, max_length, None
-    repeated = jax.tree.leaves(cache, is_leaf=lambda x: isinstance(x, PerExample))
-    rows = {jnp.shape(x)[0] for x in repeated
-            if not isinstance(x, PerExample) and jnp.ndim(x) >= 1}
+    rows = {jnp.shape(x)[0] for x in jax.tree.leaves(cache) if jnp.ndim(x) >= 1}
     if rows - {batch_size}:
         raise ValueError(f"batch_size={batch_size}, but the cache's arrays have "
                          f"{', '.join(map(str, sorted(rows)))} rows (their leading axis)")
@@ -190,8 +186,9 @@ def beam_search(
     on the 2-core CPU; on an H200 1.05 × in float32 and 0.96-0.99 × in bfloat16
     (BENCHMARKS.md, "GPU: H200, 2026-11-27").
     """
-    if unroll < 1:
-        raise ValueError(f"unroll must be at least 1 step per iteration, got {unroll}")
+    unroll = positive_int("unroll", unroll)
+    # α < 0 would make lp fall with length, and the early stop's bound above would not hold.
+    alpha = finite_number("alpha", alpha)
     batch_size, max_length, beam_size = _check_search(cache, batch_size, max_length, beam_size)
     state = _initial_state(cache, batch_size, beam_size, max_length)
     max_penalty = length_penalty(max_length, alpha)

@@ -209,11 +209,11 @@ def _checked(logits_BTV, targets_BT, weights_BT):
     """Arrays with agreeing shapes, integer targets in [0, V) (`check_ids`); weights
     float32, `targets_BT != 0` by default."""
     logits_BTV, targets_BT = jnp.asarray(logits_BTV), jnp.asarray(targets_BT)
-    check_ids(targets_BT, "targets", logits_BTV.shape[-1])
-    if logits_BTV.shape[:-1] != targets_BT.shape:
+    if logits_BTV.shape[:-1] != targets_BT.shape:  # first: without V, the ids' check misleads
         raise ValueError(
             f"logits shape {logits_BTV.shape} must be targets shape {targets_BT.shape} + (V,)"
         )
+    check_ids(targets_BT, "targets", logits_BTV.shape[-1])
     if weights_BT is None:
         return logits_BTV, targets_BT, (targets_BT != PAD_ID).astype(jnp.float32)
     weights_BT = jnp.asarray(weights_BT, jnp.float32)

@@ -7,6 +7,7 @@ set to the most negative value before the softmax (§3.2.1, §3.2.3).
 
 import jax.numpy as jnp
 
+from transformer_jax.argument_checks import positive_int
 from transformer_jax.token_ids import PAD_ID
 
 
@@ -46,8 +47,7 @@ def causal_mask(length: int):
          [1, 1, 1, 0],
          [1, 1, 1, 1]]
     """
-    if isinstance(length, bool) or not hasattr(length, "__index__") or length < 1:
-        raise ValueError(f"causal_mask needs a length that is an int >= 1, got {length!r}")
+    length = positive_int("length", length)
     return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
 
 

@@ -112,6 +112,9 @@ class AddPositions(nn.Module):
             if x_BTD.shape[1] > c.max_length:
                 raise ValueError(f"sequence length {x_BTD.shape[1]} exceeds the learned "
                                  f"position table (ModelConfig.max_length={c.max_length})")
+            if inputs_positions is not None:  # past the table, jnp.take gives NaN rows
+                check_ids(positions_BT, "positions", c.max_length,
+                          bound="ModelConfig.max_length, the learned table's rows")
             table_PD = self.param("table", nn.initializers.normal(stddev=0.02),
                                   (c.max_length, c.d_model), jnp.float32)
             x_BTD = x_BTD + jnp.take(table_PD, positions_BT, axis=0).astype(x_BTD.dtype)

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from transformer_jax.argument_checks import finite_number, positive_int
+
 
 def learning_rate(step, *, d_model: int, warmup_steps: int = 4000, scale: float = 1.0):
     """lrate = scale · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)  (§5.3, eq. 3).
@@ -93,12 +95,9 @@ def make_optimizer(
 
 
 def _check_schedule_args(d_model, warmup_steps, scale) -> None:
-    if d_model < 1:
-        raise ValueError(f"d_model must be >= 1, got {d_model}")
-    if warmup_steps < 1:
-        raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
-    if not scale > 0:
-        raise ValueError(f"scale (learning_rate_scale) must be > 0, got {scale}")
+    positive_int("d_model", d_model)
+    positive_int("warmup_steps", warmup_steps)
+    finite_number("scale (learning_rate_scale)", scale, strict=True)
 
 
 def optimizer_from_config(optim_group, d_model: int) -> Optimizer:

@@ -24,6 +24,9 @@ projection-and-loss; tokamax's `linear_softmax_cross_entropy_loss` (0.0.17) has 
 label smoothing nor token weights nor the accuracy, and its memory-saving "chunked_xla"
 ran 2.1 × slower than this on an H200; JAX's own autodiff of a scan would keep every
 chunk's logits for the backward pass.
+
+In this module's names K counts chunks and C a chunk's rows (elsewhere beam and cache
+length): `x_KCD` is K chunks of C rows of D features.
 """
 
 import functools

@@ -2,7 +2,7 @@
 
 import jax.numpy as jnp
 
-from transformer_jax.argument_checks import positive_int
+from transformer_jax.argument_checks import finite_number, positive_int
 
 
 def sinusoidal_encoding(positions, d_model: int, *, max_timescale: float = 10_000.0):
@@ -24,8 +24,7 @@ def sinusoidal_encoding(positions, d_model: int, *, max_timescale: float = 10_00
       float32 array `(..., d_model)`.
     """
     d_model = positive_int("d_model", d_model)
-    if not max_timescale > 0:
-        raise ValueError(f"max_timescale must be > 0 (the paper's 10000), got {max_timescale!r}")
+    max_timescale = finite_number("max_timescale", max_timescale, strict=True)  # paper: 10000
     positions = jnp.asarray(positions)
     dims_D = jnp.arange(d_model)
     two_i_D = (dims_D // 2) * 2  # 2i, shared by the sin/cos pair (2i, 2i+1)

@@ -21,12 +21,13 @@ UNK_ID = 3
 DECODER_START_ID = PAD_ID
 
 
-def check_ids(ids, name: str, vocab_size: int, *, batched: bool = False) -> None:
+def check_ids(ids, name: str, vocab_size: int, *, batched: bool = False,
+              bound: str = "vocab_size") -> None:
     """A one-line error unless `ids` is an array of integers, each in [0, `vocab_size`)
     where the values are known, and `(B, T)` if `batched`: a TypeError for a list or
     another dtype, a ValueError for another shape or naming the lowest and highest id.
     Traced ids (inside `jax.jit`) are checked for their dtype and shape only; nothing is
-    added to the traced program."""
+    added to the traced program. `bound` names what `vocab_size` is, in the message."""
     dtype, shape = getattr(ids, "dtype", None), getattr(ids, "shape", None)
     if dtype is None or shape is None:
         raise TypeError(f"{name} must be an array of integer ids, got a {type(ids).__name__}"
@@ -41,5 +42,5 @@ def check_ids(ids, name: str, vocab_size: int, *, batched: bool = False) -> None
     except TypeError:  # jax.errors.TracerArrayConversionError: traced, not known yet
         return
     if values.size and (values.min() < 0 or values.max() >= vocab_size):
-        raise ValueError(f"{name} must be in [0, {vocab_size}) (vocab_size), got ids from "
+        raise ValueError(f"{name} must be in [0, {vocab_size}) ({bound}), got ids from "
                          f"{values.min()} to {values.max()}")
