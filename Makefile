@@ -2,18 +2,26 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+BASE := $(VENV)/.installed
 STAMP := $(VENV)/.installed-dev
 
 .PHONY: train test clean
 
-# Create the virtual environment once; reinstall when pyproject.toml changes.
-$(STAMP): pyproject.toml
+# Create the virtual environment once, with the package and what the README's walk-through
+# uses after training (the notebooks' and the export's packages); reinstall when
+# pyproject.toml changes.
+$(BASE): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --editable '.[notebooks,serve]'
+	touch $(BASE)
+
+# The suite's too: the dev extra (pytest, ruff, and the benchmark's PyTorch peer).
+$(STAMP): $(BASE)
 	$(BIN)/python -m pip install --quiet --editable '.[dev]'
 	touch $(STAMP)
 
-train: $(STAMP)
+train: $(BASE)
 	$(BIN)/python train.py --config=configs/default.py --workdir=runs/default
 
 test: $(STAMP)

@@ -67,6 +67,19 @@ def test_a_missing_workdir_is_named_and_an_empty_one_is_sent_to_train(tmp_path):
         load_trained_params(str(tmp_path))
 
 
+def test_a_runs_checkpoints_folder_is_sent_to_the_run(tmp_path, monkeypatch):
+    """--workdir=runs/x/checkpoints said "train first (python train.py
+    --workdir=runs/x/checkpoints)": a run inside the run's own checkpoints."""
+    (tmp_path / "run" / "checkpoints" / "800").mkdir(parents=True)
+    for given, run in [(f"{tmp_path}/run/checkpoints/", f"{tmp_path}/run"),
+                       ("checkpoints", ".")]:
+        monkeypatch.chdir(tmp_path / "run")
+        with pytest.raises(CheckpointChoiceError) as error:
+            load_trained_params(given)
+        assert str(error.value) == (f"{given} is a run's checkpoints folder; name the run's "
+                                    f"own folder: --workdir={run}")
+
+
 def test_a_run_trained_with_the_pallas_norm_translates_with_flaxs_off_a_gpu():
     """The checkpoint's model as saved, but the layer norm: Pallas's kernels on a GPU, Flax's
     elsewhere (where the kernels would be interpreted); every other field as saved."""

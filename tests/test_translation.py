@@ -350,6 +350,28 @@ def test_every_engine_translates_an_empty_line_to_an_empty_line(translating_run,
         assert ct2.translate(lines, beam_size=1) == expected
 
 
+@pytest.mark.parametrize("name, folders, message", [
+    ("jax", {}, "--engine=jax translates with --workdir=DIR (a training run's folder), or "
+                "--engine=ctranslate2 or stablehlo with --exported=DIR"),
+    ("jax", {"workdir": ""}, "--workdir is empty (an unset shell variable?); name a training "
+                             "run's folder"),
+    ("stablehlo", {"exported": " "}, "--exported is empty (an unset shell variable?); name "
+                                     "the folder of an export"),
+    ("ctranslate2", {}, "--engine=ctranslate2 translates with --exported=DIR (the folder of "
+                        "an export)"),
+    ("jax", {"workdir": "W", "exported": "E"}, "--engine=jax translates with --workdir=DIR, "
+                                               "not --exported")])
+def test_an_engine_without_its_folder_says_which_it_needs(name, folders, message):
+    """translate.py with no --workdir, or --workdir=$RUN with RUN unset, named the flag
+    --engine=jax, which the user never typed, and did not say the folder was empty."""
+    from transformer_jax.export.engines import open_engine
+    from transformer_jax.translation import TranslationError
+
+    with pytest.raises(TranslationError) as caught:
+        open_engine(name, **folders)
+    assert str(caught.value) == message
+
+
 def test_translate_keeps_output_lines_aligned_with_input_lines(workdir):
     """Lines end at "\\n" only (\\r\\n too); a BOM is not part of the first sentence."""
     lines = ["einundzwanzig", "zwei\x85drei", "vier\u2028fünf\x0bsechs\x1c"]

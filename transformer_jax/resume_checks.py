@@ -6,8 +6,8 @@ compiles: its model, its tokenizer, and the optimizer state's tree.
 
 Settings that keep the state (learning_rate_scale, num_train_steps, intervals...) resume,
 and so do the model settings that change how a step computes but not the parameters
-(`COMPUTE_FIELDS`: dtype, dropout, the attention implementation), with a line naming them:
-a float32 run can go on in bfloat16 on a GPU, or with another dropout.
+(`COMPUTE_FIELDS`: dtype, dropout, the attention and layer norm implementations), with a
+line naming them: a float32 run can go on in bfloat16 on a GPU, or with another dropout.
 """
 
 import dataclasses

@@ -111,6 +111,10 @@ def load_trained_params(workdir: str, which: str | int = "latest") -> TrainedPar
                                                       if os.path.exists(workdir) else
                                                       "no such folder (the training run's "
                                                       "workdir)"))
+    run, name = os.path.split(os.path.normpath(workdir))
+    if name == "checkpoints" and not os.path.isdir(directory):  # "train first" would mislead
+        raise CheckpointChoiceError(f"{workdir} is a run's checkpoints folder; name the run's "
+                                    f"own folder: --workdir={run or os.curdir}")
     if not os.path.isdir(directory):
         raise CheckpointChoiceError(f"{workdir} has no checkpoints; train first "
                                     f"(python train.py --workdir={workdir})")

@@ -31,9 +31,15 @@ def open_engine(name: str, *, workdir: str | None = None, exported: str | None =
     """The engine `name` over a training run (`workdir`, jax) or an export (`exported`)."""
     need, other = ("workdir", "exported") if name == "jax" else ("exported", "workdir")
     given = {"workdir": workdir, "exported": exported}
-    if given[other] or not given[need]:
-        raise TranslationError(f"--engine={name} translates with --{need}=DIR"
-                               + (f", not --{other}" if given[other] else ""))
+    folder = "a training run's folder" if name == "jax" else "the folder of an export"
+    if given[other]:
+        raise TranslationError(f"--engine={name} translates with --{need}=DIR, not --{other}")
+    if given[need] is None:
+        raise TranslationError(f"--engine={name} translates with --{need}=DIR ({folder})"
+                               + (", or --engine=ctranslate2 or stablehlo with --exported=DIR"
+                                  if name == "jax" else ""))
+    if not given[need].strip():
+        raise TranslationError(f"--{need} is empty (an unset shell variable?); name {folder}")
     if name == "jax":
         translator = Translator.from_workdir(workdir, checkpoint)
         return Engine(translator.translate, f"{checkpoints_named(translator.steps)} of {workdir}",
