@@ -24,9 +24,13 @@ def label_smoothed_cross_entropy(
 
     The target distribution q (tensor2tensor / Flax WMT form) puts
 
-        q_y = 1 - ε on the true token y,   q_v = ε / (V - 1) on every other v,
+        q_y = 1 - ε on the true token y,   q_v = ε / (V - 1) on every other v.
 
-    and the loss of one token subtracts the entropy of q, so that predicting q
+    (The paper cites Szegedy et al. [36], whose q spreads ε over all V tokens, the true
+    one included: q_y = 1 - ε + ε/V, q_v = ε/V. The form here is that of tensor2tensor,
+    the code the paper names for its models; the two differ by at most ε/V in any q_v.)
+
+    The loss of one token subtracts the entropy of q, so that predicting q
     exactly costs 0:
 
         loss = -Σ_v q_v log softmax(logits)_v - H(q),
