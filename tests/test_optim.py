@@ -181,6 +181,14 @@ def test_the_logged_rate_is_the_rate_of_the_update():
                         rtol=1e-6)
 
 
+@pytest.mark.parametrize("step", [True, "10", None])
+def test_a_step_that_is_no_number_raises(step):
+    """A bool and text were taken as steps (True as step 1, "10" as step 10)."""
+    with pytest.raises(ValueError) as error:
+        learning_rate(step, d_model=512)
+    assert str(error.value) == f"step must be a number or an array of them, got {step!r}"
+
+
 @pytest.mark.parametrize(
     "kwargs, name",
     [

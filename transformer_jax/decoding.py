@@ -63,11 +63,13 @@ def length_penalty(length, alpha: float) -> jax.Array:
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def _check_search(cache, batch_size, max_length, beam_size=None) -> tuple:
+def _check_search(cache, batch_size, max_length, beam_size=None, *, eos_id) -> tuple:
     """(batch_size, max_length, beam_size) as Python ints (beam_size None for greedy search),
     or one-line errors, before anything is traced, for sizes that would otherwise fail deep
     in JAX or, past the end of a model's cache, silently overwrite its last slot; and the
-    rows of `cache`'s arrays, `PerExample` ones included: B in either search."""
+    rows of `cache`'s arrays, `PerExample` ones included: B in either search. `eos_id` is a
+    positive integer: 0 is the padding the searches write after EOS (`token_ids.PAD_ID`)."""
+    positive_int("eos_id", eos_id)  # "1" never equalled a token: rows that never ended
     batch_size, max_length = (positive_int("batch_size", batch_size),
                               positive_int("max_length", max_length))
     if beam_size is not None:  # greedy search has none
@@ -103,7 +105,7 @@ def greedy_search(
     0); the loop stops when every row has ended or after `max_length` tokens.
     """
 
-    batch_size, max_length, _ = _check_search(cache, batch_size, max_length)
+    batch_size, max_length, _ = _check_search(cache, batch_size, max_length, eos_id=eos_id)
 
     def not_done(state):
         step, _, ended_B, _ = state
@@ -189,7 +191,8 @@ def beam_search(
     unroll = positive_int("unroll", unroll)
     # α < 0 would make lp fall with length, and the early stop's bound above would not hold.
     alpha = finite_number("alpha", alpha)
-    batch_size, max_length, beam_size = _check_search(cache, batch_size, max_length, beam_size)
+    batch_size, max_length, beam_size = _check_search(cache, batch_size, max_length, beam_size,
+                                                      eos_id=eos_id)
     state = _initial_state(cache, batch_size, beam_size, max_length)
     max_penalty = length_penalty(max_length, alpha)
 

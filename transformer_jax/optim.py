@@ -29,7 +29,9 @@ def learning_rate(step, *, d_model: int, warmup_steps: int = 4000, scale: float 
     or a float gives float32 (a step of 0 or less gives 0: no update yet).
     """
     _check_schedule_args(d_model, warmup_steps, scale)
-    if isinstance(step, numbers.Integral) and not isinstance(step, bool):
+    if isinstance(step, (bool, str)) or step is None:  # jnp.asarray took True as 1, "10" as 10
+        raise ValueError(f"step must be a number or an array of them, got {step!r}")
+    if isinstance(step, numbers.Integral):
         if step < 1:
             raise ValueError(f"step is 1-based, got {step}")
         step = int(step)
