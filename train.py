@@ -27,7 +27,8 @@ from transformer_jax.config_checks import ConfigError, check_config
 DEFAULT_CONFIG = os.path.relpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                               "configs", "default.py"))
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, f"a config file (configs/*.py; default {DEFAULT_CONFIG})", lock_config=True)
+    "config", None, "a config file (configs/*.py)", lock_config=True)
+flags.FLAGS["config"].default_as_str = repr(DEFAULT_CONFIG)  # --help's; loaded_config's default
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, logs and the tokenizer go",
                                required=True)
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,

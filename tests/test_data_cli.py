@@ -181,3 +181,18 @@ def test_ctrl_c_while_the_dataset_is_built_is_one_line_and_ends_its_workers(tmp_
     assert process.returncode == -signal.SIGINT, stderr
     assert stderr.strip().splitlines()[-1] == "error: interrupted", stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+
+
+def test_helpshort_names_the_config_default_or_that_it_is_required():
+    """train.py runs configs/default.py without --config, and --help said "(default:
+    'None')"; the data command needs one, and said "(required)" then "(default: 'None')"."""
+    shown = {}
+    for command in (["train.py"], ["-m", "transformer_jax.data"]):
+        result = subprocess.run([sys.executable, *command, "--helpshort"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and not result.stderr, result.stderr  # absl's status
+        shown[command[-1]] = re.search(r"^  --config: (.*?)\n  --", result.stdout,
+                                       re.S | re.M).group(1)
+    assert shown["train.py"] == "a config file (configs/*.py)\n    (default: 'configs/default.py')"
+    assert "(required)" in shown["transformer_jax.data"]
+    assert "default" not in shown["transformer_jax.data"].replace("configs/default.py", "")

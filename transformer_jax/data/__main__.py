@@ -42,6 +42,7 @@ from transformer_jax.workdir_lock import workdir_lock
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (required), e.g. "
                                           "configs/default.py; --config.key=value overrides "
                                           "a key", lock_config=True)
+flags.FLAGS["config"].default_as_str = None  # --help says "(required)", not "(default: 'None')"
 _SPLIT = flags.DEFINE_enum("split", "validation", ["train", "validation", "test"],
                            "the split to show")
 _SHOW = flags.DEFINE_integer("show", 5, "how many examples to show", lower_bound=0)
