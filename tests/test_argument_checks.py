@@ -73,6 +73,9 @@ def test_traced_arguments_are_asked_to_be_static():
                                          r"\(under jax.jit, a static argument\), got "):
         jax.jit(lambda eps: label_smoothed_cross_entropy(jnp.zeros((1, 2, 5)), targets,
                                                          label_smoothing=eps))(0.1)
+    with pytest.raises(ValueError, match=r"^max_timescale must be a finite Python number > 0 "
+                                         r"\(under jax.jit, a static argument\), got "):
+        jax.jit(lambda t: sinusoidal_encoding(jnp.arange(3), 4, max_timescale=t))(1e4)
     with pytest.raises(ValueError, match=r"^d_model must be a Python integer \(under jax.jit, "
                                          r"a static argument\), got "):
         jax.jit(lambda d: sinusoidal_encoding(jnp.arange(3), d))(4)

@@ -349,6 +349,42 @@ def test_per_example_state_is_read_by_every_beam_unrepeated():
                                              batch_size=3, max_length=8))
 
 
+def test_alpha_and_eos_traced_by_a_jitted_caller_search_as_given():
+    """A jitted caller's α and EOS id have no value to check: they are used as they are
+    (the length penalty's arithmetic, the comparison with each token), as before the
+    checks of known values."""
+    tables = random_tables(seed=6, examples=3, vocab=7, eos_boost=0.5)
+    fn, cache = markov_fn(tables), markov_cache(np.arange(3))
+
+    @jax.jit
+    def searches(alpha, eos_id):
+        beam = beam_search(fn, cache, batch_size=3, beam_size=2, max_length=6, alpha=alpha,
+                           eos_id=eos_id)
+        return beam, greedy_search(fn, cache, batch_size=3, max_length=6, eos_id=eos_id)
+
+    (seqs, scores), greedy = searches(0.6, EOS)
+    assert np.any(np.asarray(seqs) == EOS)
+    expected = beam_search(fn, cache, batch_size=3, beam_size=2, max_length=6, alpha=0.6)
+    assert_array_equal(seqs, expected[0])
+    assert_allclose(scores, expected[1], rtol=1e-6)
+    assert_array_equal(greedy, greedy_search(fn, cache, batch_size=3, max_length=6))
+
+
+def test_greedy_search_threads_a_callers_state_of_any_shape():
+    """Greedy search does not repeat or reorder its state, so a caller's may hold arrays
+    whose leading axis is not the batch (here the (V, V) table itself, beside (B,) rows)."""
+    tables = random_tables(seed=7, examples=1, vocab=7, eos_boost=0.5)
+    table_VV = jnp.asarray(tables[0], jnp.float32)
+
+    def fn(ids_B1, cache):
+        return cache["table"][ids_B1[:, 0]], cache
+
+    state = {"table": table_VV, "rows": jnp.zeros((3,), jnp.int32)}
+    expected = greedy_search(markov_fn(tables), markov_cache([0, 0, 0]), batch_size=3,
+                             max_length=6)
+    assert_array_equal(greedy_search(fn, state, batch_size=3, max_length=6), expected)
+
+
 def test_jit_compiles_once_per_shape_and_matches_eager():
     traces = []
 

@@ -137,8 +137,8 @@ def test_combine_rejects_rank3_mask():
     (lambda: segment_mask(jnp.ones((1, 3), jnp.int32), jnp.array([1, 2])), "key_input must be"),
     (lambda: segment_mask(jnp.ones((2, 4), jnp.int32), jnp.ones((3, 5), jnp.int32)),
      r"^query_input \(2, 4\) and key_input \(3, 5\) must have the same batch B \(or 1\)$"),
-    (lambda: causal_mask(0), "length must be a positive integer, got 0"),
-    (lambda: causal_mask(2.5), "length must be a positive integer, got 2.5"),
+    (lambda: causal_mask(0), "causal_mask's length must be a positive integer, got 0"),
+    (lambda: causal_mask(2.5), "causal_mask's length must be a positive integer, got 2.5"),
     (lambda: combine_masks(causal_mask(4), causal_mask(3)),
      r"must broadcast together, got shapes \(1, 1, 4, 4\), \(1, 1, 3, 3\)"),
 ])

@@ -181,9 +181,10 @@ def test_the_logged_rate_is_the_rate_of_the_update():
                         rtol=1e-6)
 
 
-@pytest.mark.parametrize("step", [True, "10", None])
+@pytest.mark.parametrize("step", [True, "10", None, np.True_, jnp.bool_(True), b"10",
+                                  np.array([True, False])])
 def test_a_step_that_is_no_number_raises(step):
-    """A bool and text were taken as steps (True as step 1, "10" as step 10)."""
+    """Bools and text were taken as steps (True as step 1, "10" as step 10)."""
     with pytest.raises(ValueError) as error:
         learning_rate(step, d_model=512)
     assert str(error.value) == f"step must be a number or an array of them, got {step!r}"

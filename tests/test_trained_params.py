@@ -69,7 +69,11 @@ def test_a_missing_workdir_is_named_and_an_empty_one_is_sent_to_train(tmp_path):
 
 def test_a_runs_checkpoints_folder_is_sent_to_the_run(tmp_path, monkeypatch):
     """--workdir=runs/x/checkpoints said "train first (python train.py
-    --workdir=runs/x/checkpoints)": a run inside the run's own checkpoints."""
+    --workdir=runs/x/checkpoints)": a run inside the run's own checkpoints. A run named
+    checkpoints, with no step folders, is still sent to train."""
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(CheckpointChoiceError, match=r"has no checkpoints; train first"):
+        load_trained_params(str(tmp_path / "checkpoints"))
     (tmp_path / "run" / "checkpoints" / "800").mkdir(parents=True)
     for given, run in [(f"{tmp_path}/run/checkpoints/", f"{tmp_path}/run"),
                        ("checkpoints", ".")]:

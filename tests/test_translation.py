@@ -351,7 +351,7 @@ def test_every_engine_translates_an_empty_line_to_an_empty_line(translating_run,
 
 
 @pytest.mark.parametrize("name, folders, message", [
-    ("jax", {}, "--engine=jax translates with --workdir=DIR (a training run's folder), or "
+    ("jax", {}, "translating needs --workdir=DIR (a training run's folder), or "
                 "--engine=ctranslate2 or stablehlo with --exported=DIR"),
     ("jax", {"workdir": ""}, "--workdir is empty (an unset shell variable?); name a training "
                              "run's folder"),

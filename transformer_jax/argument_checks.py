@@ -60,7 +60,8 @@ def _number(name: str, value, accepts, kind: str, condition: str) -> float:
         try:
             number = float(value)
         except _jax_errors("ConcretizationTypeError"):
-            raise ValueError(f"{name} must be a Python {kind} {condition} (under jax.jit, a "
+            python = kind.replace("number", "Python number")  # "a finite Python number"
+            raise ValueError(f"{name} must be a {python} {condition} (under jax.jit, a "
                              f"static argument), got {value!r}") from None
         except TypeError:  # a PRNG key, ...
             pass

@@ -67,9 +67,11 @@ def _check_search(cache, batch_size, max_length, beam_size=None, *, eos_id) -> t
     """(batch_size, max_length, beam_size) as Python ints (beam_size None for greedy search),
     or one-line errors, before anything is traced, for sizes that would otherwise fail deep
     in JAX or, past the end of a model's cache, silently overwrite its last slot; and the
-    rows of `cache`'s arrays, `PerExample` ones included: B in either search. `eos_id` is a
-    positive integer: 0 is the padding the searches write after EOS (`token_ids.PAD_ID`)."""
-    positive_int("eos_id", eos_id)  # "1" never equalled a token: rows that never ended
+    rows of the cache's arrays that must have B: in beam search those it repeats, in greedy
+    search those of the model's cache (a caller's state it threads through as it is). A
+    known `eos_id` is a positive integer: 0 is the padding the searches write after EOS
+    (`token_ids.PAD_ID`)."""
+    _unless_traced(positive_int, "eos_id", eos_id)  # "1" equalled no token: rows never ended
     batch_size, max_length = (positive_int("batch_size", batch_size),
                               positive_int("max_length", max_length))
     if beam_size is not None:  # greedy search has none
@@ -78,11 +80,22 @@ def _check_search(cache, batch_size, max_length, beam_size=None, *, eos_id) -> t
     if capacity is not None and max_length > capacity:
         raise ValueError(f"max_length={max_length} is more than the cache's {capacity} "
                          f"positions; make it with init_cache(..., max_length={max_length})")
-    rows = {jnp.shape(x)[0] for x in jax.tree.leaves(cache) if jnp.ndim(x) >= 1}
+    if beam_size is not None:
+        leaves = [x for x in jax.tree.leaves(cache, is_leaf=lambda x: isinstance(x, PerExample))
+                  if not isinstance(x, PerExample)]
+    else:
+        leaves = jax.tree.leaves(cache) if capacity is not None else []
+    rows = {jnp.shape(x)[0] for x in leaves if jnp.ndim(x) >= 1}
     if rows - {batch_size}:
         raise ValueError(f"batch_size={batch_size}, but the cache's arrays have "
                          f"{', '.join(map(str, sorted(rows)))} rows (their leading axis)")
     return batch_size, max_length, beam_size
+
+
+def _unless_traced(check, name: str, value):
+    """`check(name, value)` where `value` is known; a value traced by a jitted caller is only
+    used in arithmetic here, so it is taken as it is."""
+    return value if isinstance(value, jax.core.Tracer) else check(name, value)
 
 
 def _previous_tokens(seqs, step):
@@ -190,7 +203,7 @@ def beam_search(
     """
     unroll = positive_int("unroll", unroll)
     # α < 0 would make lp fall with length, and the early stop's bound above would not hold.
-    alpha = finite_number("alpha", alpha)
+    alpha = _unless_traced(finite_number, "alpha", alpha)
     batch_size, max_length, beam_size = _check_search(cache, batch_size, max_length, beam_size,
                                                       eos_id=eos_id)
     state = _initial_state(cache, batch_size, beam_size, max_length)

@@ -47,7 +47,7 @@ def causal_mask(length: int):
          [1, 1, 1, 0],
          [1, 1, 1, 1]]
     """
-    length = positive_int("length", length)
+    length = positive_int("causal_mask's length", length)
     return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
 
 

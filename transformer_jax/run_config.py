@@ -16,7 +16,7 @@ from absl.flags import FloatParser, IntegerParser
 
 from transformer_jax.model_config import ModelConfig, get_model_config
 
-# The values of the fields that choose among implementations (data/pipeline.py, parallel.py).
+# The values of the fields that choose what the input and the steps do (pipeline.py, parallel.py).
 TOO_LONG = ("truncate", "drop")  # data.too_long
 BATCHING = ("packed", "bucketed")  # data.batching: pipeline.py's packing, or bucketing.py
 STRATEGIES = ("pmap", "sharded")  # parallelism

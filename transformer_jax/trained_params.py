@@ -112,7 +112,8 @@ def load_trained_params(workdir: str, which: str | int = "latest") -> TrainedPar
                                                       "no such folder (the training run's "
                                                       "workdir)"))
     run, name = os.path.split(os.path.normpath(workdir))
-    if name == "checkpoints" and not os.path.isdir(directory):  # "train first" would mislead
+    if name == "checkpoints" and not os.path.isdir(directory) and any(  # step folders: 800, ...
+            entry.isdigit() for entry in os.listdir(workdir)):  # "train first" would mislead
         raise CheckpointChoiceError(f"{workdir} is a run's checkpoints folder; name the run's "
                                     f"own folder: --workdir={run or os.curdir}")
     if not os.path.isdir(directory):

@@ -9,6 +9,7 @@ TranslationError for what it cannot do, so the CLI has one way to report it. An 
 (its tokenization is empty) translates to "" with every engine.
 """
 
+import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -34,11 +35,12 @@ def open_engine(name: str, *, workdir: str | None = None, exported: str | None =
     folder = "a training run's folder" if name == "jax" else "the folder of an export"
     if given[other]:
         raise TranslationError(f"--engine={name} translates with --{need}=DIR, not --{other}")
+    if given[need] is None and name == "jax":  # the default engine: no --engine was typed
+        raise TranslationError("translating needs --workdir=DIR (a training run's folder), or "
+                               "--engine=ctranslate2 or stablehlo with --exported=DIR")
     if given[need] is None:
-        raise TranslationError(f"--engine={name} translates with --{need}=DIR ({folder})"
-                               + (", or --engine=ctranslate2 or stablehlo with --exported=DIR"
-                                  if name == "jax" else ""))
-    if not given[need].strip():
+        raise TranslationError(f"--engine={name} translates with --{need}=DIR ({folder})")
+    if not os.fspath(given[need]).strip():
         raise TranslationError(f"--{need} is empty (an unset shell variable?); name {folder}")
     if name == "jax":
         translator = Translator.from_workdir(workdir, checkpoint)
