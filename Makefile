@@ -16,10 +16,13 @@ $(BASE): pyproject.toml
 	$(BIN)/python -m pip install --quiet --editable '.[notebooks,serve]'
 	touch $(BASE)
 
-# The suite's too: the dev extra (pytest, ruff, and the benchmark's PyTorch peer).
-$(STAMP): $(BASE)
+# The suite's: the dev extra (pytest, ruff, and the benchmark's PyTorch peer), which holds
+# the notebooks' and the export's extras too, so one install serves make train as well.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --editable '.[dev]'
-	touch $(STAMP)
+	touch $(BASE) $(STAMP)
 
 train: $(BASE)
 	$(BIN)/python train.py --config=configs/default.py --workdir=runs/default
