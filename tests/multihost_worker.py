@@ -65,8 +65,9 @@ for strategy in ("pmap", "sharded"):
         leaves = jax.tree_util.tree_leaves_with_path(final)
         np.savez(os.path.join(out, f"{strategy}.npz"),
                  **{jax.tree_util.keystr(path): leaf for path, leaf in leaves})
-# Every process past its last collective before any leaves: a process that left at once
-# closed its connections while another still read its part of the last all-reduce.
-processes.first_then_others(lambda: None, "finish its steps", quiet=True)
+# Leaving through the interpreter's exit runs JAX's distributed shutdown, a barrier of every
+# process, as train.py leaves: none closes its connections while another still uses them.
+# With os._exit after a barrier of our own, process 0 left and took the coordination service
+# with it while process 1 still polled it (process 1 then aborted: "Socket closed"); before
+# that barrier, while process 1 still read its part of the last all-reduce.
 print(f"process {pid} done", flush=True)
-os._exit(0)  # skip the distributed shutdown at exit: every process is done
