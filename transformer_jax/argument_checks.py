@@ -24,7 +24,7 @@ DEFAULT_BITS = 16
 
 def positive_int(name: str, value) -> int:
     """`value` as a Python int, or a ValueError "`name` must be a positive integer, got ..."."""
-    if not isinstance(value, bool) and _kind(value) in "iu":  # bool: Python's int, no size
+    if value_kind(value) in "iu":  # not a bool: Python's int, but no size
         try:
             number = operator.index(value)  # not 2.0: a float is no size
         except _jax_errors("TracerIntegerConversionError"):
@@ -56,7 +56,7 @@ def finite_number(name: str, value, *, minimum: float = 0.0, strict: bool = Fals
 def _number(name: str, value, accepts, kind: str, condition: str) -> float:
     """`value` as a Python float that `accepts`, or "`name` must be a `kind` `condition`,
     got ..."."""
-    if not isinstance(value, bool) and _kind(value) in "iuf" and np.ndim(value) == 0:
+    if value_kind(value) in "iuf" and np.ndim(value) == 0:
         try:
             number = float(value)
         except _jax_errors("ConcretizationTypeError"):
@@ -91,14 +91,24 @@ def _jax_errors(name: str) -> tuple[type, ...]:
     return (getattr(jax.errors, name),) if jax is not None else ()
 
 
-def _kind(value) -> str:
+def value_kind(value) -> str:
     """NumPy's kind letter of `value`'s dtype ("b" bool, "i" int, "u" unsigned, "f" float,
-    "c" complex, "U" text, ...); "i" or "f" for Python's int and float, "?" otherwise."""
+    "c" complex, "U" text, "O" None, ...), read without converting an array (a traced one
+    included): "b", "i" or "f" for Python's bool, int and float, NumPy's for a list, "?"
+    for what NumPy cannot make an array of, or a PRNG key."""
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
         try:
             return np.dtype(dtype).kind
         except TypeError:  # a PRNG key's dtype
             return "?"
-    return "i" if isinstance(value, numbers.Integral) else (
-        "f" if isinstance(value, numbers.Real) else "?")
+    if isinstance(value, bool):
+        return "b"
+    if isinstance(value, numbers.Integral):  # any size, where NumPy's would overflow
+        return "i"
+    if isinstance(value, numbers.Real):
+        return "f"
+    try:
+        return np.asarray(value).dtype.kind
+    except (TypeError, ValueError):  # ragged lists, ...
+        return "?"

@@ -12,10 +12,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
-from transformer_jax.argument_checks import finite_number, positive_int
+from transformer_jax.argument_checks import finite_number, positive_int, value_kind
 
 
 def learning_rate(step, *, d_model: int, warmup_steps: int = 4000, scale: float = 1.0):
@@ -30,7 +29,7 @@ def learning_rate(step, *, d_model: int, warmup_steps: int = 4000, scale: float 
     or a float gives float32 (a step of 0 or less gives 0: no update yet).
     """
     _check_schedule_args(d_model, warmup_steps, scale)
-    if _kind(step) not in "iuf":  # jnp.asarray took True as step 1, "10" as step 10
+    if value_kind(step) not in "iuf":  # jnp.asarray took True as step 1, "10" as step 10
         raise ValueError(f"step must be a number or an array of them, got {step!r}")
     if isinstance(step, numbers.Integral):
         if step < 1:
@@ -39,13 +38,6 @@ def learning_rate(step, *, d_model: int, warmup_steps: int = 4000, scale: float 
         return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
     step = jnp.maximum(jnp.asarray(step, jnp.float32), 0.0)  # rsqrt of a negative: NaN
     return _rate(step, d_model, warmup_steps, scale)
-
-
-def _kind(step) -> str:
-    """NumPy's kind letter of `step`'s values ("b" for bools, "U" or "S" for text, "O" for
-    None), read without converting a traced array."""
-    dtype = getattr(step, "dtype", None)
-    return np.dtype(dtype).kind if dtype is not None else np.asarray(step).dtype.kind
 
 
 def _rate(step, d_model: int, warmup_steps: int, scale: float) -> jax.Array:
