@@ -44,6 +44,8 @@ POSITIVE = {
 
 @pytest.mark.parametrize("suite", SUITES)
 def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
+    if suite == "compare":
+        pytest.importorskip("torch", reason="the compare suite's peer is PyTorch ('.[bench]')")
     path = tmp_path / f"{suite}.json"
     # The model suite with a ModelConfig field set to another value than its default (16),
     # loss chunks of its choosing (--quick's own are 0 and 64), and train.py's strategy
@@ -70,6 +72,8 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
             True, True]  # packed and bucketed
     if suite == "attention":
         assert_attention_masks(result)
+    if suite == "compare":
+        assert_compare_peers(result)
     if suite == "model":
         assert [(row["strategy"], row["loss_chunk"], row["dropout_bits"])
                 for row in result["results"]] == [("pmap", 0, 8), ("pmap", 32, 8)]
@@ -105,6 +109,24 @@ def assert_attention_masks(result):
         skipped = next(note for note in result["notes"] if note.startswith("skipped: "))
         assert "cudnn at float32: needs an NVIDIA GPU" in skipped
         assert "pallas_mha at float32: needs an NVIDIA GPU (Triton)" in skipped
+
+
+def assert_compare_peers(result):
+    """compare: torch's train step beside ours on the same B x T tokens, the tokens/s ratio
+    the inverse ratio of the step times; the attention peer is torch's flash SDPA on a GPU
+    (where a PyTorch user would call it), Flax's attention on a CPU."""
+    rows = result["results"]
+    frameworks = [row["framework"] for row in rows]
+    assert any(f.startswith("torch") for f in frameworks)
+    if jax.default_backend() == "gpu":
+        assert any(f.startswith("torch") and f.endswith("SDPA (flash)") for f in frameworks)
+    else:
+        assert "flax nn.dot_product_attention" in frameworks
+    ours = [row for row in rows if row["framework"].startswith("transformer_jax (")]
+    torch_rows = [row for row in rows if row["framework"].startswith("torch")]
+    assert ours[0]["batch"] * ours[0]["length"] == torch_rows[0]["batch"] * torch_rows[0]["length"]
+    assert ours[0]["ratio"] == pytest.approx(torch_rows[0]["step_ms"] / ours[0]["step_ms"],
+                                             rel=1e-6)
 
 
 def test_attention_error_sees_a_wrong_mask_and_checks_the_pallas_peer():
@@ -184,27 +206,6 @@ def test_peers_and_their_workdir_are_for_the_decode_suite(args, message, tmp_pat
         main([a.replace("TMP", str(tmp_path)) for a in args])
     assert exit_info.value.code == 2
     assert message.replace("TMP", str(tmp_path)) in capsys.readouterr().err
-
-
-def test_compare_has_torch_and_flax_peers(tmp_path):
-    pytest.importorskip("torch", reason="the compare suite's peer is PyTorch ('.[bench]')")
-    path = tmp_path / "compare.json"
-    main(["compare", "--quick", f"--json={path}"])
-    rows = json.loads(path.read_text())["results"]
-    frameworks = [row["framework"] for row in rows]
-    assert any(f.startswith("torch") for f in frameworks)
-    # The attention peer: torch's flash SDPA on a GPU, where a PyTorch user would call it.
-    if jax.default_backend() == "gpu":
-        assert any(f.startswith("torch") and f.endswith("SDPA (flash)") for f in frameworks)
-    else:
-        assert "flax nn.dot_product_attention" in frameworks
-    ours = [row for row in rows if row["framework"].startswith("transformer_jax (")]
-    torch_rows = [row for row in rows if row["framework"].startswith("torch")]
-    # Both steps take the same B × T tokens: the tokens/s ratio is the inverse ratio of the
-    # step times, which the two frameworks measured separately.
-    assert ours[0]["batch"] * ours[0]["length"] == torch_rows[0]["batch"] * torch_rows[0]["length"]
-    assert ours[0]["ratio"] == pytest.approx(torch_rows[0]["step_ms"] / ours[0]["step_ms"],
-                                             rel=1e-6)
 
 
 @pytest.mark.parametrize("argv,message", [
