@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 
+import pytest
 from tensorboardX.proto import event_pb2
 
 from run_configs import ROOT
@@ -95,6 +96,25 @@ def test_the_clock_goes_on_from_the_last_record_kept_at_a_resume(tmp_path):
     records = read(tmp_path)
     assert [(r["step"], r["loss"]) for r in records] == [(2, 1.0), (4, 1.0), (6, 0.5)]
     assert 20.0 <= records[-1]["elapsed_s"] < 20.0 + 60
+
+
+def test_the_bars_rate_and_time_left_count_from_the_first_step_done(tmp_path):
+    """A resumed run at step 100 of 300: its first step compiles for 12 s, then 20 steps take
+    2 s. The bar says 10 steps/s and 17.9 s left (179 steps), not the 21 steps over 14 s
+    (1.5 steps/s, 119 s left) it said with the compilation counted."""
+    log = RunLog(str(tmp_path), total_steps=300, first_step=100)
+    bar, clock = log._progress, [1000.0]
+    bar._time = lambda: clock[0]  # tqdm's clock, as it reads it
+    bar.start_t = bar.last_print_t = clock[0]
+    clock[0] += 12.0
+    log.first_step_done(101)
+    clock[0] += 2.0
+    log.progress(121, {"loss": 2.0, "learning_rate": 1e-3})
+    shown = bar.format_dict
+    log.close()
+    assert (shown["n"], shown["elapsed"]) == (121, 2.0)
+    assert shown["rate"] == pytest.approx(10.0)
+    assert (shown["total"] - shown["n"]) / shown["rate"] == pytest.approx(17.9)
 
 
 def test_a_half_written_last_line_goes_at_a_resume(tmp_path, capsys):

@@ -29,7 +29,7 @@ from transformer_jax.trained_params import load_trained_params
 from transformer_jax.model_config import get_model_config
 from transformer_jax.resume_checks import refuse_other_model, refuse_other_optimizer
 from transformer_jax.metrics_window import MetricsWindow, NonFiniteLossError
-from transformer_jax.trainer import ConfigError, check_config, train
+from transformer_jax.trainer import ConfigError, _perplexity, check_config, train
 
 
 def records(workdir) -> list[dict]:
@@ -87,12 +87,60 @@ def test_each_steps_metrics_reach_the_host_once(trained_run):
         assert checkpointer.all_steps() == [2, 4]
 
 
+def test_perplexity_is_the_exp_of_the_loss_and_inf_past_a_floats_range(tmp_path):
+    """A diverged run's evaluation (loss 12,750) logs perplexity inf, not exp(50), and the
+    record reaches metrics.jsonl, TensorBoard and curves.png."""
+    assert _perplexity(math.log(30.0)) == pytest.approx(30.0, rel=1e-12)
+    assert _perplexity(700.0) == math.exp(700.0)
+    assert _perplexity(1.275e4) == math.inf
+    log = run_log.RunLog(str(tmp_path), total_steps=2, first_step=0)
+    log.write(2, {"eval_loss": 1.275e4, "eval_perplexity": _perplexity(1.275e4)})
+    log.close()
+    assert records(tmp_path)[-1]["eval_perplexity"] == math.inf
+    assert (tmp_path / "curves.png").exists()
+
+
 def test_loss_falls_over_30_steps(tmp_path):
     result = train(tiny_run(num_train_steps=30, log_every_steps=5, **{"optim.warmup_steps": 30}),
                    str(tmp_path))
     losses = [r["loss"] for r in result.records]
     assert len(losses) == 6
     assert losses[-1] < 0.8 * losses[0]
+
+
+def test_the_host_queues_at_most_two_steps_ahead_of_the_devices(tmp_path, monkeypatch):
+    """Each step's metrics pass through a host callback that sleeps 10 ms a device: the devices lag
+    and the host, free to dispatch, would queue every step. When it dispatches a step, at
+    most STEPS_AHEAD (2) earlier ones are unfinished, so a stop signal waits for 2 steps,
+    not for the whole queue (40 and more on a 2-core CPU before the bound)."""
+    from transformer_jax import trainer as trainer_module
+
+    assert trainer_module.STEPS_AHEAD == 2
+
+    def sleep_then(value):
+        time.sleep(0.01)
+        return value
+
+    # pmapped as the step (tiny_run's strategy): its output is the step's, device by device.
+    slowly = jax.pmap(lambda x: jax.pure_callback(
+        sleep_then, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
+    compile_train_step, returned, unfinished = Parallel.compile_train_step, [], []
+
+    def compile_slow_step(self, step_fn, compiler_options=None):
+        step = compile_train_step(self, step_fn, compiler_options)
+
+        def slow_step(state, batch):
+            unfinished.append(sum(not m["loss_sum"].is_ready() for m in returned))
+            state, metrics = step(state, batch)
+            returned.append({**metrics, "loss_sum": slowly(metrics["loss_sum"])})
+            return state, returned[-1]
+        return slow_step
+
+    monkeypatch.setattr(Parallel, "compile_train_step", compile_slow_step)
+    train(tiny_run(num_train_steps=10, log_every_steps=10, num_eval_batches=0,
+                   checkpoint_every_steps=10), str(tmp_path))
+    assert len(unfinished) == 10 and max(unfinished) <= 2, unfinished
+    assert max(unfinished) == 2, unfinished  # the callback did make the devices lag
 
 
 # bfloat16 is the GPU's dtype (and 70 s more on a 2-core CPU).

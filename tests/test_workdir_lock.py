@@ -1,5 +1,6 @@
 """One training run per workdir: a second is refused at once, a dead run's lock is taken over."""
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import pytest
 from run_configs import ROOT, tiny_run
 from transformer_jax.config_checks import ConfigError
 from transformer_jax.trainer import train
+from transformer_jax import workdir_lock as workdir_lock_module
 from transformer_jax.workdir_lock import LOCK_FILE, workdir_lock
 
 HOLD = ("import sys, time; from transformer_jax.workdir_lock import workdir_lock\n"
@@ -48,9 +50,12 @@ def test_the_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, holder)
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     with pytest.warns(UserWarning, match=rf"taking over the lock of a run that ended without "
-                                         rf"releasing it \(host .*, pid {holder.pid},"):
-        with workdir_lock(str(tmp_path)):
+                                         rf"releasing it \(host .*, pid {holder.pid},") as seen:
+        with contextlib.ExitStack() as held:  # as the trainer enters it
+            held.enter_context(workdir_lock(str(tmp_path)))
             mine = json.loads((tmp_path / LOCK_FILE).read_text())
+    # Raised in the package, which the command lines' one-line warnings recognise by its file.
+    assert seen[0].filename == workdir_lock_module.__file__
     assert mine["pid"] == os.getpid() and mine["host"] == socket.gethostname()
     assert (tmp_path / LOCK_FILE).read_text() == ""  # released cleanly: empty
     with warnings.catch_warnings():

@@ -102,6 +102,17 @@ class RunLog:
                 self.message(f"warning: {self._curves} not drawn "
                              f"({type(error).__name__}: {reason}); training goes on")
 
+    def first_step_done(self, step: int) -> None:
+        """The bar at `step`, its clock restarted: its rate and time left count the steps
+        from here, not the first step's compilation (as the records' rates leave it out;
+        with it, the first estimate of a CPU run was twice the time it took)."""
+        if not self.enabled:
+            return
+        bar = self._progress
+        bar.n = bar.last_print_n = bar.initial = step  # no rate from the first step (initial:
+        bar.unpause()  # tqdm's average until its first sample, 0 steps here, not 1 over 0 s)
+        bar.refresh()
+
     def progress(self, step: int, metrics: dict[str, float]) -> None:
         """Moves the bar to `step` and shows the latest loss, learning rate and speed."""
         if not self.enabled:

@@ -34,6 +34,7 @@ idle time per step, the operations that took it, and their time by part of the m
 (`profiling.StepTrace`).
 """
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -67,6 +68,13 @@ from transformer_jax.stop_signal import StopSignal
 from transformer_jax.train_batches import batch_rows, new_shuffle_seed, train_batches
 from transformer_jax.train_state import abstract_train_state, create_train_state
 from transformer_jax.workdir_lock import workdir_lock
+
+
+# The host runs ahead of the devices (JAX dispatches a step and returns); unbounded, it had
+# queued 40 steps and more on a 2-core CPU, all run before a stop signal's "saving after
+# the current step" could save. Two steps queued keep an accelerator busy while the host
+# reads the next batch.
+STEPS_AHEAD = 2
 
 
 def _due(step: int, every: int, last_step: int) -> bool:
@@ -144,6 +152,15 @@ def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult
         return loop.run(stop, starts, opened)
     finally:
         checkpointer.close()
+
+
+def _perplexity(loss: float) -> float:
+    """exp(loss), or inf past a float's range (a diverged run: it was capped at exp(50) =
+    5.185e21 and logged as if measured)."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
 
 
 def _first_step_line(step: int, starts: tuple, opened: float, built: float,
@@ -363,6 +380,7 @@ class _Loop:
         """The steps after `first`, each followed by the work due, to `num_train_steps` or a
         stop signal's step: (the last step, whether a signal stopped it)."""
         step, last = first, self.config.num_train_steps
+        queued = collections.deque()  # the metrics of the steps the devices may still run
         self._window.start()
         stop.check()
         while step < last:
@@ -373,9 +391,13 @@ class _Loop:
             placed, metrics = self.p_train(placed, batch)
             step += 1
             self._window.pending.append(metrics)
+            queued.append(metrics)
+            if len(queued) > STEPS_AHEAD:
+                jax.block_until_ready(queued.popleft())
             if step == first + 1:
                 jax.block_until_ready(metrics)
                 log.message(first_line(step))
+                log.first_step_done(step)
                 # Compiled and run: from here a signal asks for a save (before, it stops at
                 # once, even inside the compilation).
                 stop.training = True
@@ -482,7 +504,7 @@ class _Loop:
         tokens = max(sum(s["weight_sum"] for s in sums), 1.0)
         loss = sum(s["loss_sum"] for s in sums) / tokens
         return {"eval_loss": loss, "eval_accuracy": sum(s["correct_sum"] for s in sums) / tokens,
-                "eval_perplexity": math.exp(min(loss, 50.0))}
+                "eval_perplexity": _perplexity(loss)}
 
     def _save(self, step: int, placed) -> None:
         # A host copy: the step donates the device buffers before an async save would read them.

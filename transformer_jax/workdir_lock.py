@@ -37,8 +37,11 @@ def workdir_lock(workdir: str, what: str = "training run"):
                               f"wait for it, stop it, or use another --workdir") from None
         left = _holder(f)
         if left != "unknown":
+            # Raised here, in the package (command lines write its warnings in one line):
+            # the caller's frame depends on how it enters (the trainer's ExitStack put it in
+            # contextlib.py, written as Python writes a library's warning).
             warnings.warn(f"{workdir}: taking over the lock of a run that ended without "
-                          f"releasing it ({left})", stacklevel=3)
+                          f"releasing it ({left})")
         f.seek(0)
         f.truncate()
         json.dump({"host": socket.gethostname(), "pid": os.getpid(),
