@@ -201,6 +201,23 @@ def test_the_edges_of_the_optim_ranges_are_allowed():
                              "optim.grad_clip_norm": 0.0, "optim.eps": 1e-30}))
 
 
+def test_keys_with_hyphens_or_without_a_value_are_refused_and_a_true_or_false_one_is_true():
+    """A value after a space is absl's syntax, and a true-or-false key alone is true; a key
+    of another type with no value, last or before another flag, is refused (absl had taken
+    the next flag as its value), and so is a key with a character no key has."""
+    refuse = command_line._refuse_malformed_keys
+    refuse(["train.py", "--config.model.pre_layer_norm", "--config.seed=1"])
+    refuse(["train.py", "--config.seed", "7", "--config.optim.b1", "-0.5"])  # absl's to check
+    for argv, message in (
+            (["--config.seed", "--config.num_train_steps=9"], "--config.seed needs a value"),
+            (["--config.optim.eps"], "--config.optim.eps needs a value"),
+            (["--config.num-train-steps=5"], "did you mean --config.num_train_steps?"),
+            (["--config.optim.beta-1=0.8"], "underscores and dots$"),  # no such key: no hint
+            (["--config.seed!=3"], "underscores and dots$")):
+        with pytest.raises(SystemExit, match=message):
+            refuse(["train.py", *argv])
+
+
 def test_command_lines_write_the_packages_warnings_in_one_line(capsys):
     """After `one_line_warnings` (train.py, translate.py and the other command lines), a
     warning raised in the package is "warning: MESSAGE" alone; another library's goes to the
@@ -257,9 +274,28 @@ RUN = ["--config=configs/default.py", "--workdir={workdir}"]
     (["train.py", *RUN, "--config.num_train_stepz=5"],
      "error in the command line: --config.num_train_stepz: config has no key "
      "'num_train_stepz'; did you mean 'num_train_steps'?"),
+    # absl's error for a flag it does not know, once an override had defined its own flag,
+    # was "The flag 'config.seed' is defined twice" (absl parsed the command line again).
+    (["train.py", *RUN, "--config.seed=1", "--bogus=1"],
+     "FATAL Flags parsing error: Unknown command line flag 'bogus'"),
+    (["train.py", *RUN, "--config.seed=1", "--num_train_steps=100"],
+     "error in the command line: --num_train_steps: the config's keys are set as "
+     "--config.KEY=VALUE; did you mean --config.num_train_steps=100?"),
+    (["train.py", *RUN, "--config.model.d-model=256"],
+     "error in the command line: --config.model.d-model: a config key is written with "
+     "letters, digits, underscores and dots; did you mean --config.model.d_model?"),
+    (["train.py", *RUN, "--config.num_train_steps"],
+     "error in the command line: --config.num_train_steps needs a value: "
+     "--config.num_train_steps=VALUE"),
     (["transformer_jax.data", "preapre"], "error: unknown command 'preapre': use prepare, or none"),
     (["transformer_jax.data", *RUN, "--config.data.tokenizer_type=wordpiece"],
      "error: config.data.tokenizer_type must be one of 'bpe', 'unigram', got 'wordpiece'"),
+    (["translate.py", "--workdir={workdir}", "--output="],
+     "error: --output is empty (an unset shell variable?); name a file, or leave the flag "
+     "out for stdout"),
+    (["translate.py", "--workdir={workdir}", "--input="],
+     "error: --input is empty (an unset shell variable?); name a file, or leave the flag "
+     "out for stdin"),
     (["translate.py", "--workdir={workdir}", "--beam_size=0"],
      "FATAL Flags parsing error: flag --beam_size=0: 0 is not a positive integer"),
     (["evaluate.py", "--workdir={workdir}", "--split=dev"],

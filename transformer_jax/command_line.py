@@ -15,12 +15,13 @@ import importlib.util
 import os
 import re
 import sys
+import textwrap
 import traceback
 import warnings
 
 import ml_collections
 import tqdm
-from absl import app, flags
+from absl import flags
 
 from transformer_jax.run_config import (SEARCH_SETTINGS, base_config, data_fields,
                                         missing_and_unknown_keys, model_fields)
@@ -60,13 +61,14 @@ def parse_flags(argv: list[str], default_config: str | None = None) -> list[str]
     if default_config and not named:
         argv = [argv[0], f"--config={default_config}", *argv[1:]]
     use_load_config_file(flags.FLAGS)
+    _refuse_malformed_keys(argv)
     try:
         try:
             return flags.FLAGS(argv)
         except flags.Error as error:  # a --config.key's value of another type: one line
             if match := re.fullmatch(r"flag (--config\.[\w.]+)=(.*?): .*", str(error), re.S):
                 raise SystemExit(_bad_value(*match.groups())) from None
-            return app.parse_flags_with_usage(argv)  # absl's own errors, in its words
+            raise SystemExit(_flag_error(error, argv)) from None
     except ConfigFileError as error:
         raise SystemExit(f"error: {error}") from None
     except _OVERRIDE_ERRORS as error:
@@ -194,13 +196,74 @@ def use_load_config_file(flag_values) -> None:
 _OVERRIDE_ERRORS = (AttributeError, KeyError, TypeError, ValueError)
 
 
+def _flag_error(error: flags.Error, argv: list[str]) -> str:
+    """absl's words for its own errors, as `app.parse_flags_with_usage` writes them (parsing
+    again would define the overrides' flags twice: "The flag 'config.seed' is defined
+    twice"); an unknown flag that is a config key's name is sent to its `--config.` form."""
+    message = str(error)
+    if match := re.fullmatch(r"Unknown command line flag '(\w+)'.*", message, re.S):
+        if "config" in flags.FLAGS and (path := _config_key_path(match[1])):
+            given = next((a for a in argv[1:] if re.match(rf"--(no)?{match[1]}\b", a)), "")
+            value = given.partition("=")[2] if "=" in given else "VALUE"
+            return (f"error in the command line: --{match[1]}: the config's keys are set as "
+                    f"--config.KEY=VALUE; did you mean --config.{path}={value}?")
+    shown = f"\n{textwrap.indent(message, '  ')}" if "\n" in message else f" {message}"
+    return (f"FATAL Flags parsing error:{shown}\n"
+            f"Pass --helpshort or --helpfull to see help on flags.")
+
+
+def _base_value(path: str):
+    """The value of `base_config` (every config file's keys) at "model.d_model", or None."""
+    value = base_config(model=model_fields("base"), data=data_fields())
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, ml_collections.ConfigDict) else None
+    return value
+
+
+def _config_key_path(name: str) -> str | None:
+    """"model.d_model" for "d_model": the path of the one setting of `base_config` named
+    `name` (at any depth; not a group), or None."""
+    def paths(config, prefix=""):
+        for key, value in config.items():
+            if isinstance(value, ml_collections.ConfigDict):
+                yield from paths(value, f"{prefix}{key}.")
+            else:
+                yield prefix + key
+
+    found = [p for p in paths(base_config(model=model_fields("base"), data=data_fields()))
+             if p.rsplit(".", 1)[-1] == name]
+    return found[0] if len(found) == 1 else None
+
+
+def _refuse_malformed_keys(argv: list[str]) -> None:
+    """`--config.num-train-steps=5` (a hyphen: ml_collections reads the key as Python, and
+    said "malformed node or string on line 1: <ast.BinOp object at 0x...>") and
+    `--config.seed` with no value, last or before another flag (absl took that flag as its
+    value; last, its error was "defined twice"). A true-or-false key alone is true, as absl
+    reads it."""
+    for i, arg in enumerate(argv[1:], start=1):
+        name, has_value, _ = arg.partition("=")
+        if not name.startswith("--config."):
+            continue
+        key = name.removeprefix("--config.")
+        if not re.fullmatch(r"\w+(\.\w+)*", key):
+            hint = key.replace("-", "_")
+            maybe = (f"; did you mean --config.{hint}?" if re.fullmatch(r"\w+(\.\w+)*", hint)
+                     and _base_value(hint) is not None else "")
+            raise SystemExit(f"error in the command line: {name}: a config key is written "
+                             f"with letters, digits, underscores and dots{maybe}")
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if (not has_value and (following is None or following.startswith("--"))
+                and not isinstance(_base_value(key), bool)):  # absl's --flag for True
+            raise SystemExit(f"error in the command line: {name} needs a value: "
+                             f"{name}=VALUE")
+
+
 def _bad_value(name: str, value: str) -> str:
     """"error in the command line: --config.num_train_steps=1e3: config.num_train_steps is an
     integer, got '1e3'", the type from `base_config` (absl's words: "invalid literal for
     int() with base 10", on two lines)."""
-    wanted = base_config(model=model_fields("base"), data=data_fields())
-    for part in name.removeprefix("--config.").split("."):
-        wanted = wanted.get(part) if isinstance(wanted, ml_collections.ConfigDict) else None
+    wanted = _base_value(name.removeprefix("--config."))
     kind = {bool: "true or false", int: "an integer", float: "a number",
             str: "a string"}.get(type(wanted), "of another type")
     return (f"error in the command line: {name}={value}: {name.removeprefix('--')} is {kind}, "
