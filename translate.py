@@ -52,12 +52,17 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, a step, or av
 _BATCH = define_setting_flag("batch_size", 32, "sentences per search")
 _MAX_INPUT = define_setting_flag(
     "max_input_length", None, "the most tokens a sentence may have, EOS included (default: "
-    "the model's max_length); longer ones stop the run before any search")
+    "the model's max_length); a longer one stops the run before any search (a line typed "
+    "at a terminal: that line is refused, and the next one read)")
 flags.adopt_module_key_flags(command_line)  # so that --helpshort lists them
 
 
 def main(argv) -> None:
     refuse_arguments(argv, "--workdir=runs/default --input=FILE --output=FILE")
+    for flag, otherwise in ((_INPUT, "stdin"), (_OUTPUT, "stdout")):
+        if flag.value == "":  # it was read as no flag: a script's output went to stdout
+            sys.exit(f"error: --{flag.name} is empty (an unset shell variable?); name a file, "
+                     f"or leave the flag out for {otherwise}")
     from transformer_jax.compilation_cache import use_compilation_cache
     from transformer_jax.export.engines import open_engine
     from transformer_jax.translation import TranslationError

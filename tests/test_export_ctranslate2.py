@@ -19,6 +19,7 @@ from run_configs import BAD_SEARCH_SETTINGS, ROOT  # noqa: E402
 from transformer_jax.data import load_split  # noqa: E402
 from transformer_jax.decoding import length_penalty  # noqa: E402
 from transformer_jax.export import ExportError, export  # noqa: E402
+from transformer_jax.export.manifest import read_manifest  # noqa: E402
 from transformer_jax.export.ctranslate2_model import (  # noqa: E402
     CTranslate2Translator, check_expressible, save_model, transformer_spec)
 from transformer_jax.model import Transformer  # noqa: E402
@@ -274,6 +275,21 @@ def test_a_damaged_ctranslate2_export_is_one_error(exported, tmp_path):
     with pytest.raises(ExportError) as error:
         CTranslate2Translator.from_export(str(damaged))
     assert str(error.value) == f"{damaged / 'export.json'} lacks steps, search; export again"
+    # Edited by hand, valid JSON: a KeyError or TypeError where it was read.
+    whole = json.loads((exported / "float32" / "export.json").read_text())
+    for key, value, problem in (("model", {}, "model.max_length must be an integer"),
+                                ("steps", None, "steps must be a list of checkpoint steps, "
+                                                "got None"),
+                                ("search", {"beam_size": 4}, "search must hold beam_size, "
+                                                             "alpha and max_extra_length")):
+        (damaged / "export.json").write_text(json.dumps({**whole, key: value}))
+        with pytest.raises(ExportError) as error:
+            read_manifest(str(damaged), "ctranslate2")
+        assert str(error.value) == f"{damaged / 'export.json'}: {problem}; export again"
+    with pytest.raises(ExportError) as error:  # a file of the folder named in its place
+        read_manifest(str(exported / "float32" / "model.bin"), "ctranslate2")
+    assert str(error.value) == (f"{exported / 'float32' / 'model.bin'}: a file, not an "
+                                f"exported model's folder (the folder holding export.json)")
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -424,7 +440,6 @@ def test_another_or_a_damaged_tokenizer_is_refused(exported, trained_run, tmp_pa
 
 
 def test_a_training_run_and_an_export_each_name_the_other_flag(exported, trained_run):
-    from transformer_jax.export.manifest import read_manifest
     from transformer_jax.trained_params import CheckpointChoiceError, load_trained_params
 
     with pytest.raises(ExportError) as error:

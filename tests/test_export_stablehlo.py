@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -292,6 +293,17 @@ def test_translate_py_with_stablehlo_equals_jax(translating_run, tmp_path):
     assert greedy.returncode == 0 and greedy.stdout.count("\n") == 1, greedy.stderr
 
 
+def test_the_export_commands_help_lists_its_search_flags():
+    """--beam_size, --alpha and --max_extra_length are defined in command_line.py: --help
+    left them out, though a stablehlo export's error sends the user to export --alpha."""
+    result = subprocess.run([sys.executable, "-m", "transformer_jax.export", "--helpshort"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    listed = set(re.findall(r"^  --(?:\[no\])?(\w+)", result.stdout, re.MULTILINE))
+    assert listed == {"workdir", "format", "output", "checkpoint", "force", "quantization",
+                      "max_positions", "batch_sizes", "lengths", "beam_size", "alpha",
+                      "max_extra_length"}, result.stdout
+
+
 def test_a_staged_export_replaces_the_old_one_only_when_done(tmp_path):
     """With `force`, the finished folder takes the old one's name and the old one goes; a
     block that fails leaves the old one as it was. No temporary folder stays either way."""
@@ -453,6 +465,48 @@ def test_a_damaged_export_is_one_error_naming_the_file(exported, tmp_path):
     (damaged / "export.json").write_text(json.dumps(manifest))
     assert one_line_error(lambda: StableHLOTranslator(damaged)) == (
         f"{damaged / 'export.json'} lacks stablehlo.searches; export again")
+    # Edited by hand, valid JSON: KeyErrors, TypeErrors and max() of nothing, in a search.
+    for edit, problem in (
+            (lambda e: e.update(searches={}), " must hold a greedy or a beam search, or both"),
+            (lambda e: e["searches"]["greedy"].update(buckets=[]),
+             ".greedy.buckets must be a list of buckets, each with its batch_size, length, "
+             "max_length and file"),
+            (lambda e: e["searches"]["greedy"]["buckets"][0].pop("file"),
+             ".greedy.buckets must be a list of buckets, each with its batch_size, length, "
+             "max_length and file"),
+            (lambda e: e["searches"]["greedy"].pop("beam_size"),
+             ".greedy must hold its beam_size and max_extra_length")):
+        manifest = json.loads((exported / "export.json").read_text())
+        edit(manifest["stablehlo"])
+        (damaged / "export.json").write_text(json.dumps(manifest))
+        assert one_line_error(lambda: StableHLOTranslator(damaged)) == (
+            f"{damaged / 'export.json'}: stablehlo.searches{problem}; export again")
+    # The folder's files named in its place.
+    shutil.copy(exported / "export.json", damaged / "export.json")
+    assert one_line_error(lambda: StableHLOTranslator(damaged / "export.json")) == (
+        f"{damaged / 'export.json'}: a file, not an exported model's folder (the folder "
+        f"holding export.json)")
+
+
+def test_sources_that_are_no_ids_of_the_model_are_refused(exported):
+    """Ids outside the vocabulary, negative ones, floats and an empty source had searched
+    into nonsense (an empty one into a full-length output); max_input_length=0 had meant no
+    limit."""
+    translator = StableHLOTranslator(exported)
+    vocab_size = json.loads((exported / "export.json").read_text())["model"]["vocab_size"]
+    for sources, message in (
+            ([[5, 1], [vocab_size, 1]], f"source 2 holds ids outside the model's vocabulary "
+                                        f"[0, {vocab_size}): 1 to {vocab_size}"),
+            ([[-5, 1]], f"source 1 holds ids outside the model's vocabulary [0, {vocab_size}): "
+                        f"-5 to 1"),
+            ([[1.5, 1]], "source 1 is not a list of token ids ending with EOS (1): [1.5, 1.0]"),
+            ([[]], "source 1 is not a list of token ids ending with EOS (1): []")):
+        assert one_line_error(lambda: translator.translate_ids(sources, beam_size=1)) == message
+    assert one_line_error(lambda: translator.translate(["null"], max_input_length=0)) == (
+        "max_input_length must be a positive integer or None, got 0")
+    ids = translator.translate_ids([np.array([5, 1], np.int64), [vocab_size - 1, 1]],
+                                   beam_size=1)  # NumPy's ids, and the last id, are ids
+    assert len(ids) == 2
 
 
 def test_parameters_or_a_tokenizer_of_another_model_are_refused(exported, tmp_path):

@@ -82,6 +82,14 @@ def test_a_runs_checkpoints_folder_is_sent_to_the_run(tmp_path, monkeypatch):
             load_trained_params(given)
         assert str(error.value) == (f"{given} is a run's checkpoints folder; name the run's "
                                     f"own folder: --workdir={run}")
+    # A step's folder (what one pastes to serve a checkpoint) names the step too.
+    for given, run in [(f"{tmp_path}/run/checkpoints/800", f"{tmp_path}/run"),
+                       ("checkpoints/800/", ".")]:
+        with pytest.raises(CheckpointChoiceError) as error:
+            load_trained_params(given)
+        assert str(error.value) == (f"{given} is a checkpoint of a run; name the run's own "
+                                    f"folder, and the step with --checkpoint: --workdir={run} "
+                                    f"--checkpoint=800")
 
 
 def test_a_run_trained_with_the_pallas_norm_translates_with_flaxs_off_a_gpu():

@@ -116,6 +116,12 @@ def load_trained_params(workdir: str, which: str | int = "latest") -> TrainedPar
             entry.isdigit() for entry in os.listdir(workdir)):  # "train first" would mislead
         raise CheckpointChoiceError(f"{workdir} is a run's checkpoints folder; name the run's "
                                     f"own folder: --workdir={run or os.curdir}")
+    parent = os.path.basename(os.path.dirname(os.path.abspath(workdir)))
+    if name.isdigit() and parent == "checkpoints" and not os.path.isdir(directory):
+        run = os.path.dirname(os.path.dirname(os.path.normpath(workdir)))
+        raise CheckpointChoiceError(f"{workdir} is a checkpoint of a run; name the run's own "
+                                    f"folder, and the step with --checkpoint: "
+                                    f"--workdir={run or os.curdir} --checkpoint={name}")
     if not os.path.isdir(directory):
         raise CheckpointChoiceError(f"{workdir} has no checkpoints; train first "
                                     f"(python train.py --workdir={workdir})")

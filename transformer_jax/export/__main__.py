@@ -23,6 +23,7 @@ import sys
 
 from absl import app, flags, logging
 
+from transformer_jax import command_line
 from transformer_jax.command_line import define_search_flags, one_line_warnings
 from transformer_jax.commands import interrupt_in_one_line, refuse_arguments
 from transformer_jax.data import DataError
@@ -44,6 +45,7 @@ _LENGTHS = flags.DEFINE_list("lengths", ["16", "32", "64", "128"],
                              "stablehlo: source-length buckets (tokens, EOS included)")
 
 _BEAM, _ALPHA, _EXTRA = define_search_flags()
+flags.adopt_module_key_flags(command_line)  # so that --help lists them
 
 # Each format's own flags; the other format's, given, are an error rather than ignored.
 FORMAT_FLAGS = {"ctranslate2": (_QUANTIZATION, _MAX_POSITIONS),

@@ -116,6 +116,9 @@ def write_manifest(directory: str, *, fmt: str, workdir: str, trained, tokenizer
 def read_manifest(directory: str, fmt: str) -> dict:
     """`directory`'s export.json; an ExportError unless it is an export in format `fmt`."""
     path = os.path.join(directory, MANIFEST_FILE)
+    if os.path.isfile(directory):  # model.bin or export.json itself: "Not a directory"
+        raise ExportError(f"{directory}: a file, not an exported model's folder (the folder "
+                          f"holding {MANIFEST_FILE})")
     try:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
@@ -127,10 +130,29 @@ def read_manifest(directory: str, fmt: str) -> dict:
         raise ExportError(f"{path} holds no export's record; export again")
     if missing := [key for key in MANIFEST_KEYS if key not in manifest]:
         raise ExportError(f"{path} lacks {', '.join(missing)}; export again")
+    if problem := _malformed(manifest):  # edited by hand: a KeyError or TypeError later
+        raise ExportError(f"{path}: {problem}; export again")
     if manifest["format"] != fmt:
         raise ExportError(f"{directory} holds a {manifest['format']} export, not "
                           f"{fmt}; pass --engine={manifest['format']}")
     return manifest
+
+
+def _malformed(manifest: dict) -> str | None:
+    """What in the keys that readers use is not as `write_manifest` writes it, or None."""
+    def whole(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    steps, model, search = manifest["steps"], manifest["model"], manifest["search"]
+    if not isinstance(steps, list) or not steps or not all(whole(s) for s in steps):
+        return f"steps must be a list of checkpoint steps, got {steps!r}"
+    if not isinstance(model, dict) or not whole(model.get("max_length")):
+        return "model.max_length must be an integer"
+    if not isinstance(search, dict) or not all(
+            whole(search.get(key)) for key in ("beam_size", "max_extra_length")) or not (
+            isinstance(search.get("alpha"), (int, float))):
+        return "search must hold beam_size, alpha and max_extra_length"
+    return None
 
 
 def _not_an_export(directory: str) -> str:

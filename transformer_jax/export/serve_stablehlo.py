@@ -47,7 +47,7 @@ class StableHLOTranslator:
 
     def __init__(self, directory: str):
         self.directory = os.fspath(directory)
-        self._entry, self._tokenizer_sha256 = _read_entry(self.directory)
+        self._entry, self._tokenizer_sha256, self._vocab_size = _read_entry(self.directory)
         platform = jax.export.default_export_platform()
         if platform not in self._entry["platforms"]:
             raise StableHLOError(
@@ -74,6 +74,7 @@ class StableHLOTranslator:
         """
         search = self._search(beam_size)
         rows = _batch_rows(batch_size, max(b["batch_size"] for b in search["buckets"]))
+        _check_ids(source_ids, self._vocab_size)
         self._check_lengths(source_ids, search["buckets"])
         order = sorted(range(len(source_ids)), key=lambda i: len(source_ids[i]))
         outputs = [np.zeros((0,), np.int32)] * len(source_ids)
@@ -109,6 +110,10 @@ class StableHLOTranslator:
         # Whitespace alone is an empty line, as in transformer_jax's translation.sentence_list.
         sentences = ["" if isinstance(s, str) and not s.strip() else s for s in sentences]
         ids = [pieces + [EOS_ID] for pieces in tokenizer.encode(sentences, out_type=int)]
+        if max_input_length is not None and (not isinstance(max_input_length, int)
+                                             or max_input_length < 1):
+            raise StableHLOError(f"max_input_length must be a positive integer or None, got "
+                                 f"{max_input_length!r}")  # 0 had meant no limit
         cap = max_input_length or float("inf")
         _refuse_too_long(ids, cap, f"max_input_length={cap}", "split it or raise the limit")
         # An empty line (no pieces) is "" unsearched, as transformer_jax's predict.skip_empty.
@@ -201,10 +206,13 @@ class StableHLOTranslator:
         return self._tokenizer
 
 
-def _read_entry(directory: str) -> tuple[dict, str | None]:
-    """export.json's "stablehlo" entry and its tokenizer's SHA-256 (None in exports that
-    lack it); a StableHLOError unless it is a stablehlo export."""
+def _read_entry(directory: str) -> tuple[dict, str | None, int | None]:
+    """export.json's "stablehlo" entry, its tokenizer's SHA-256 and its model's vocab_size
+    (None in exports that lack them); a StableHLOError unless it is a stablehlo export."""
     path = os.path.join(directory, MANIFEST_FILE)
+    if os.path.isfile(directory):  # export.json itself: "Not a directory"
+        raise StableHLOError(f"{directory}: a file, not an exported model's folder (the "
+                             f"folder holding {MANIFEST_FILE})")
     try:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
@@ -222,7 +230,34 @@ def _read_entry(directory: str) -> tuple[dict, str | None]:
     if missing:
         raise StableHLOError(f"{path} lacks stablehlo.{', stablehlo.'.join(missing)}; "
                              f"export again")
-    return entry, manifest.get("tokenizer_sha256")
+    if problem := _malformed_searches(entry["searches"]):  # edited by hand
+        raise StableHLOError(f"{path}: stablehlo.searches{problem}; export again")
+    vocab_size = (manifest.get("model") or {}).get("vocab_size")
+    return entry, manifest.get("tokenizer_sha256"), vocab_size if isinstance(vocab_size,
+                                                                          int) else None
+
+
+def _malformed_searches(searches) -> str | None:
+    """What in export.json's searches is not as the export writes it (a KeyError or a
+    TypeError in a search), or None."""
+    def whole(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not isinstance(searches, dict) or not searches or not set(searches) <= {"greedy",
+                                                                               "beam"}:
+        return " must hold a greedy or a beam search, or both"
+    for name, search in searches.items():
+        if not isinstance(search, dict) or not all(
+                whole(search.get(key)) for key in ("beam_size", "max_extra_length")):
+            return f".{name} must hold its beam_size and max_extra_length"
+        buckets = search.get("buckets")
+        if not isinstance(buckets, list) or not buckets or not all(
+                isinstance(b, dict) and isinstance(b.get("file"), str) and all(
+                    whole(b.get(key)) for key in ("batch_size", "length", "max_length"))
+                for b in buckets):
+            return (f".{name}.buckets must be a list of buckets, each with its batch_size, "
+                    f"length, max_length and file")
+    return None
 
 
 def _load_params(path: str) -> tuple:
@@ -236,6 +271,20 @@ def _load_params(path: str) -> tuple:
     except (ValueError, EOFError, zipfile.BadZipFile) as error:
         raise StableHLOError(f"{path} is not the parameters the export wrote (damaged?): "
                              f"{type(error).__name__}; export again") from None
+
+
+def _check_ids(source_ids, vocab_size: int | None) -> None:
+    """A StableHLOError for a source that is no list of token ids ending with EOS: empty,
+    not integers, or outside [0, vocab_size) (ids of another vocabulary searched into
+    nonsense; an empty source, into a full-length output)."""
+    for number, ids in enumerate(source_ids, start=1):
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or not ids.size or ids.dtype.kind not in "iu":
+            raise StableHLOError(f"source {number} is not a list of token ids ending with EOS "
+                                 f"({EOS_ID}): {ids.tolist()!r}")
+        if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
+            raise StableHLOError(f"source {number} holds ids outside the model's vocabulary "
+                                 f"[0, {vocab_size}): {ids.min()} to {ids.max()}")
 
 
 def _refuse_too_long(source_ids, cap, limit: str, advice: str) -> None:
