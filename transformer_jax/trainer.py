@@ -75,6 +75,8 @@ from transformer_jax.workdir_lock import workdir_lock
 # the current step" could save. Two steps queued keep an accelerator busy while the host
 # reads the next batch.
 STEPS_AHEAD = 2
+# Settings outside optim that change what a resumed run's steps learn from.
+_LEARNING_SETTINGS = ("seed", "per_device_batch_size", "accumulation_steps")
 
 
 def _due(step: int, every: int, last_step: int) -> bool:
@@ -273,12 +275,22 @@ class _Loop:
 
     def _name_compute_changes(self, step: int, metadata: dict) -> None:
         """One line naming the settings of how the steps compute (dtype, dropout, attention)
-        that differ from those of the restored checkpoint `step` (its `metadata`), if any.
-        (Not the newest step's: a damaged one may have been passed over.)"""
+        that differ from those of the restored checkpoint `step` (its `metadata`), if any,
+        and one naming those of what they learn from (optim's, the seed, the rows). (Not the
+        newest step's: a damaged one may have been passed over.)"""
         changed = refuse_other_model(metadata["model"], self.model.config, self.workdir)
         if changed and jax.process_index() == 0:
             print(f"resuming {self.checkpointer.directory}/{step} with {'; '.join(changed)} "
                   f"(they change how the steps compute, not the parameters)", file=sys.stderr)
+        # What the steps learn from: the schedule, Adam, the rows, the dropout draws. Taken
+        # as given (a run may go on at another rate), but named: it had changed unannounced.
+        saved, now = metadata.get("config", {}), self.config.to_dict()
+        learning = (changed_settings("optim", saved.get("optim", {}), now["optim"],
+                                     now["optim"])
+                    + changed_settings("config", saved, now, _LEARNING_SETTINGS))
+        if learning and jax.process_index() == 0:
+            print(f"resuming {self.checkpointer.directory}/{step} with {'; '.join(learning)} "
+                  f"(the steps from here learn with the new values)", file=sys.stderr)
 
     def _new_shuffle(self, step: int, error: DataPositionError, saved: dict) -> None:
         """Training data on a new shuffle, seeded by `new_shuffle_seed(seed, step)`, with
