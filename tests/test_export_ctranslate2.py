@@ -18,7 +18,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 from run_configs import BAD_SEARCH_SETTINGS, ROOT  # noqa: E402
 from transformer_jax.data import load_split  # noqa: E402
 from transformer_jax.decoding import length_penalty  # noqa: E402
-from transformer_jax.export import ExportError, export  # noqa: E402
+from transformer_jax.export import QUANTIZATIONS, ExportError, export  # noqa: E402
 from transformer_jax.export.manifest import read_manifest  # noqa: E402
 from transformer_jax.export.ctranslate2_model import (  # noqa: E402
     CTranslate2Translator, check_expressible, save_model, transformer_spec)
@@ -381,9 +381,12 @@ def test_export_arguments_are_checked_before_the_checkpoints_are_read(tmp_path):
              "bucket is no option of format stablehlo; its options are batch_sizes, lengths, "
              "platforms"),
             ({"fmt": "ctranslate2", "max_positions": 0},
-             "--max_positions must be a positive integer, got 0"),
+             "max_positions must be a positive integer, got 0"),
             ({"fmt": "ctranslate2", "max_positions": "64"},
-             "--max_positions must be a positive integer, got '64'"),
+             "max_positions must be a positive integer, got '64'"),
+            ({"fmt": "onnx"}, "fmt='onnx': choose one of ctranslate2, stablehlo"),
+            ({"fmt": "ctranslate2", "quantization": "int4"},
+             "quantization='int4': choose one of " + ", ".join(QUANTIZATIONS)),
             ({"fmt": "stablehlo", "lengths": "16,32"},
              "lengths must be a sequence of positive integers, got '16,32'"),
             ({"fmt": "stablehlo", "lengths": (16, 0)}, "lengths must be positive integers, "
@@ -398,12 +401,19 @@ def test_export_arguments_are_checked_before_the_checkpoints_are_read(tmp_path):
     assert check_options(lengths=16, batch_sizes=(8, 1, 8))["batch_sizes"] == (1, 8)
 
 
-def test_without_ctranslate2_the_format_says_how_to_install_it(tmp_path, monkeypatch):
+def test_without_ctranslate2_the_format_says_how_to_install_it(exported, tmp_path,
+                                                               monkeypatch):
+    """Exporting, and loading an export (which said "CTranslate2 cannot load DIR: ...", as
+    if the export were damaged)."""
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import raises ImportError
+    install = ("the ctranslate2 format needs the ctranslate2 package: pip install "
+               "'transformer_jax[serve]' (or pip install ctranslate2)")
     with pytest.raises(ExportError) as error:
         export(str(tmp_path / "run"), str(tmp_path / "out"), fmt="ctranslate2")
-    assert str(error.value) == ("the ctranslate2 format needs the ctranslate2 package: pip "
-                                "install 'transformer_jax[serve]' (or pip install ctranslate2)")
+    assert str(error.value) == install
+    with pytest.raises(ExportError) as error:
+        CTranslate2Translator.from_export(str(exported / "float32"))
+    assert str(error.value) == install
 
 
 def test_another_or_a_damaged_tokenizer_is_refused(exported, trained_run, tmp_path):

@@ -44,7 +44,8 @@ def export(workdir: str, output: str, *, fmt: str, checkpoint: str = "latest",
     from transformer_jax.translation import check_setting, search_settings
 
     if fmt not in FORMATS:
-        raise ExportError(f"--format={fmt!r}: choose one of {', '.join(FORMATS)}")
+        # Python's keyword: the command line's --format takes only these (absl's enum).
+        raise ExportError(f"fmt={fmt!r}: choose one of {', '.join(FORMATS)}")
     options = _checked_options(fmt, options)
     given = {"beam_size": beam_size, "alpha": alpha, "max_extra_length": max_extra_length}
     try:

@@ -53,11 +53,11 @@ def check_options(quantization: str | None = None, max_positions: int = MAX_POSI
     is wrong; also one when the ctranslate2 package is missing."""
     _ctranslate2()
     if quantization is not None and quantization not in QUANTIZATIONS:
-        raise ExportError(f"--quantization={quantization!r}: choose one of "
+        raise ExportError(f"quantization={quantization!r}: choose one of "
                           f"{', '.join(QUANTIZATIONS)}")
     if not isinstance(max_positions, (int, np.integer)) or isinstance(max_positions, bool) \
             or max_positions < 1:
-        raise ExportError(f"--max_positions must be a positive integer, got {max_positions!r}")
+        raise ExportError(f"max_positions must be a positive integer, got {max_positions!r}")
     return {"quantization": quantization, "max_positions": int(max_positions)}
 
 
@@ -149,7 +149,7 @@ def save_model(spec, directory: str, quantization: str | None = None) -> None:
     """Validates, quantizes (None: float32 as trained) and writes `spec` into `directory`
     (which exists and is empty): CTranslate2's `Converter.convert`, without its CLI."""
     if quantization is not None and quantization not in QUANTIZATIONS:
-        raise ExportError(f"--quantization={quantization!r}: choose one of "
+        raise ExportError(f"quantization={quantization!r}: choose one of "
                           f"{', '.join(QUANTIZATIONS)}")
     spec.validate()
     spec.optimize(quantization=quantization)
@@ -233,8 +233,9 @@ class CTranslate2Translator:
         """The model exported to `directory`; `threads` 0 lets CTranslate2 choose."""
         manifest = read_manifest(directory, "ctranslate2")
         tokenizer = _exported_tokenizer(directory, manifest)
+        ctranslate2 = _ctranslate2()  # its own error, not "CTranslate2 cannot load DIR"
         try:
-            translator = _ctranslate2().Translator(directory, device=device,
+            translator = ctranslate2.Translator(directory, device=device,
                                                    compute_type=compute_type,
                                                    intra_threads=threads)
             with open(os.path.join(directory, "shared_vocabulary.json"), encoding="utf-8") as f:
