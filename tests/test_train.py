@@ -112,7 +112,7 @@ def test_the_host_queues_at_most_two_steps_ahead_of_the_devices(tmp_path, monkey
     """Each step's metrics pass through a host callback that sleeps 10 ms a device: the devices lag
     and the host, free to dispatch, would queue every step. When it dispatches a step, at
     most STEPS_AHEAD (2) earlier ones are unfinished, so a stop signal waits for 2 steps,
-    not for the whole queue (40 and more on a 2-core CPU before the bound)."""
+    not for the whole queue (about 30 on a 2-core CPU before the bound)."""
     from transformer_jax import trainer as trainer_module
 
     assert trainer_module.STEPS_AHEAD == 2
