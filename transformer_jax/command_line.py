@@ -23,8 +23,7 @@ import ml_collections
 import tqdm
 from absl import flags
 
-from transformer_jax.run_config import (SEARCH_SETTINGS, base_config, data_fields,
-                                        missing_and_unknown_keys, model_fields)
+from transformer_jax.run_config import SEARCH_SETTINGS, every_key, missing_and_unknown_keys
 
 
 def define_search_flags():
@@ -213,15 +212,15 @@ def _flag_error(error: flags.Error, argv: list[str]) -> str:
 
 
 def _base_value(path: str):
-    """The value of `base_config` (every config file's keys) at "model.d_model", or None."""
-    value = base_config(model=model_fields("base"), data=data_fields())
+    """The value of `every_key()` at "model.d_model", or None."""
+    value = every_key()
     for part in path.split("."):
         value = value.get(part) if isinstance(value, ml_collections.ConfigDict) else None
     return value
 
 
 def _config_key_path(name: str) -> str | None:
-    """"model.d_model" for "d_model": the path of the one setting of `base_config` named
+    """"model.d_model" for "d_model": the path of the one setting of `every_key()` named
     `name` (at any depth; not a group), or None."""
     def paths(config, prefix=""):
         for key, value in config.items():
@@ -230,7 +229,7 @@ def _config_key_path(name: str) -> str | None:
             else:
                 yield prefix + key
 
-    found = [p for p in paths(base_config(model=model_fields("base"), data=data_fields()))
+    found = [p for p in paths(every_key())
              if p.rsplit(".", 1)[-1] == name]
     return found[0] if len(found) == 1 else None
 
@@ -290,7 +289,7 @@ def _no_such_key(key: str, argv, suggestion: str | None = None) -> str | None:
         if not name.startswith("--config.") or key not in path:
             continue
         group = path[:path.index(key)]
-        keys = base_config(model=model_fields("base"), data=data_fields())
+        keys = every_key()
         for part in group:
             keys = keys.get(part) if isinstance(keys, ml_collections.ConfigDict) else None
         if isinstance(keys, ml_collections.ConfigDict) and key not in keys:

@@ -135,11 +135,17 @@ def decode_fields(**overrides) -> ml_collections.ConfigDict:
     return decode.unlock()
 
 
+def every_key() -> ml_collections.ConfigDict:
+    """`base_config` of the base model and the default data: every key a config file holds,
+    each of the type a run reads. A reference to read, not a run's config."""
+    return base_config(model=model_fields("base"), data=data_fields())
+
+
 def missing_and_unknown_keys(config) -> tuple[list[str], str | None]:
     """The keys of `base_config` that `config` lacks ("config.optim.b1", ...), and the first
     key it has that `base_config` lacks, as "config.num_train_step is not a setting (did
     you mean config.num_train_steps?)" (None: none): a run would ignore such a key."""
-    base = base_config(model=model_fields("base"), data=data_fields())
+    base = every_key()
     unknown = _missing_keys(base, config)
     if not unknown:
         return _missing_keys(config, base), None
