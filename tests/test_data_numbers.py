@@ -1,11 +1,13 @@
 """The "numbers" dataset: known spellings, the split rules, and the built "small" config."""
 
 import itertools
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from transformer_jax.data import numbers
 from transformer_jax.data.numbers import (
     FULL_SIZES,
     SMALL_SIZES,
@@ -101,12 +103,23 @@ def test_split_numbers_rejects_bad_arguments():
         split_numbers("test", dict(SMALL_SIZES, test=500_000))
 
 
-def test_pool_spelling_equals_serial(monkeypatch):
-    """The process pool (spawned workers) gives the same examples in the same order."""
-    monkeypatch.setattr(numbers, "POOL_MIN_NUMBERS", 10)
-    monkeypatch.setattr(numbers, "POOL_CHUNK", 7)
+def test_pool_spelling_equals_serial_and_runs_an_unguarded_script_once(tmp_path):
+    """The process pool (spawned workers) gives the same examples in the same order, and a
+    script that spells at its top level, with no `if __name__ == "__main__":` (as a user's
+    script calling train does), runs once: its workers do not import it again."""
     nums = split_numbers("validation", SMALL_SIZES)[:40]
-    assert list(numbers._spelled(nums)) == [number_words(n) for n in nums]
+    script, runs = tmp_path / "unguarded.py", tmp_path / "runs.txt"
+    script.write_text(
+        "import json, sys\n"
+        "from transformer_jax.data import numbers\n"
+        f"open({str(runs)!r}, 'a').write('ran\\n')\n"
+        "numbers.POOL_MIN_NUMBERS, numbers.POOL_CHUNK = 10, 7\n"
+        f"print(json.dumps(list(numbers._spelled({nums.tolist()}))))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert runs.read_text() == "ran\n"
+    assert json.loads(done.stdout) == [number_words(n) for n in nums]
 
 
 # --- the built "small" dataset -------------------------------------------------------------

@@ -36,7 +36,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from num2words import num2words
 
-from transformer_jax.data.parallel_encoding import follow_calling_process, usable_cores
+from transformer_jax.data.parallel_encoding import (follow_calling_process, main_module_hidden,
+                                                    usable_cores)
 
 SPLITS = ("train", "validation", "test")
 FULL_SIZES = {"train": 200_000, "validation": 2_000, "test": 2_000}
@@ -119,13 +120,17 @@ def _spelled(numbers: np.ndarray):
         return
     chunks = [numbers[i:i + POOL_CHUNK] for i in range(0, len(numbers), POOL_CHUNK)]
     # Spawn, not fork: JAX may be imported here, and forking a multithreaded process
-    # can deadlock. (So a script that builds "full" needs `if __name__ == "__main__":`.)
-    # The map is ordered: the result does not depend on the number of workers.
+    # can deadlock. The workers start with the main module hidden, so that a script
+    # without `if __name__ == "__main__":` is not run again in each of them (map starts
+    # them as it submits). The map is ordered: the result does not depend on the number
+    # of workers.
     pool = concurrent.futures.ProcessPoolExecutor(
         max_workers=usable_cores(), mp_context=multiprocessing.get_context("spawn"),
         initializer=follow_calling_process)
     try:
-        for words in pool.map(_number_words_chunk, chunks):
+        with main_module_hidden():
+            spelled = pool.map(_number_words_chunk, chunks)
+        for words in spelled:
             yield from words
     finally:  # on an error, drop the queued chunks instead of spelling them all first
         pool.shutdown(cancel_futures=True)

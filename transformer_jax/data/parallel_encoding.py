@@ -16,7 +16,7 @@ Processes are started with "spawn", not "fork": JAX's threads may be running in
 the calling process, and a forked copy of them can deadlock. A spawned process
 would also run the caller's script again up to its `if __name__ == "__main__":`
 line, so a script without that line would prepare its data again in every
-worker: the workers start with the main module hidden (`_main_module_hidden`).
+worker: the workers start with the main module hidden (`main_module_hidden`).
 Each imports the package's tokenizer and nothing heavier: the package imports its
 names on first use, so a worker starts without JAX (0.15 s and 40 MB, not 1.2 s and
 210 MB). Small corpora still stay in the calling process
@@ -70,7 +70,7 @@ def encode_in_processes(tokenizer: Tokenizer, batches: Iterable[list[str]], *, d
     try:
         # With "spawn", CPython (3.9 and later) starts the pool's processes in `submit`,
         # which `map` calls for every batch before it returns.
-        with _main_module_hidden():
+        with main_module_hidden():
             encoded = pool.map(functools.partial(_encode, dtype=dtype, add_eos=add_eos),
                                batches)
         yield from encoded
@@ -83,7 +83,7 @@ def encode_in_processes(tokenizer: Tokenizer, batches: Iterable[list[str]], *, d
 
 
 @contextlib.contextmanager
-def _main_module_hidden():
+def main_module_hidden():
     """`sys.modules["__main__"]` replaced by an empty module, which a spawned process does
     not import (`multiprocessing.spawn.get_preparation_data` reads it as processes start).
     One caller at a time, so that two never restore each other's empty module."""
