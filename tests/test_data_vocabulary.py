@@ -209,16 +209,22 @@ def test_version_1_settings_are_checked_as_far_as_they_go(tmp_path):
         get_tokenizer(config(tokenizer_sentences=999), str(tmp_path))
 
 
-def test_without_settings_file_only_the_size_is_checked(tmp_path):
+def test_without_settings_file_only_a_size_over_the_request_is_refused(tmp_path):
+    """A model copied alone (or its record deleted, as a refusal advises to keep it): more
+    pieces than config.data.vocab_size asks for is another vocabulary; fewer may be that
+    request capped by a small corpus, which the record deleted to keep the model was
+    refused for again."""
     tokenizer = get_tokenizer(config(), str(tmp_path), PAIRS)
-    os.remove(tmp_path / "tokenizer.model.json")  # a model copied alone
+    os.remove(tmp_path / "tokenizer.model.json")
     with pytest.raises(DataError, match=rf"vocab_size={VOCAB_SIZE}, but config\.data\."
-                                        rf"vocab_size=500"):
-        get_tokenizer(config(vocab_size=500), str(tmp_path))
-    with pytest.warns(UserWarning, match=r"tokenizer_type and the training data not checked"
-                                         r".*json', which records them, is missing"):
-        loaded = get_tokenizer(config(), str(tmp_path))
-    assert loaded.model_proto == tokenizer.model_proto
+                                        rf"vocab_size=300"):
+        get_tokenizer(config(vocab_size=300), str(tmp_path))
+    for requested in (VOCAB_SIZE, 16_000):
+        with pytest.warns(UserWarning, match=r"config\.data\.dataset, .*, vocab_size, "
+                                             r"tokenizer_type and the training data not checked"
+                                             r".*json', which records them, is missing"):
+            loaded = get_tokenizer(config(vocab_size=requested), str(tmp_path))
+        assert loaded.model_proto == tokenizer.model_proto
 
 
 def test_a_training_error_names_the_config(tmp_path):

@@ -160,7 +160,8 @@ def _load_or_train(path: str, wanted: _Wanted) -> Tokenizer:
     if record_damage is None and (record is None or record.get("version", 1) == 1):
         if model is None:
             raise DataError(_unvouched(path, f"{path} is damaged ({model_damage})"))
-        _check_settings(path, wanted.settings, *_legacy_settings(path, record, model))
+        _check_settings(path, wanted.settings,
+                        *_legacy_settings(path, record, model, wanted.settings["vocab_size"]))
         return model
     if record is not None:
         _check_settings(path, wanted.settings, record, "")
@@ -318,10 +319,14 @@ def _check_settings(path: str, wanted: dict, recorded: dict, why_unrecorded: str
                       f"{why_unrecorded}", stacklevel=4)
 
 
-def _legacy_settings(path: str, record: dict | None, tokenizer: Tokenizer) -> tuple[dict, str]:
+def _legacy_settings(path: str, record: dict | None, tokenizer: Tokenizer,
+                     requested: int) -> tuple[dict, str]:
     """The settings a version 1 record (or none) holds, and why the rest are missing."""
     if record is None:  # a model copied alone, say: only its size is known
-        return ({"vocab_size": tokenizer.vocab_size},
+        # A model smaller than the request may be the request capped by a small corpus
+        # (SentencePiece keeps the pieces the text has): not comparable, so not compared.
+        return ({"vocab_size": tokenizer.vocab_size} if tokenizer.vocab_size > requested
+                else {},
                 f"{settings_path(path)!r}, which records them, is missing")
     return ({"vocab_size": record.get("vocab_size"), "tokenizer_type": record.get("model_type")},
             f"{settings_path(path)!r} is from version 1, which did not record them")
