@@ -37,7 +37,7 @@ from transformer_jax.command_line import define_search_flags, define_setting_fla
 from transformer_jax.commands import (OutputError, interrupt_in_one_line, refuse_arguments,
                                       write_stdout_and_go_on, write_whole)
 from transformer_jax.config_checks import ConfigError
-from transformer_jax.data import DataError, load_split
+from transformer_jax.data.sources import DataError, dataset_kind, load_split
 from transformer_jax.output_paths import OutputPathError, writable_folder
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def main(argv) -> None:
     use_compilation_cache(_WORKDIR.value)  # the searches of earlier commands, loaded
     try:
         translator = Translator.from_workdir(_WORKDIR.value, checkpoint_spec())
-        split = load_split(translator.run_config.data, _SPLIT.value)
+        split = run_split(translator.run_config.data, _SPLIT.value)
         if not split.pairs:
             raise DataError(f"the {_SPLIT.value} split has no pairs with text on both sides "
                             f"({split.skipped_empty} with an empty side)")
@@ -125,6 +125,19 @@ def main(argv) -> None:
         f"chrF {record['chrf_signature']}\n")
     save(os.path.join(out, f"{_SPLIT.value}-{results_name(translator, settings)}"),
          result["hypotheses"], [p["target"] for p in split.pairs], record)
+
+
+def run_split(data_config, split: str):
+    """The run's `split`; its corpus folder gone is said in this command's terms (the
+    folder is the run's, not a flag)."""
+    kind, folder = dataset_kind(data_config.dataset)
+    if kind == "folder" and not os.path.isdir(os.path.expanduser(folder)):
+        where = ("" if os.path.isabs(os.path.expanduser(folder)) else
+                 f" (relative to the folder train.py ran in, not to {os.getcwd()})")
+        raise DataError(f"the run's corpus folder {folder!r}{where} does not exist; "
+                        f"evaluate.py reads the {split} split there (the run's "
+                        f"config.data.dataset): put the corpus there again, or a link to it")
+    return load_split(data_config, split)
 
 
 def save(stem: str, hypotheses: list[str], references: list[str], record: dict) -> None:

@@ -655,3 +655,16 @@ def test_a_test_split_that_cannot_be_read_is_said_before_training(tmp_path):
             f"{tmp_path / 'corpus' / 'test.de'} has 2 lines but "
             f"{tmp_path / 'corpus' / 'test.en'} has 1")):
         prepare(config, str(tmp_path / "run"), **QUIET)
+
+
+def test_a_missing_validation_file_is_said_before_the_training_split_is_read(tmp_path,
+                                                                             monkeypatch):
+    """The validation split's files are checked first: a missing one was found only after
+    the whole training split had been read and tokenized."""
+    config = write_corpus(tmp_path / "corpus")
+    (tmp_path / "corpus" / "validation.en").unlink()
+    read = count_calls(monkeypatch, prepared_module, "load_split")
+    with pytest.raises(DataError, match=r"^missing .*validation\.en; .* \(empty validation "
+                                        r"files train a run without evaluation\)$"):
+        prepare(config, str(tmp_path / "run"), **QUIET)
+    assert read == [] and not (tmp_path / "run" / "prepared").exists()

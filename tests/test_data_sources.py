@@ -114,15 +114,31 @@ def test_folder_line_count_mismatch_names_both_files(tmp_path):
 def test_folder_invalid_utf8_names_file_and_line(tmp_path):
     write_split(tmp_path, "validation", ["eins", "zwei", "drei"], ["one", "two", "three"])
     (tmp_path / "validation.en").write_bytes(b"one\ntwo\nth\xffree\n")
-    with pytest.raises(DataError, match=r"validation\.en, line 3: not valid UTF-8"):
+    with pytest.raises(DataError) as error:
         load_split(data_config(dataset=f"folder:{tmp_path}"), "validation")
+    assert str(error.value) == (f"{tmp_path / 'validation.en'}, line 3: not valid UTF-8 "
+                                f"(invalid start byte at byte 3 of the line); if the file is in "
+                                f"another encoding, convert it, e.g. iconv -f LATIN1 -t UTF-8 "
+                                f"for Latin-1")
 
 
-def test_folder_missing_split_lists_what_exists(tmp_path):
+def test_folder_missing_split_lists_what_exists_and_what_to_do(tmp_path):
+    """The folder's files are listed; a language no file has names the keys that choose the
+    files, and a missing validation split says that empty files make a run without it."""
     write_split(tmp_path, "train", ["eins"], ["one"])
     with pytest.raises(DataError) as error:
         load_split(data_config(dataset=f"folder:{tmp_path}"), "test")
-    assert "test.de" in str(error.value) and "train.de, train.en" in str(error.value)
+    assert str(error.value) == (f"missing {tmp_path / 'test.de'}, {tmp_path / 'test.en'}; "
+                                f"{tmp_path} holds: train.de, train.en")
+    with pytest.raises(DataError) as error:
+        load_split(data_config(dataset=f"folder:{tmp_path}"), "validation")
+    assert str(error.value).endswith(" holds: train.de, train.en (empty validation files "
+                                     "train a run without evaluation)")
+    with pytest.raises(DataError) as error:
+        load_split(data_config(dataset=f"folder:{tmp_path}", target_lang="fr"), "train")
+    assert str(error.value) == (f"missing {tmp_path / 'train.fr'}; {tmp_path} holds: train.de, "
+                                f"train.en (the files are named for config.data.source_lang="
+                                f"'de' and config.data.target_lang='fr')")
 
 
 def test_folder_says_what_a_corpus_path_is_instead_of_a_file(tmp_path):
@@ -285,6 +301,10 @@ def test_a_folder_that_is_no_folder_says_what_it_is(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path.parent))
     pairs = load_split(data_config(dataset=f"folder:~/{tmp_path.name}"), "train").pairs
     assert pairs == [{"source": "eins", "target": "one"}]
+    with pytest.raises(DataError) as error:  # looked for under HOME, not the current folder
+        load_split(data_config(dataset="folder:~/gone"), "train")
+    assert str(error.value).startswith(f"dataset folder '~/gone' ({tmp_path.parent}/gone) "
+                                       f"does not exist; ")
     (tmp_path / "train.en").unlink()
     (tmp_path / "train.en").symlink_to(tmp_path / "gone.en")
     with pytest.raises(DataError) as error:

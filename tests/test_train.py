@@ -695,8 +695,11 @@ def test_workdir_must_be_a_writable_folder(tmp_path):
 
 
 @pytest.mark.parametrize("why", ["num_eval_batches=0", "the validation split is empty"])
-def test_no_evaluation_data_logs_no_eval_records(tmp_path, capsys, why):
-    """No evaluation data: one line says there is nothing to evaluate; no eval_* records."""
+def test_no_evaluation_data_logs_no_eval_records(tmp_path, capsys, monkeypatch, why):
+    """No evaluation data: one line says there is nothing to evaluate; no eval_* records.
+    The folder corpus, given by a relative path, is recorded by its absolute one (by the
+    tokenizer, the prepared ids and the checkpoint), so that later commands find it from
+    any folder; the caller's config is left as it was."""
     config = tiny_run(num_train_steps=2, eval_every_steps=1)
     if why == "num_eval_batches=0":
         config.num_eval_batches = 0
@@ -707,7 +710,8 @@ def test_no_evaluation_data_logs_no_eval_records(tmp_path, capsys, why):
             for lang, word in (("de", "Satz"), ("en", "sentence")):
                 (corpus / f"{split}.{lang}").write_text(
                     "".join(f"{word} {i}\n" for i in range(count)))
-        config.data.dataset, config.data.vocab_size = f"folder:{corpus}", 300
+        monkeypatch.chdir(tmp_path)
+        config.data.dataset, config.data.vocab_size = "folder:corpus", 300
         config.decode.bleu_every_steps = 1  # nor BLEU, which reads the same split
     train(config, str(tmp_path / "run"))
     assert [sorted(r) for r in records(tmp_path / "run")] == [
@@ -715,6 +719,15 @@ def test_no_evaluation_data_logs_no_eval_records(tmp_path, capsys, why):
          "steps_per_sec", "tokens_per_sec"]]
     printed = "".join(capsys.readouterr())
     assert printed.count(f"nothing to evaluate ({why})") == 1
+    if why != "num_eval_batches=0":
+        assert config.data.dataset == "folder:corpus"
+        run = tmp_path / "run"
+        recorded = [json.loads((run / "tokenizer.model.json").read_text()),
+                    json.loads((run / "prepared" / "train" / "manifest.json").read_text())[
+                        "made_from"],
+                    json.loads(next(run.glob("checkpoints/*/metadata/metadata")).read_text())[
+                        "config"]["data"]]
+        assert [r["dataset"] for r in recorded] == [f"folder:{corpus}"] * 3
 
 
 needs_gpu = pytest.mark.skipif(jax.default_backend() != "gpu",

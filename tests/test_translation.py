@@ -506,9 +506,14 @@ def with_folder_test_split(workdir, corpus, pairs) -> None:
         for side, lang in ((0, "de"), (1, "en")):
             (corpus / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in chosen),
                                                     encoding="utf-8")
+    with_dataset(workdir, f"folder:{corpus}")
+
+
+def with_dataset(workdir, dataset: str) -> None:
+    """`workdir`'s checkpoints recording `dataset` as their config.data.dataset."""
     for path in (workdir / "checkpoints").glob("*/metadata/metadata"):
         metadata = json.loads(path.read_text())
-        metadata["config"]["data"]["dataset"] = f"folder:{corpus}"
+        metadata["config"]["data"]["dataset"] = dataset
         path.write_text(json.dumps(metadata))
 
 
@@ -539,6 +544,16 @@ def test_evaluate_skips_pairs_with_an_empty_side_and_says_how_many(workdir_copy,
     assert nothing.stderr.strip() == ("error: the test split has no pairs with text on both "
                                       "sides (2 with an empty side)")
     assert not (empty / "eval").exists()
+    # A run that recorded its corpus by a relative path (before runs recorded absolute ones):
+    # from another folder it is not found, and the error says why, not to set a flag that
+    # evaluate.py does not have.
+    with_dataset(empty, "folder:blank_corpus")
+    gone = run("evaluate.py", f"--workdir={empty}")
+    assert gone.returncode == 1
+    assert gone.stderr.strip() == (
+        f"error: the run's corpus folder 'blank_corpus' (relative to the folder train.py ran "
+        f"in, not to {ROOT}) does not exist; evaluate.py reads the test split there (the "
+        f"run's config.data.dataset): put the corpus there again, or a link to it")
 
 
 def test_search_settings_default_to_the_runs_decode_group(workdir):

@@ -36,6 +36,7 @@ idle time per step, the operations that took it, and their time by part of the m
 
 import collections
 import contextlib
+import copy
 import dataclasses
 import functools
 import math
@@ -51,6 +52,7 @@ from transformer_jax.bleu import score
 from transformer_jax.checkpoint import Checkpointer, DataPositionError, StateMismatchError
 from transformer_jax.config_checks import ConfigError, check_config
 from transformer_jax.data import eval_batches, load_split, prepare
+from transformer_jax.data.sources import absolute_dataset
 from transformer_jax.data.vocabulary import CHECKPOINT_TOKENIZER_KEY, tokenizer_path
 from transformer_jax.metrics_window import MetricsWindow
 from transformer_jax.model import Transformer
@@ -115,6 +117,8 @@ def train(config, workdir: str, *, launched: float | None = None) -> TrainResult
     first step's line the time before training began: Python, the imports, JAX's devices.
     """
     check_config(config)
+    config = copy.deepcopy(config)  # the caller's is left as it is
+    config.data.dataset = absolute_dataset(config.data.dataset)
     workdir = writable_folder(workdir)
     # From here on: while data is read and the step compiles too.
     started = time.monotonic()

@@ -33,7 +33,7 @@ from transformer_jax.config_checks import ConfigError, check_config
 from transformer_jax.output_paths import OutputPathError, writable_folder
 from transformer_jax.data import report
 from transformer_jax.data.prepared import PREPARED_SPLITS, prepare, prepared_dir
-from transformer_jax.data.sources import DataError, load_split
+from transformer_jax.data.sources import DataError, absolute_dataset, load_split
 from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path
 from transformer_jax.command_line import parse_flags
 from transformer_jax.commands import interrupt_in_one_line
@@ -66,6 +66,7 @@ def main(argv) -> None:
         check_config(config)  # train.py's checks: a bad value is one line before any reading
     except ConfigError as error:
         sys.exit(f"error: {error}")
+    config.data.dataset = absolute_dataset(config.data.dataset)  # recorded as train.py does
     if command == ["prepare"]:
         return prepare_command(config)
     try:

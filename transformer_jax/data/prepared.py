@@ -36,7 +36,7 @@ from transformer_jax.data.prepared_split import (
 )
 from transformer_jax.data.prepared_writer import write_split
 from transformer_jax.data.sources import (DataError, dataset_kind, describe_split, load_split,
-                                         read_folder_split)
+                                         read_folder_split, split_files)
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.vocabulary import (TOKENIZER_FILE, describe_changes, get_tokenizer,
                                              tokenizer_path)
@@ -109,6 +109,10 @@ def _prepare(data_config, workdir: str, splits, log, processes):
     if os.path.isdir(workdir):
         remove_temporaries(workdir, TOKENIZER_FILE)
     missing = [s for s in splits if not os.path.isdir(folders[s])]
+    kind, folder = dataset_kind(data_config.dataset)
+    if kind == "folder":  # each split's files, before the first is read and tokenized
+        for split in missing:
+            split_files(folder, split, (data_config.source_lang, data_config.target_lang))
     # The training split is read only if something needs it: a resume reads no text.
     needs_train = "train" in missing or not os.path.exists(tokenizer_path(workdir))
     train = load_split(data_config, "train") if needs_train else None

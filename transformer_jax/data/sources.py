@@ -37,6 +37,13 @@ def dataset_kind(dataset: str) -> tuple[str, str]:
                     "\"tfds:NAME\" (e.g. tfds:wmt14_translate/de-en) or \"folder:PATH\"")
 
 
+def absolute_dataset(dataset: str) -> str:
+    """`dataset` with a folder's path made absolute (~ expanded, links kept), as a run
+    records it: a relative path would be read from the folder of each later command."""
+    kind, arg = dataset_kind(dataset)
+    return f"folder:{os.path.abspath(os.path.expanduser(arg))}" if kind == "folder" else dataset
+
+
 def same_dataset(a, b) -> bool:
     """Whether two `config.data.dataset` values name the same data: a folder however it is
     written (relative, absolute, with ~ or a trailing /, through a link) is one dataset."""
@@ -237,7 +244,8 @@ def split_files(folder: str, split: str, languages) -> list[str]:
     FIFO would wait for a writer forever."""
     given, folder = folder, os.path.expanduser(folder)
     if not os.path.isdir(folder):
-        where = "" if os.path.isabs(given) else f" (from {os.getcwd()})"
+        where = (f" (from {os.getcwd()})" if not os.path.isabs(folder) else
+                 f" ({folder})" if folder != given else "")
         what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
         raise DataError(f"dataset folder {given!r}{where} {what}; set "
                         f"--config.data.dataset=folder:PATH, the folder that holds "
@@ -247,10 +255,25 @@ def split_files(folder: str, split: str, languages) -> list[str]:
     if problems:
         missing = [p for p, why in problems if why == "missing"]
         others = [f"{p} {why}" for p, why in problems if why != "missing"]
-        listing = ", ".join(sorted(os.listdir(folder))) or "nothing"
+        names = sorted(os.listdir(folder))
+        listing = ", ".join(names) or "nothing"
         raise DataError("; ".join(([f"missing {', '.join(missing)}"] if missing else []) +
-                                  others + [f"{folder} holds: {listing}"]))
+                                  others + [f"{folder} holds: {listing}"]) +
+                        _missing_hint(split, languages, names) * bool(missing))
     return paths
+
+
+def _missing_hint(split: str, languages, names: list[str]) -> str:
+    """What to do about missing files of `split`: the keys that name a language no file of
+    the folder has; for validation, that empty files make a run without evaluation."""
+    unknown = [lang for lang in languages if not any(n.endswith(f".{lang}") for n in names)]
+    if unknown:
+        keys = " and ".join(f"config.data.{side}_lang={lang!r}"
+                            for side, lang in zip(("source", "target"), languages))
+        return f" (the files are named for {keys})"
+    if split == "validation":
+        return " (empty validation files train a run without evaluation)"
+    return ""
 
 
 def _not_a_file(path: str) -> str | None:
@@ -279,14 +302,16 @@ def read_lines(path: str) -> list[str]:
             data = f.read()
     except OSError as error:
         raise DataError(f"cannot read {path}: {error.strerror or error}") from None
-    return decode_lines(data, path)
+    return decode_lines(data, path, advice="; if the file is in another encoding, convert it, "
+                                           "e.g. iconv -f LATIN1 -t UTF-8 for Latin-1")
 
 
-def decode_lines(data: bytes, where: str, first_line: int = 1) -> list[str]:
+def decode_lines(data: bytes, where: str, first_line: int = 1, advice: str = "") -> list[str]:
     """Lines of UTF-8 text, split on "\\n" only, so that other separators (\\x0b, \\x85,
     U+2028, ...) keep files line-aligned; a byte-order mark that starts the text is dropped,
     and "\\r\\n" ends a line like "\\n". `where` names the text in the DataError for invalid
-    UTF-8, and `data` starts at line `first_line` of it (after line 1, a BOM is text)."""
+    UTF-8 (`advice` ends it), and `data` starts at line `first_line` of it (after line 1, a
+    BOM is text)."""
     if first_line == 1 and data.startswith((b"\xff\xfe", b"\xfe\xff")):  # line 1 is not at fault
         raise DataError(f"{where} is UTF-16 (it starts with UTF-16's byte-order mark), not "
                         f"UTF-8; convert it, e.g. iconv -f UTF-16 -t UTF-8")
@@ -297,7 +322,7 @@ def decode_lines(data: bytes, where: str, first_line: int = 1) -> list[str]:
         line = data.count(b"\n", 0, error.start) + first_line
         column = error.start - data.rfind(b"\n", 0, error.start)  # 1-based, in bytes
         raise DataError(f"{where}, line {line}: not valid UTF-8 ({error.reason} at byte "
-                        f"{column} of the line)") from None
+                        f"{column} of the line){advice}") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the final newline ends the last line; it does not start a new one
