@@ -96,7 +96,7 @@ def test_mha_matches_flax_multi_head_dot_product_attention(num_heads, d_model, m
     assert shapes(variables) == shapes(flax_variables)
 
     mask = jnp.asarray(_mask_B1TS()) if masked else None
-    ours_BTD = mha.apply(variables, q_BTD, kv_BSD, mask)
+    ours_BTD = mha.apply(variables, q_BTD, kv_BSD, mask=mask)
     flax_BTD = flax_mha.apply(variables, q_BTD, kv_BSD, mask=mask)
     np.testing.assert_allclose(ours_BTD, flax_BTD, atol=1e-5, rtol=1e-5)
 
@@ -121,7 +121,7 @@ def test_mha_matches_numpy_float64_reference(masked):
     mha, variables, q_BTD, kv_BSD = _init_mha(3, 15)
     mask_B1TS = _mask_B1TS() if masked else None
     mask = None if mask_B1TS is None else jnp.asarray(mask_B1TS)
-    out_BTD = mha.apply(variables, q_BTD, kv_BSD, mask)
+    out_BTD = mha.apply(variables, q_BTD, kv_BSD, mask=mask)
     assert out_BTD.shape == (B, T, 15) and out_BTD.dtype == jnp.float32
     np.testing.assert_allclose(out_BTD, np_mha(variables["params"], q_BTD, kv_BSD, mask_B1TS),
                                atol=1e-5, rtol=1e-5)
@@ -131,8 +131,8 @@ def test_mha_sows_attention_weights():
     """mutable=["intermediates"] records (B,N,T,S) weights: the softmax rows, 0 where masked."""
     mha, variables, q_BTD, kv_BSD = _init_mha(3, 15)
     mask_B1TS = _mask_B1TS()
-    plain_BTD = mha.apply(variables, q_BTD, kv_BSD, jnp.asarray(mask_B1TS))
-    out_BTD, state = mha.apply(variables, q_BTD, kv_BSD, jnp.asarray(mask_B1TS),
+    plain_BTD = mha.apply(variables, q_BTD, kv_BSD, mask=jnp.asarray(mask_B1TS))
+    out_BTD, state = mha.apply(variables, q_BTD, kv_BSD, mask=jnp.asarray(mask_B1TS),
                                mutable=["intermediates"])
     (w_BNTS,) = state["intermediates"]["attention_weights"]
     assert w_BNTS.shape == (B, 3, T, S)
@@ -153,7 +153,7 @@ def test_every_available_attention_implementation_gives_the_same_output():
     expected_BTD = np_mha(variables["params"], q_BTD, kv_BSD, _mask_B1TS())
     for name in (*names, "auto"):
         out_BTD = MultiHeadAttention(num_heads=3, d_model=15, implementation=name).apply(
-            variables, q_BTD, kv_BSD, mask)
+            variables, q_BTD, kv_BSD, mask=mask)
         np.testing.assert_allclose(out_BTD, expected_BTD, atol=1e-5, rtol=1e-5, err_msg=name)
 
 
@@ -266,13 +266,17 @@ def test_mha_refuses_unbatched_inputs_and_takes_keys_of_another_width():
     q_BTD, kv_BSD = _inputs(8)
     layer = MultiHeadAttention(num_heads=2, d_model=8)
     variables = layer.init(jax.random.key(0), q_BTD, kv_BSD)
+    single = "; a single sequence is x[None]"
     for args, expected in [((q_BTD[0], kv_BSD[0]), "inputs_q must be (B, T, features), got "
-                                                   f"shape {q_BTD[0].shape}"),
-                           ((q_BTD, kv_BSD[0]), "inputs_kv must be (B, S, features), got "
-                                                f"shape {kv_BSD[0].shape}")]:
+                                                   f"shape {q_BTD[0].shape}{single}"),
+                           ((q_BTD, kv_BSD[0]), "inputs_k must be (B, S, features), got "
+                                                f"shape {kv_BSD[0].shape}{single}"),
+                           ((q_BTD, kv_BSD, kv_BSD[:, :2]), f"inputs_k {kv_BSD.shape} and "
+                                                            f"inputs_v {kv_BSD[:, :2].shape} "
+                                                            f"must have one (B, S)")]:
         with pytest.raises(ValueError) as error:
             layer.apply(variables, *args)
-        assert str(error.value) == f"{expected}; a single sequence is x[None]"
+        assert str(error.value) == expected
     narrow = layer.init(jax.random.key(0), q_BTD, kv_BSD[..., :6])
     assert narrow["params"]["key"]["kernel"].shape == (6, 2, 4)
     assert layer.apply(narrow, q_BTD, kv_BSD[..., :6]).shape == q_BTD.shape

@@ -163,20 +163,30 @@ def _inputs_BTD_BSD(seed=0):
 
 
 def test_multi_head_attention_called_as_flax():
-    """`apply(variables, inputs_q=, inputs_kv=, mask=)` gives the output of Flax's
-    MultiHeadDotProductAttention with the same variables; without `inputs_kv` both
-    attend to `inputs_q` (self-attention)."""
+    """Called as Flax's MultiHeadDotProductAttention is, it gives Flax's output with the
+    same variables: keys and values of two inputs (by position and by keyword), of one
+    (`inputs_kv`, or `inputs_k` alone), and self-attention without either."""
     x_BTD, y_BSD = _inputs_BTD_BSD()
+    z_BSD = _inputs_BTD_BSD(seed=2)[1]
     mha = tj.MultiHeadAttention(num_heads=N, d_model=D)
     variables = mha.init(jax.random.key(0), inputs_q=x_BTD, inputs_kv=y_BSD)
     flax_mha = nn.MultiHeadDotProductAttention(num_heads=N, qkv_features=D, out_features=D)
     mask_B1TS = _mask_B1TS()
-    _close(mha.apply(variables, inputs_q=x_BTD, inputs_kv=y_BSD, mask=mask_B1TS),
-           flax_mha.apply(variables, inputs_q=x_BTD, inputs_k=y_BSD, inputs_v=y_BSD,
-                          mask=mask_B1TS))
+    for args, kwargs in (((x_BTD, y_BSD, z_BSD), {}),
+                         ((), dict(inputs_q=x_BTD, inputs_k=y_BSD, inputs_v=z_BSD))):
+        _close(mha.apply(variables, *args, **kwargs, mask=mask_B1TS),
+               flax_mha.apply(variables, *args, **kwargs, mask=mask_B1TS))
+    theirs = flax_mha.apply(variables, inputs_q=x_BTD, inputs_k=y_BSD, inputs_v=y_BSD,
+                            mask=mask_B1TS)
+    _close(mha.apply(variables, inputs_q=x_BTD, inputs_kv=y_BSD, mask=mask_B1TS), theirs)
+    _close(mha.apply(variables, x_BTD, y_BSD, mask=mask_B1TS), theirs)
     mask_B1TT = _mask_B1TS(length_kv=T)
     _close(mha.apply(variables, inputs_q=x_BTD, mask=mask_B1TT),
            flax_mha.apply(variables, inputs_q=x_BTD, mask=mask_B1TT))
+    for kwargs, message in ((dict(inputs_kv=y_BSD, inputs_k=y_BSD), "not both"),
+                            (dict(inputs_v=y_BSD), "inputs_v needs inputs_k")):
+        with pytest.raises(ValueError, match=message):
+            mha.apply(variables, x_BTD, **kwargs)
 
 
 def test_multi_head_attention_parts_by_keyword():
@@ -188,7 +198,7 @@ def test_multi_head_attention_parts_by_keyword():
     kv = mha.apply(variables, inputs_kv=y_BSD, method=tj.MultiHeadAttention.keys_values)
     _close(mha.apply(variables, inputs_q=x_BTD, kv=kv, mask=mask_B1TS,
                      method=tj.MultiHeadAttention.attend),
-           mha.apply(variables, x_BTD, y_BSD, mask_B1TS))
+           mha.apply(variables, x_BTD, y_BSD, mask=mask_B1TS))
     empty = mha.apply(variables, batch_size=B, cache_length=T,
                       method=tj.MultiHeadAttention.empty_cache)
     causal_11TT = tj.causal_mask(T)

@@ -47,6 +47,20 @@ class CachedKeyValue(NamedTuple):
         return KeyValue(*(jnp.swapaxes(x_BNCH, 1, 2) for x_BNCH in self))
 
 
+def _keys_and_values(inputs_q, inputs_k, inputs_v, inputs_kv):
+    """The inputs of the keys and of the values, by Flax's rules (`MultiHeadAttention`)."""
+    if inputs_kv is not None:
+        if inputs_k is not None or inputs_v is not None:
+            raise ValueError("give inputs_kv (keys and values of one input) or inputs_k and "
+                             "inputs_v, not both")
+        return inputs_kv, inputs_kv
+    if inputs_k is None and inputs_v is not None:
+        raise ValueError("inputs_v needs inputs_k (without both, inputs_q is attended: "
+                         "self-attention)")
+    inputs_k = inputs_q if inputs_k is None else inputs_k
+    return inputs_k, inputs_k if inputs_v is None else inputs_v
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (§3.2.2).
 
@@ -56,13 +70,13 @@ class MultiHeadAttention(nn.Module):
     with h = `num_heads` and d_k = d_v = d_model / h. The per-head projections
     are one kernel each, `(D, N, H)`; the output kernel is `(N, H, D)`.
     Parameter names and shapes match Flax's `nn.MultiHeadDotProductAttention`,
-    so weights move between the two, and so do the call's argument names:
-    `mha.apply(variables, inputs_q=x, inputs_kv=memory, mask=m)`.
+    so weights move between the two, and so do the call's arguments:
+    `mha.apply(variables, x, memory, memory, mask=m)` (inputs_q, inputs_k, inputs_v).
 
-    A full pass is `__call__`. Decoding calls the parts: `keys_values` (the one
-    projection of keys and values, which `__call__` uses too), `attend` (queries
-    over keys and values already projected) and `extend` (self-attention of one
-    step: its keys and values written into the cache, then attended).
+    A full pass is `__call__`. Decoding calls the parts: `keys_values` (the keys and
+    values of one input, the encoder's memory, projected once per search), `attend`
+    (queries over keys and values already projected) and `extend` (self-attention of
+    one step: its keys and values written into the cache, then attended).
 
     When the "intermediates" collection is mutable, the attention weights
     `(B, N, T, S)` are sown as "attention_weights" (computed by the reference
@@ -100,22 +114,28 @@ class MultiHeadAttention(nn.Module):
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
 
-    def __call__(self, inputs_q, inputs_kv=None, mask=None, *, is_causal: bool = False,
-                 deterministic: bool = True):
-        """The queries of `inputs_q` `(B, T, D)` attend over the keys and values of
-        `inputs_kv` `(B, S, D)` (`inputs_q` when None, as in Flax: self-attention) under
-        `mask`, bool and broadcastable to `(B, 1, T, S)`. Returns `(B, T, D)`.
+    def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None,
+                 is_causal: bool = False, deterministic: bool = True):
+        """The queries of `inputs_q` `(B, T, D)` attend over the keys of `inputs_k` and the
+        values of `inputs_v` `(B, S, D)` under `mask`, bool and broadcastable to
+        `(B, 1, T, S)`. Returns `(B, T, D)`.
 
+        As in Flax's layer, `inputs_k` is `inputs_q` when None (self-attention), `inputs_v`
+        is `inputs_k` when None, and `inputs_kv` (Flax's older keyword) is both.
         `is_causal` hides later keys too (self-attention of a full decoder pass); see
         `dot_product_attention`.
         """
-        inputs_kv = inputs_q if inputs_kv is None else inputs_kv
-        for name, x, length in (("inputs_q", inputs_q, "T"), ("inputs_kv", inputs_kv, "S")):
+        inputs_k, inputs_v = _keys_and_values(inputs_q, inputs_k, inputs_v, inputs_kv)
+        for name, x, length in (("inputs_q", inputs_q, "T"), ("inputs_k", inputs_k, "S"),
+                                ("inputs_v", inputs_v, "S")):
             if jnp.ndim(x) != 3:  # else attention names per-head shapes the caller never gave
                 raise ValueError(f"{name} must be (B, {length}, features), got shape "
                                  f"{jnp.shape(x)}; a single sequence is x[None]")
-        return self.attend(inputs_q, self.keys_values(inputs_kv), mask, is_causal=is_causal,
-                           deterministic=deterministic)
+        if jnp.shape(inputs_k)[:2] != jnp.shape(inputs_v)[:2]:
+            raise ValueError(f"inputs_k {jnp.shape(inputs_k)} and inputs_v "
+                             f"{jnp.shape(inputs_v)} must have one (B, S)")
+        kv = KeyValue(self.key(inputs_k), self.value(inputs_v))
+        return self.attend(inputs_q, kv, mask, is_causal=is_causal, deterministic=deterministic)
 
     def keys_values(self, inputs_kv) -> KeyValue:
         """K W^K and V W^V of every head of `inputs_kv` `(B, S, D)`: `(B, S, N, H)` each."""
@@ -250,7 +270,7 @@ class EncoderLayer(_Layer):
 
     def __call__(self, inputs, encoder_mask=None, *, deterministic: bool = True):
         def attend(x):
-            return self.self_attention(x, x, encoder_mask, deterministic=deterministic)
+            return self.self_attention(x, mask=encoder_mask, deterministic=deterministic)
 
         x_BSD = self._residual(inputs, attend, self.self_attention_norm, deterministic)
         return self._residual(x_BSD, self.ffn, self.ffn_norm, deterministic)
@@ -278,11 +298,11 @@ class DecoderLayer(_Layer):
         memory_BSD = encoded
 
         def attend_self(y):
-            return self.self_attention(y, y, decoder_mask, is_causal=True,
+            return self.self_attention(y, mask=decoder_mask, is_causal=True,
                                        deterministic=deterministic)
 
         def attend_memory(y):
-            return self.cross_attention(y, memory_BSD, encoder_decoder_mask,
+            return self.cross_attention(y, memory_BSD, mask=encoder_decoder_mask,
                                         deterministic=deterministic)
 
         y_BTD = self._residual(targets, attend_self, self.self_attention_norm, deterministic)
