@@ -203,8 +203,49 @@ def test_bias_errors():
         dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.asarray(padding_mask_B11S()))
     with pytest.raises(ValueError, match="broadcastable"):
         dot_product_attention(q_BTNH, k_BSNH, v_BSNH, jnp.zeros((B, 1, T, S + 1)))
-    with pytest.raises(ValueError, match=r"\(B, T, N, H\)"):
-        attention_weights(q_BTNH[0], k_BSNH[0])
+    with pytest.raises(ValueError, match=r"\(B, T, N, H\).* or all three without B"):
+        attention_weights(q_BTNH[0], k_BSNH)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_unbatched_inputs_as_in_jax_nn(impl):
+    """(T, N, H) query, key and value (jax.nn's unbatched call, what vmap over a batch
+    passes) give row 0 of the batched call, jax.nn's output, and weights (N, T, S); the
+    mask's and bias's errors name the shapes given, not ones made of them."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=21)
+    mask_B1TS = causal_padding_mask_B1TS()
+    bias_TS = np.random.default_rng(22).standard_normal((T, S)).astype(np.float32)
+    for mask in (mask_B1TS[0], mask_B1TS[0, 0], None):
+        ours_TNH = dot_product_attention(q_BTNH[0], k_BSNH[0], v_BSNH[0], bias_TS, mask,
+                                         implementation=impl)
+        batched_BTNH = dot_product_attention(q_BTNH[:1], k_BSNH[:1], v_BSNH[:1], bias_TS,
+                                             mask, implementation=impl)
+        theirs_TNH = jax.nn.dot_product_attention(q_BTNH[0], k_BSNH[0], v_BSNH[0], bias_TS,
+                                                  mask)
+        assert ours_TNH.shape == (T, N, H)
+        assert_allclose(np.asarray(ours_TNH), np.asarray(batched_BTNH[0]), rtol=1e-6,
+                        atol=1e-6)
+        assert_allclose(np.asarray(ours_TNH), np.asarray(theirs_TNH), rtol=1e-5, atol=1e-6)
+    vmapped_BTNH = jax.vmap(lambda q, k, v, m: dot_product_attention(
+        q, k, v, mask=m, implementation=impl))(q_BTNH, k_BSNH, v_BSNH, mask_B1TS)
+    assert_allclose(np.asarray(vmapped_BTNH), np.asarray(dot_product_attention(
+        q_BTNH, k_BSNH, v_BSNH, mask=mask_B1TS, implementation=impl)), rtol=1e-5, atol=1e-6)
+    if impl in ("reference", "auto"):
+        out_TNH, weights_NTS = dot_product_attention(q_BTNH[1], k_BSNH[1], v_BSNH[1],
+                                                     mask=mask_B1TS[1], return_weights=True)
+        assert out_TNH.shape == (T, N, H)
+        assert_allclose(np.asarray(weights_NTS), np.asarray(attention_weights(
+            q_BTNH, k_BSNH, mask=mask_B1TS)[1]), rtol=1e-6, atol=1e-7)
+        assert attention_weights(q_BTNH[1], k_BSNH[1], mask=mask_B1TS[1]).shape == (N, T, S)
+    with pytest.raises(ValueError) as error:
+        dot_product_attention(q_BTNH[0], k_BSNH[0], v_BSNH[0], mask=np.ones((T, S - 1), bool))
+    assert str(error.value) == (f"mask must be bool, broadcastable to (N, T, S) = {(N, T, S)}; "
+                                f"got bool {(T, S - 1)}")
+    with pytest.raises(ValueError) as error:
+        dot_product_attention(q_BTNH, k_BSNH, v_BSNH, np.ones((S + 1,), np.float32))
+    assert str(error.value) == (f"bias must be float, broadcastable to (B, N, T, S) = "
+                                f"{(B, N, T, S)}; got float32 {(S + 1,)} (a bool mask goes to "
+                                f"mask=)")
 
 
 @pytest.mark.parametrize("impl", IMPLS)

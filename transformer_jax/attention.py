@@ -65,20 +65,21 @@ def attention_implementations() -> tuple[str, ...]:
 def attention_weights(query, key, bias=None, mask=None, *, scale=None, is_causal=False):
     """softmax(Q Kᵀ / √d_k), per head: the weights of §3.2.1, float32 `(B, N, T, S)`.
 
-    `query` is `(B, T, N, H)`, `key` `(B, S, N, H)`; `bias` (float) and `mask` (bool)
+    `query` is `(B, T, N, H)`, `key` `(B, S, N, H)` (or both without B, as in jax.nn:
+    then `(N, T, S)`); `bias` (float) and `mask` (bool)
     broadcast to `(B, N, T, S)`, and `scale` and `is_causal` mean what they mean in
     `dot_product_attention` (jax.nn's). Logits and softmax are float32 even for bfloat16
     inputs; the bias is added after scaling, as jax.nn does. Masked logits get
     float32's most negative finite value (the paper's −∞ without the NaN): a fully
     masked row becomes uniform instead of NaN.
     """
-    query_BTNH, key_BSNH = jnp.asarray(query), jnp.asarray(key)
-    bias_BNTS, mask_B1TS = _rank_4(bias), _rank_4(mask)
-    _check_inputs(query_BTNH, key_BSNH, key_BSNH, bias_BNTS, mask_B1TS)
+    query_BTNH, key_BSNH, _, bias_BNTS, mask_B1TS, batched = _inputs(query, key, key, bias,
+                                                                      mask)
     if is_causal:
         _check_causal(query_BTNH.shape[1], key_BSNH.shape[1])
         mask_B1TS = combine_masks(mask_B1TS, causal_mask(query_BTNH.shape[1]))
-    return _weights(query_BTNH, key_BSNH, bias_BNTS, mask_B1TS, scale)
+    weights_BNTS = _weights(query_BTNH, key_BSNH, bias_BNTS, mask_B1TS, scale)
+    return weights_BNTS if batched else weights_BNTS[0]
 
 
 def _check_causal(t: int, s: int) -> None:
@@ -303,7 +304,8 @@ def dot_product_attention(
     too, is our "auto"), and the dropout and weights arguments are this function's own.
 
     Args:
-      query: `(B, T, N, H)`.
+      query: `(B, T, N, H)`, or `(T, N, H)` (unbatched, as in jax.nn: then key and
+        value, the output and the weights have no B either).
       key, value: `(B, S, N, H)`.
       bias: float, broadcastable to `(B, N, T, S)` (of rank 4 or less, as NumPy
         broadcasts), added to the scaled logits (not in the paper; None: none).
@@ -323,9 +325,8 @@ def dot_product_attention(
     Returns:
       `(B, T, N, H)` in value's dtype, or `(output, weights)`.
     """
-    query_BTNH, key_BSNH, value_BSNH = map(jnp.asarray, (query, key, value))
-    bias_BNTS, mask_B1TS = _rank_4(bias), _rank_4(mask)
-    _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS)
+    query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS, batched = _inputs(
+        query, key, value, bias, mask)
     (_, t, _, h), s = query_BTNH.shape, key_BSNH.shape[1]
     if is_causal:
         _check_causal(t, s)
@@ -339,21 +340,39 @@ def dot_product_attention(
     if return_weights:
         if implementation not in ("reference", "auto"):
             raise ValueError(f"only 'reference' returns weights, not {implementation!r}")
-        return _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS,
-                                       scale, is_causal, dropout_rate, dropout_rng)
+        out_BTNH, weights_BNTS = _reference_with_weights(
+            query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS, scale, is_causal,
+            dropout_rate, dropout_rng)
+        return (out_BTNH, weights_BNTS) if batched else (out_BTNH[0], weights_BNTS[0])
     fn = _IMPLEMENTATIONS[name]
-    return fn(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS, scale=scale,
-              is_causal=is_causal, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+    out_BTNH = fn(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS, scale=scale,
+                  is_causal=is_causal, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+    return out_BTNH if batched else out_BTNH[0]
 
 
-def _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS) -> None:
+def _inputs(query, key, value, bias, mask):
+    """The arguments as arrays of rank 4, checked (`_check_inputs`), and whether they were
+    batched: jax.nn's unbatched `(T, N, H)` inputs are its `(1, T, N, H)` ones."""
+    query_BTNH, key_BSNH, value_BSNH = map(jnp.asarray, (query, key, value))
+    batched = not query_BTNH.ndim == key_BSNH.ndim == value_BSNH.ndim == 3
+    if not batched:
+        query_BTNH, key_BSNH, value_BSNH = query_BTNH[None], key_BSNH[None], value_BSNH[None]
+    bias, mask = (x if x is None else jnp.asarray(x) for x in (bias, mask))
+    bias_BNTS, mask_B1TS = _rank_4(bias), _rank_4(mask)
+    _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS, batched,
+                  given=tuple(x if x is None else x.shape for x in (bias, mask)))
+    return query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS, batched
+
+
+def _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS, batched: bool,
+                  given: tuple) -> None:
     """Clear errors for the shape and dtype mistakes that otherwise surface deep in XLA,
-    or not at all."""
+    or not at all, naming the shapes of bias and mask as `given`."""
     q, k, v = query_BTNH.shape, key_BSNH.shape, value_BSNH.shape
     if len(q) != 4 or len(k) != 4 or len(v) != 4:
         raise ValueError(
-            "query, key and value must be (B, T, N, H), (B, S, N, H), (B, S, N, H); "
-            f"got shapes {q}, {k}, {v}"
+            "query, key and value must be (B, T, N, H), (B, S, N, H), (B, S, N, H), or "
+            f"all three without B; got shapes {q}, {k}, {v}"
         )
     if k != v:
         raise ValueError(f"key {k} and value {v} must have one shape")
@@ -366,21 +385,19 @@ def _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS) -> Non
     if (k[0], k[2], k[3]) != (b, n, h):
         raise ValueError(f"query {q} and key {k} differ in B, N or H")
     full_shape = (b, n, t, k[1])
+    target = f"(B, N, T, S) = {full_shape}" if batched else f"(N, T, S) = {full_shape[1:]}"
+    bias_shape, mask_shape = given
     if mask_B1TS is not None:
         m = mask_B1TS
         if m.dtype != jnp.bool_ or m.ndim != 4 or not _broadcasts(m.shape, full_shape):
-            raise ValueError(
-                f"mask must be bool, broadcastable to (B, N, T, S) = {full_shape}; "
-                f"got {m.dtype} {m.shape}"
-            )
+            raise ValueError(f"mask must be bool, broadcastable to {target}; got {m.dtype} "
+                             f"{mask_shape}")
     if bias_BNTS is not None:
         bias = bias_BNTS
         if (not jnp.issubdtype(bias.dtype, jnp.floating) or bias.ndim != 4
                 or not _broadcasts(bias.shape, full_shape)):
-            raise ValueError(
-                f"bias must be float, broadcastable to (B, N, T, S) = {full_shape}; "
-                f"got {bias.dtype} {bias.shape} (a bool mask goes to mask=)"
-            )
+            raise ValueError(f"bias must be float, broadcastable to {target}; got "
+                             f"{bias.dtype} {bias_shape} (a bool mask goes to mask=)")
 
 
 def _rank_4(x):
