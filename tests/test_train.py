@@ -14,6 +14,7 @@ import sys
 import time
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -457,6 +458,22 @@ def test_bad_config_values_name_the_key(key, value, message):
         check_config(config)
 
 
+def test_train_names_what_it_takes_for_a_config_of_another_kind(tmp_path):
+    """A dict is a config (its keys checked as a ConfigDict's are); another type is one
+    TypeError, not an AttributeError from deep in the checks."""
+    with pytest.raises(TypeError) as caught:
+        train([("num_train_steps", 2)], str(tmp_path))
+    assert str(caught.value) == ("train takes the run's config: an ml_collections.ConfigDict "
+                                 "(load_config_file, run_config.base_config()) or a dict of its "
+                                 "keys, not list")
+    misspelt = tiny_run().to_dict()
+    misspelt["eval_every_step"] = 1
+    with pytest.raises(ConfigError, match=r"^config\.eval_every_step is not a setting \(did "
+                                          r"you mean config\.eval_every_steps\?\)"):
+        train(misspelt, str(tmp_path))
+    assert not os.listdir(tmp_path)
+
+
 def run_train_py(workdir, *overrides, launch=(), **popen):
     """train.py on the tiny model, in a process that inherits conftest.py's 8 devices: the
     default's 64 rows an update split over them (64 rows a device, 20 steps: 40-44 s of CPU
@@ -606,6 +623,7 @@ def test_sigterm_saves_and_exits_cleanly_and_the_restart_loads_the_compiled_step
 STOP_WHILE_COMPILING = """
 import os, runpy, signal, sys, threading
 import jax
+import ml_collections
 
 def stop_while_compiling(event, duration, **kwargs):
     if event == "/jax/core/compile/jaxpr_to_mlir_module_duration" and duration > 0.06 and not sent:
@@ -699,7 +717,8 @@ def test_no_evaluation_data_logs_no_eval_records(tmp_path, capsys, monkeypatch, 
     """No evaluation data: one line says there is nothing to evaluate; no eval_* records.
     The folder corpus, given by a relative path, is recorded by its absolute one (by the
     tokenizer, the prepared ids and the checkpoint), so that later commands find it from
-    any folder; the caller's config is left as it was."""
+    any folder; the caller's config is left as it was. A dict of the config's keys and a
+    FrozenConfigDict train as the ConfigDict does."""
     config = tiny_run(num_train_steps=2, eval_every_steps=1)
     if why == "num_eval_batches=0":
         config.num_eval_batches = 0
@@ -713,14 +732,16 @@ def test_no_evaluation_data_logs_no_eval_records(tmp_path, capsys, monkeypatch, 
         monkeypatch.chdir(tmp_path)
         config.data.dataset, config.data.vocab_size = "folder:corpus", 300
         config.decode.bleu_every_steps = 1  # nor BLEU, which reads the same split
-    train(config, str(tmp_path / "run"))
+    given = (ml_collections.FrozenConfigDict(config) if why == "num_eval_batches=0" else
+             config.to_dict())
+    train(given, str(tmp_path / "run"))
     assert [sorted(r) for r in records(tmp_path / "run")] == [
         ["accuracy", "elapsed_s", "grad_norm", "learning_rate", "loss", "step",
          "steps_per_sec", "tokens_per_sec"]]
     printed = "".join(capsys.readouterr())
     assert printed.count(f"nothing to evaluate ({why})") == 1
     if why != "num_eval_batches=0":
-        assert config.data.dataset == "folder:corpus"
+        assert given["data"]["dataset"] == "folder:corpus"
         run = tmp_path / "run"
         recorded = [json.loads((run / "tokenizer.model.json").read_text()),
                     json.loads((run / "prepared" / "train" / "manifest.json").read_text())[

@@ -43,10 +43,11 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import ml_collections
 
 from transformer_jax.bleu import score
 from transformer_jax.checkpoint import Checkpointer, DataPositionError, StateMismatchError
@@ -113,11 +114,14 @@ class TrainResult:
 def train(config, workdir: str, *, launched: float | None = None) -> TrainResult:
     """Trains (or resumes training) the run of `config` in `workdir`.
 
+    `config` is an ml_collections.ConfigDict (`load_config_file`) or a dict of its keys;
+    training changes a copy of it, never the caller's.
+
     `launched`, the monotonic time its process started (train.py passes it), adds to the
     first step's line the time before training began: Python, the imports, JAX's devices.
     """
+    config = _own_copy(config)
     check_config(config)
-    config = copy.deepcopy(config)  # the caller's is left as it is
     config.data.dataset = absolute_dataset(config.data.dataset)
     workdir = writable_folder(workdir)
     # From here on: while data is read and the step compiles too.
@@ -129,6 +133,16 @@ def train(config, workdir: str, *, launched: float | None = None) -> TrainResult
             lambda: held.enter_context(workdir_lock(workdir)) if jax.process_index() == 0
             else None, "lock the workdir", quiet=True)
         return _train(config, workdir, stop, (launched, started))
+
+
+def _own_copy(config) -> ml_collections.ConfigDict:
+    """A ConfigDict of `config` (a ConfigDict, frozen or not, or a dict of its keys) that
+    training may change without changing the caller's."""
+    if not isinstance(config, Mapping | ml_collections.ConfigDict):
+        raise TypeError(f"train takes the run's config: an ml_collections.ConfigDict "
+                        f"(load_config_file, run_config.base_config()) or a dict of its keys, "
+                        f"not {type(config).__name__}")
+    return ml_collections.ConfigDict(copy.deepcopy(config))
 
 
 def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult:
