@@ -84,6 +84,22 @@ def test_numpy_integers_are_integers_and_a_rate_must_be_a_number():
         assert str(error.value) == f"ModelConfig.{field} must be a number in [0, 1), got '0.1'"
 
 
+def test_a_dtype_as_flax_takes_it_is_stored_by_its_name():
+    """jnp.bfloat16, np.float32 and np.dtype("float16"), as Flax modules' dtype= takes
+    them, are stored as "bfloat16", "float32" and "float16"; float64 is refused either way."""
+    import jax.numpy as jnp
+
+    for given, name in ((jnp.bfloat16, "bfloat16"), (np.float32, "float32"),
+                        (np.dtype("float16"), "float16")):
+        config = ModelConfig(dtype=given)
+        assert type(config.dtype) is str and config.dtype == name
+        assert config.compute_dtype == jnp.dtype(name)
+    with pytest.raises(ValueError) as error:
+        ModelConfig(dtype=jnp.float64)
+    assert str(error.value) == ("ModelConfig.dtype must be one of 'float32', 'bfloat16', "
+                                "'float16', got 'float64'")
+
+
 def test_unknown_preset_raises():
     """An unknown preset name raises ValueError naming it."""
     with pytest.raises(ValueError, match="huge"):

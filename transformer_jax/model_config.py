@@ -7,6 +7,8 @@ No JAX or Flax here: a run config is checked, and a bad value named, before they
 import dataclasses
 import sys
 
+import numpy as np
+
 from transformer_jax.argument_checks import DEFAULT_BITS, DROPOUT_BITS, checked_rate, positive_int
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none")
@@ -72,6 +74,7 @@ class ModelConfig:
         _require_choice(self.positional_encoding, "positional_encoding", POSITIONAL_ENCODINGS)
         _require_choice(self.attention_implementation, "attention_implementation",
                         _attention_choices())
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype))
         _require_choice(self.dtype, "dtype", DTYPES)
         _require_choice(self.layer_norm_implementation, "layer_norm_implementation",
                         LAYER_NORM_IMPLEMENTATIONS)
@@ -97,6 +100,17 @@ def _attention_choices() -> tuple[str, ...]:
     attention = sys.modules.get("transformer_jax.attention")
     return (attention.attention_implementations() if attention is not None
             else (*BUILT_IN_ATTENTION, "auto"))
+
+
+def _dtype_name(value):
+    """A dtype given as Flax modules take it (jnp.bfloat16, np.float32, a np.dtype) by its
+    name, as the config stores it; a name, or what is no dtype, as it is."""
+    if isinstance(value, str):
+        return value
+    try:
+        return np.dtype(value).name
+    except TypeError:
+        return value
 
 
 def _require(ok: bool, field: str, rule: str, value) -> None:
