@@ -448,6 +448,33 @@ def test_changed_files_make_a_split_stale(run, tmp_path):
         open_split(config, workdir, "train", tokenizer)
 
 
+def test_a_moved_corpus_is_the_same_dataset_until_a_file_changes(tmp_path, monkeypatch):
+    """A corpus folder moved (mv keeps the files' times) after preparing: a run given its new
+    path reuses its tokenizer and prepared ids, reading no text; it was refused as another
+    dataset, and then as stale with every file named at the same size and time. A file
+    touched in the new place is a change again, and the only file named."""
+    config = write_corpus(tmp_path / "corpus")
+    workdir = str(tmp_path / "run")
+    tokenizer, splits = prepare(config, workdir, **QUIET)
+    ids = [splits["train"][i]["targets"].tolist() for i in (0, 100)]
+    (tmp_path / "corpus").rename(tmp_path / "moved")
+    moved = data_fields(**{**config, "dataset": f"folder:{tmp_path / 'moved'}"})
+    read = count_calls(monkeypatch, prepared_module, "load_split")
+    again, splits = prepare(moved, workdir, **QUIET)
+    assert again.sha256 == tokenizer.sha256 and read == []
+    assert [splits["train"][i]["targets"].tolist() for i in (0, 100)] == ids
+    path = tmp_path / "moved" / "validation.de"
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(DataError) as error:
+        prepare(moved, workdir, **QUIET)
+    assert re.search(rf"validation is stale \(dataset: prepared from 'folder:"
+                     rf"{re.escape(str(tmp_path / 'corpus'))}', now 'folder:"
+                     rf"{re.escape(str(tmp_path / 'moved'))}'; {re.escape(str(path))}: "
+                     r"prepared from [\d,]+ bytes of [^,]+, now [\d,]+ bytes of [^,]+\)\. ",
+                     str(error.value)), str(error.value)
+
+
 def test_another_tokenizer_or_direction_makes_a_split_stale(corpus, run, tmp_path):
     """Ids prepared with one tokenizer are refused with another, naming its SHA-256; and
     with the languages swapped, naming the languages."""

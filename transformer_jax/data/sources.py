@@ -228,6 +228,23 @@ def translation_datasets() -> list[str]:
     return sorted(names)
 
 
+def moved_folder(recorded: dict, now: dict, *, times: bool = True) -> bool:
+    """Whether two `describe_split`s (or records holding one) are of one folder's split in
+    another folder: all the same but the folder, and its files the same by name, size and
+    (if `times`) modification time, which mv, cp -p and rsync -a keep."""
+    def parts(about: dict):
+        rest = {k: v for k, v in about.items() if k not in ("dataset", "files")}
+        files = [[os.path.basename(path), size, mtime_ns if times else None]
+                 for path, size, mtime_ns in about["files"]]
+        return dataset_kind(about["dataset"])[0], rest, files
+
+    try:
+        (kind, rest, files), (kind_now, rest_now, files_now) = parts(recorded), parts(now)
+    except (AttributeError, KeyError, TypeError, ValueError):  # not a folder's (or edited)
+        return False
+    return kind == kind_now == "folder" and rest == rest_now and files == files_now
+
+
 def read_folder_split(folder: str, split: str, source_lang: str, target_lang: str) -> list[dict]:
     """The pairs of `folder/{split}.{source_lang}` and `folder/{split}.{target_lang}`."""
     paths = split_files(folder, split, (source_lang, target_lang))

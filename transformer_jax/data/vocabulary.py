@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 from transformer_jax.atomic_file import atomic_write
 from transformer_jax.data.sources import (DataError, dataset_kind, describe_split, load_split,
-                                         same_dataset)
+                                         moved_folder, same_dataset)
 from transformer_jax.data.tokenizer import Tokenizer, train_tokenizer
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -164,11 +164,22 @@ def _load_or_train(path: str, wanted: _Wanted) -> Tokenizer:
                         *_legacy_settings(path, record, model, wanted.settings["vocab_size"]))
         return model
     if record is not None:
-        _check_settings(path, wanted.settings, record, "")
+        _check_settings(path, wanted.settings, record, "",
+                        moved=lambda: _moved(record, wanted))
     doubt, vouched = _doubt(path, model, model_damage, record, record_damage, wanted)
     if doubt is None:
         return model
     return _train_again(path, wanted, doubt, vouched, model_is_whole=model is not None)
+
+
+def _moved(record: dict, wanted: _Wanted) -> bool:
+    """Whether the wanted training data is the recorded data's folder moved (files of the
+    same names and sizes: whether they changed is the training data's check, `_doubt`)."""
+    try:
+        corpus = wanted.corpus
+    except DataError:  # the folder named now lacks a file: not the recorded one, moved
+        return False
+    return moved_folder(record.get("corpus"), corpus, times=False)
 
 
 def _train_and_save(path: str, wanted: _Wanted) -> Tokenizer:
@@ -243,9 +254,12 @@ def _doubt(path: str, model: Tokenizer | None, model_damage: str | None, record:
 
 
 def describe_changes(recorded: dict, now: dict, *, was: str = "") -> str:
-    """How the description `now` of the training data differs from `recorded` ("" if not),
-    each change as "KEY: {was}OLD, now NEW"; of a folder's files, only those that differ, as
+    """How the description `now` of the training data differs from `recorded` ("" if not,
+    nor for a folder moved: `moved_folder`), each change as "KEY: {was}OLD, now NEW"; of a
+    folder's files, only those whose size or time differ, as
     "PATH: {was}SIZE bytes of TIME, now ..."."""
+    if moved_folder(recorded, now):
+        return ""
     changes = []
     for key in sorted(k for k in recorded.keys() | now.keys() if recorded.get(k) != now.get(k)
                       and not (k == "dataset" and same_dataset(recorded.get(k), now.get(k)))):
@@ -253,7 +267,7 @@ def describe_changes(recorded: dict, now: dict, *, was: str = "") -> str:
         if key == "files" and isinstance(old, list) and isinstance(new, list) and len(
                 old) == len(new):
             changes += [f"{n[0]}: {was}{_file_state(o)}, now {_file_state(n)}"
-                        for o, n in zip(old, new) if o != n]
+                        for o, n in zip(old, new) if _file_state(o) != _file_state(n)]
         else:
             changes.append(f"{key}: {was}{old!r}, now {new!r}")
     return "; ".join(changes)
@@ -297,16 +311,18 @@ def _unvouched(path: str, doubt: str) -> str:
             f"run's checkpoints and prepared ids do not fit.")
 
 
-def _check_settings(path: str, wanted: dict, recorded: dict, why_unrecorded: str) -> None:
+def _check_settings(path: str, wanted: dict, recorded: dict, why_unrecorded: str,
+                    moved: Callable[[], bool] = lambda: False) -> None:
     """DataError if the tokenizer at `path` was trained with other settings than `wanted`.
 
     The requested vocab_size is compared, not the model's: a corpus too small
     for it gives fewer pieces, and the same request should still reuse them.
+    Another dataset is the same one if `moved()` (`_moved`).
     Settings the record does not hold are named in a warning (`why_unrecorded`).
     """
     for key, value in wanted.items():
         if key in recorded and recorded[key] != value and not (
-                key == "dataset" and same_dataset(recorded[key], value)):
+                key == "dataset" and (same_dataset(recorded[key], value) or moved())):
             raise DataError(
                 f"{path!r} was trained with {key}={recorded[key]!r}, but config.data.{key}="
                 f"{value!r}. Use the value it was trained with or another workdir; deleting "
