@@ -118,20 +118,21 @@ def usable_pairs(source, indices: np.ndarray, *, too_long: str, max_source_lengt
     return indices
 
 
-# Arrays under this size leave a worker pickled, not through shared memory: a batch is 6
-# arrays of 4 to 100 KB, and a shared-memory block each cost more than the copy (on 2 cores,
-# 64 rows of 16 + 32: 1 worker 0.7 M target tokens/s by shared memory, 1.4-1.7 M copied).
-MIN_SHARED_MEMORY_BYTES = 1 << 20
-
-
 def in_workers(batches: grain.IterDataset, num_workers: int) -> grain.IterDataset:
-    """`batches` made by `num_workers` grain worker processes (`mp_prefetch`); 0: as is."""
+    """`batches` made by `num_workers` grain worker processes (`mp_prefetch`); 0: as is.
+
+    Each batch's arrays come back through shared memory, grain's default. Copied through
+    the workers' pipes instead (grain's `min_shm_size` of 1 MiB), batches came 1.2-3.0 x
+    faster on 2 cores, but closing could wait 25 s: a worker that put one more batch after
+    grain's close emptied its queue waited at exit for a reader that never came, until
+    grain killed it (4 of 6 runs of train.py, 5 steps with 2 workers). Either way workers
+    deliver more target tokens than a step takes on an H200 (BENCHMARKS.md, "pipeline:
+    prepared ids to batches").
+    """
     if num_workers == 0:
         return batches
     if not flags.FLAGS.is_parsed():  # grain 0.2.18's workers read an absl flag: defaults do
         flags.FLAGS.mark_as_parsed()
-    batches = grain.experimental.WithOptionsIterDataset(
-        batches, grain.experimental.DatasetOptions(min_shm_size=MIN_SHARED_MEMORY_BYTES))
     return batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers,
                                                             per_worker_buffer_size=4),
                                worker_init_fn=_ignore_stop_signals)
