@@ -14,7 +14,7 @@ from transformer_jax.data.pipeline import eval_batches, train_dataset
 from transformer_jax.data.prepared import prepare
 from transformer_jax.data import sources
 from transformer_jax.data.sources import (DataError, decode_lines, describe_split, load_split,
-                                          translation_datasets)
+                                          moved_folder, translation_datasets)
 from transformer_jax.token_ids import EOS_ID
 from transformer_jax.run_config import data_fields
 
@@ -322,3 +322,24 @@ def test_a_utf16_file_is_named_as_such(tmp_path):
     assert str(error.value) == (f"{tmp_path / 'train.de'} is UTF-16 (it starts with UTF-16's "
                                 f"byte-order mark), not UTF-8; convert it, e.g. iconv -f "
                                 f"UTF-16 -t UTF-8")
+
+
+def test_a_folder_moved_is_its_files_by_name_size_and_time_to_the_millisecond(tmp_path):
+    """describe_split of a folder and of its copy elsewhere: moved when the files' names and
+    sizes match and their times to the millisecond (a copy to another file system may keep
+    only microseconds); not when a time, a size or another setting differs."""
+    write_split(tmp_path, "train", ["eins"], ["one"])
+    here = describe_split(data_config(dataset=f"folder:{tmp_path}"), "train")
+
+    def elsewhere(shift_ns=0, grow=0, **changes):
+        files = [[f"/elsewhere/{os.path.basename(path)}", size + grow,
+                  mtime_ns // 1000 * 1000 + shift_ns] for path, size, mtime_ns in here["files"]]
+        return {**here, "dataset": "folder:/elsewhere", "files": files, **changes}
+
+    assert moved_folder(here, elsewhere()) and moved_folder(here, elsewhere(999_000))
+    assert not moved_folder(here, elsewhere(2_000_000))
+    assert moved_folder(here, elsewhere(2_000_000), times=False)
+    assert not moved_folder(here, elsewhere(grow=1), times=False)
+    assert not moved_folder(here, elsewhere(languages=["en", "de"]))
+    assert not moved_folder(here, {**elsewhere(), "dataset": "numbers"})
+    assert not moved_folder({"dataset": "folder:/x", "files": "edited"}, elsewhere())

@@ -94,10 +94,11 @@ def test_a_dtype_as_flax_takes_it_is_stored_by_its_name():
         config = ModelConfig(dtype=given)
         assert type(config.dtype) is str and config.dtype == name
         assert config.compute_dtype == jnp.dtype(name)
-    with pytest.raises(ValueError) as error:
-        ModelConfig(dtype=jnp.float64)
-    assert str(error.value) == ("ModelConfig.dtype must be one of 'float32', 'bfloat16', "
-                                "'float16', got 'float64'")
+    for given, named in ((jnp.float64, "'float64'"), (None, "None"), ({}, "{}")):
+        with pytest.raises(ValueError) as error:  # np.dtype(None) is float64: not asked
+            ModelConfig(dtype=given)
+        assert str(error.value) == ("ModelConfig.dtype must be one of 'float32', 'bfloat16', "
+                                    f"'float16', got {named}")
 
 
 def test_unknown_preset_raises():

@@ -281,6 +281,30 @@ def test_part_of_an_operation_from_its_path(op_name, expected):
     assert profiling.part_of(op_name) == expected
 
 
+def test_the_parts_of_a_compiled_decoder_layers_matmuls():
+    """The op names JAX records for a decoder layer's matmuls, compiled: the 8 projections
+    Q, K, V and W^O of its two attentions are "attention projections" (K and V were counted
+    as "attention" when __call__ projected them outside a method of the module), the two
+    of the feed-forward are "feed-forward", and attention's own products "attention"."""
+    import jax
+
+    from transformer_jax.layers import DecoderLayer
+    from transformer_jax.model_config import get_model_config
+
+    layer = DecoderLayer(get_model_config("tiny"))
+    y_BTD, memory_BSD = jnp.ones((1, 3, 32)), jnp.ones((1, 5, 32))
+    variables = layer.init(jax.random.key(0), y_BTD, memory_BSD)
+    hlo = jax.jit(layer.apply).lower(variables, y_BTD, memory_BSD).compile().as_text()
+    dots = sorted({name for name in re.findall(r'op_name="([^"]+)"', hlo)
+                   if name.endswith("/dot_general")})
+    parts = [profiling.part_of(name)[1] for name in dots]
+    projections = [d for d in dots if re.search(r"/(query|key|value|out)/dot_general$", d)]
+    assert len(projections) == 8, dots
+    assert {profiling.part_of(d)[1] for d in projections} == {"attention projections"}
+    assert parts.count("attention projections") == 8 and parts.count("feed-forward") == 2
+    assert set(parts) == {"attention projections", "feed-forward", "attention"}, dots
+
+
 def test_the_model_suites_profile_splits_the_step_by_part(tmp_path):
     """--profile keeps each case's trace beside its program: the tiny step's time falls in
     the model's parts, forward and backward, and the optimizer's update."""

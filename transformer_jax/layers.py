@@ -73,10 +73,10 @@ class MultiHeadAttention(nn.Module):
     so weights move between the two, and so do the call's arguments:
     `mha.apply(variables, x, memory, memory, mask=m)` (inputs_q, inputs_k, inputs_v).
 
-    A full pass is `__call__`. Decoding calls the parts: `keys_values` (the keys and
-    values of one input, the encoder's memory, projected once per search), `attend`
-    (queries over keys and values already projected) and `extend` (self-attention of
-    one step: its keys and values written into the cache, then attended).
+    A full pass is `__call__`. Decoding calls the parts: `keys_values` (the projection of
+    keys and values, which `__call__` uses too: the encoder's memory, once per search),
+    `attend` (queries over keys and values already projected) and `extend` (self-attention
+    of one step: its keys and values written into the cache, then attended).
 
     When the "intermediates" collection is mutable, the attention weights
     `(B, N, T, S)` are sown as "attention_weights" (computed by the reference
@@ -134,12 +134,14 @@ class MultiHeadAttention(nn.Module):
         if jnp.shape(inputs_k)[:2] != jnp.shape(inputs_v)[:2]:
             raise ValueError(f"inputs_k {jnp.shape(inputs_k)} and inputs_v "
                              f"{jnp.shape(inputs_v)} must have one (B, S)")
-        kv = KeyValue(self.key(inputs_k), self.value(inputs_v))
-        return self.attend(inputs_q, kv, mask, is_causal=is_causal, deterministic=deterministic)
+        return self.attend(inputs_q, self.keys_values(inputs_k, inputs_v), mask,
+                           is_causal=is_causal, deterministic=deterministic)
 
-    def keys_values(self, inputs_kv) -> KeyValue:
-        """K W^K and V W^V of every head of `inputs_kv` `(B, S, D)`: `(B, S, N, H)` each."""
-        return KeyValue(self.key(inputs_kv), self.value(inputs_kv))
+    def keys_values(self, inputs_kv, inputs_v=None) -> KeyValue:
+        """K W^K and V W^V of every head, `(B, S, N, H)` each, of `inputs_kv` `(B, S, D)`
+        (the values of `inputs_v` when given)."""
+        return KeyValue(self.key(inputs_kv),
+                        self.value(inputs_kv if inputs_v is None else inputs_v))
 
     def attend(self, inputs_q, kv: KeyValue, mask=None, *, is_causal: bool = False,
                deterministic: bool = True):

@@ -105,7 +105,7 @@ def _attention_choices() -> tuple[str, ...]:
 def _dtype_name(value):
     """A dtype given as Flax modules take it (jnp.bfloat16, np.float32, a np.dtype) by its
     name, as the config stores it; a name, or what is no dtype, as it is."""
-    if isinstance(value, str):
+    if not isinstance(value, np.dtype | type):  # np.dtype(None) would be float64
         return value
     try:
         return np.dtype(value).name

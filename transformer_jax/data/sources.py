@@ -228,13 +228,17 @@ def translation_datasets() -> list[str]:
     return sorted(names)
 
 
+# A copy to another file system may keep a file's time to the microsecond or 100 ns only.
+MOVED_MTIME_TOLERANCE_NS = 1_000_000
+
+
 def moved_folder(recorded: dict, now: dict, *, times: bool = True) -> bool:
     """Whether two `describe_split`s (or records holding one) are of one folder's split in
     another folder: all the same but the folder, and its files the same by name, size and
-    (if `times`) modification time, which mv, cp -p and rsync -a keep."""
+    (if `times`) modification time to the millisecond, which mv, cp -p and rsync -a keep."""
     def parts(about: dict):
         rest = {k: v for k, v in about.items() if k not in ("dataset", "files")}
-        files = [[os.path.basename(path), size, mtime_ns if times else None]
+        files = [(os.path.basename(path), size, int(mtime_ns))
                  for path, size, mtime_ns in about["files"]]
         return dataset_kind(about["dataset"])[0], rest, files
 
@@ -242,7 +246,11 @@ def moved_folder(recorded: dict, now: dict, *, times: bool = True) -> bool:
         (kind, rest, files), (kind_now, rest_now, files_now) = parts(recorded), parts(now)
     except (AttributeError, KeyError, TypeError, ValueError):  # not a folder's (or edited)
         return False
-    return kind == kind_now == "folder" and rest == rest_now and files == files_now
+    return (kind == kind_now == "folder" and rest == rest_now and len(files) == len(files_now)
+            and all(name == name_now and size == size_now and (
+                not times or abs(mtime - mtime_now) < MOVED_MTIME_TOLERANCE_NS)
+                for (name, size, mtime), (name_now, size_now, mtime_now)
+                in zip(files, files_now)))
 
 
 def read_folder_split(folder: str, split: str, source_lang: str, target_lang: str) -> list[dict]:

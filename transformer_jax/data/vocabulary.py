@@ -267,10 +267,15 @@ def describe_changes(recorded: dict, now: dict, *, was: str = "") -> str:
         if key == "files" and isinstance(old, list) and isinstance(new, list) and len(
                 old) == len(new):
             changes += [f"{n[0]}: {was}{_file_state(o)}, now {_file_state(n)}"
-                        for o, n in zip(old, new) if _file_state(o) != _file_state(n)]
+                        for o, n in zip(old, new) if _state(o) != _state(n)]
         else:
             changes.append(f"{key}: {was}{old!r}, now {new!r}")
     return "; ".join(changes)
+
+
+def _state(entry):
+    """A folder's file of describe_split, [path, size, mtime_ns], without its path."""
+    return entry[1:] if isinstance(entry, list) else entry
 
 
 def _file_state(entry) -> str:
