@@ -44,11 +44,13 @@ def traced_as(name: str, compiled):
 
 
 def median_seconds(run_once: Callable[[], object], *, warmup: int = 2, iters: int = 10,
-                   budget_s: float = 30.0) -> float:
+                   budget_s: float = 30.0, traced: bool = True) -> float:
     """Median seconds of `run_once()`, which must block until its results are ready.
 
     Warm-up calls are not timed: they absorb compilation, autotuning and caches.
     Slow calls are timed fewer times (never under 3) to stay near `budget_s`.
+    `traced=False`: not traced under `trace_timed_calls`, for what is not the suite's own
+    work (the CPU peak's matmul).
     """
     start = time.perf_counter()
     for _ in range(warmup):
@@ -59,7 +61,7 @@ def median_seconds(run_once: Callable[[], object], *, warmup: int = 2, iters: in
         iters = max(3, int(budget_s / last))
     times = []
     tracing = (jax.profiler.trace(os.path.join(_trace_dir, f"timed-{next(_traces):03d}"),
-                                  create_perfetto_trace=True) if _trace_dir
+                                  create_perfetto_trace=True) if _trace_dir and traced
                else contextlib.nullcontext())
     with tracing:
         for _ in range(iters):
