@@ -55,6 +55,7 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
     assert main([suite, "--quick", f"--json={path}", *vary]) == 0
     result = json.loads(path.read_text())
     assert result["suite"] == suite and result["quick"] is True
+    assert result["argv"] == [suite, "--quick", f"--json={path}", *vary]
     about = result["machine"]
     assert about["jax"] == jax.__version__ and about["cpu_count"] >= 1 and about["device_kind"]
     assert "commit" in about and about["transformer_jax"] == metadata.version("transformer_jax")
@@ -242,6 +243,9 @@ def test_peers_and_their_workdir_are_for_the_decode_suite(args, message, tmp_pat
     (["model", "--loss-chunks=0,-4"], "--loss-chunks takes integers 0 or more"),
     (["model", "--loss-chunks=whole"], "--loss-chunks takes integers 0 or more"),
     (["model", "--models=bse,tiny"], "no model bse here; this backend times tiny"),
+    (["model", "--models=tiny, bse"], "error: no model bse here"),  # spaces as --dtypes takes
+    (["model", "--quick", "--models=base"], "no model base here; this backend times tiny with "
+                                            "--quick"),
     (["model", "--vary", "dropout_bits=8", "--vary", "dropout_bits=16"], "given twice"),
     (["model", "--quick", "--vary", "dropout_bits=8", "--vary", "dropout_rate=0.001"],
      "tiny with {'dropout_bits': 8, 'dropout_rate': 0.001}: ModelConfig.dropout_rate 0.001"),

@@ -193,7 +193,7 @@ def _names(parser, flag: str, text: str | None) -> tuple[str, ...] | None:
     ("base,", or "" from an unset shell variable) is a usage error."""
     if text is None:
         return None
-    names = tuple(text.split(","))
+    names = tuple(name.strip() for name in text.split(","))  # "tiny, small" as --dtypes
     if not all(names):
         parser.error(f"{flag}={text!r} holds an empty name; give names separated by commas")
     return names
@@ -202,7 +202,8 @@ def _names(parser, flag: str, text: str | None) -> tuple[str, ...] | None:
 def main(argv=None) -> int:
     """Runs the suite the command line names, prints its table and notes, then writes the
     --json and --plot files and the --profile summary."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
     if args.suite == "compare":
         # torch shares the GPU: JAX must not take 75 % of its memory up front (read when
         # the backend starts, which is below).
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
     if args.json:
         name = "decode --peers" if args.peers else args.suite
         report.write_json(args.json, report.document(name, rows, quick=args.quick,
-                                                     notes=notes))
+                                                     notes=notes, argv=argv))
         write_stdout_and_go_on(f"wrote {args.json}\n")
     if args.plot:
         from transformer_jax.benchmark import plot

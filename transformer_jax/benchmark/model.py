@@ -336,7 +336,7 @@ def chosen_cases(quick: bool, models=None, vary: dict | None = None):
     names = [case.name for case in cases(quick)]
     if unknown := [name for name in models or () if name not in names]:
         raise ValueError(f"no model {', '.join(unknown)} here; this backend times "
-                         f"{', '.join(names)}")
+                         f"{', '.join(names)}" + (" with --quick" if quick else ""))
     chosen = [case for case in cases(quick) if models is None or case.name in models]
     variants = combinations(vary)
     for case, fields in itertools.product(chosen, variants):

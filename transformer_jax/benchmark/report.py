@@ -42,11 +42,14 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def document(suite: str, rows: list[dict], *, quick: bool, notes: list[str]) -> dict:
-    """The JSON report: the machine and software, then every figure."""
+def document(suite: str, rows: list[dict], *, quick: bool, notes: list[str],
+             argv: list[str] | None = None) -> dict:
+    """The JSON report: the command's arguments (`argv`), the machine and software, then
+    every figure."""
     return {
         "suite": suite,
         "quick": quick,
+        "argv": argv,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine.describe(),
         "notes": notes,
