@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 import signal
@@ -66,6 +67,9 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
                 assert row[field] > 0, (field, row)
     present = {field for row in result["results"] for field in row}
     assert set(POSITIVE[suite]) <= present
+    if suite in ("attention", "model", "decode", "loss"):  # --quick times 3 calls of each
+        assert all(row["timed"] == 3 and 0 <= row["spread"] < math.inf
+                   for row in result["results"] if "ms" in row or "step_ms" in row)
     if suite == "pipeline":  # fills are shares; a resume gives the batch read the first time
         assert all(row.get(f, 0) <= 1 for row in result["results"] for f in ("source_fill",
                                                                                "target_fill"))
@@ -301,7 +305,7 @@ def test_a_jax_option_in_vary_draws_the_state_and_compiles_the_step_and_is_set_b
     timed under it, the row names it, and JAX's own setting is back after the row."""
     case = next(c for c in model_suite.cases(quick=True) if c.name == "tiny")
     seen, drawn = [], []
-    real_fresh_state, real_median_seconds = model_suite.fresh_state, model_suite.median_seconds
+    real_fresh_state, real_timed_seconds = model_suite.fresh_state, model_suite.timed_seconds
 
     def fresh_state(parallel, *args):  # the parameters kept before the step donates them
         state, seconds = real_fresh_state(parallel, *args)
@@ -312,13 +316,13 @@ def test_a_jax_option_in_vary_draws_the_state_and_compiles_the_step_and_is_set_b
         seen.append(("compile", jax.config.jax_threefry_partitionable))
         return compile_seconds(*args, **kwargs)
 
-    def median_spy(run_once, **kwargs):
+    def timed_spy(run_once, **kwargs):
         seen.append(("timed", jax.config.jax_threefry_partitionable))
-        return real_median_seconds(run_once, **kwargs)
+        return real_timed_seconds(run_once, **kwargs)
 
     monkeypatch.setattr(model_suite, "fresh_state", fresh_state)
     monkeypatch.setattr(model_suite, "compile_seconds", compile_spy)
-    monkeypatch.setattr(model_suite, "median_seconds", median_spy)
+    monkeypatch.setattr(model_suite, "timed_seconds", timed_spy)
     row = model_suite.time_train_step(case, "float32", "sharded", quick=True,
                                       fields={"jax_threefry_partitionable": False})
     assert row["jax_threefry_partitionable"] is False and row["state_s"] > 0
@@ -677,6 +681,22 @@ def test_profile_counts_only_the_timed_calls(tmp_path):
         assert [row["calls"] for row in rows if row["operation"] in ("dot", "ynn_fusion")] == [4]
     else:  # the GPU's kernels: the matmul's, once per timed call
         assert max(row["calls"] for row in rows) == 4
+
+
+def test_timed_seconds_gives_the_median_and_the_spread_of_the_timed_calls(monkeypatch):
+    """On a fake clock each call takes its scripted seconds: the 2 warm-up calls are not
+    counted; the 3 timed ones give the median, fastest, slowest, and a row's columns."""
+    from transformer_jax.benchmark import timing
+
+    now, durations = [0.0], iter([50.0, 40.0, 1.0, 3.0, 2.0])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+
+    def run_once():
+        now[0] += next(durations)
+
+    timed = timing.timed_seconds(run_once, warmup=2, iters=3, budget_s=1e9)
+    assert timed == timing.Seconds(median=2.0, fastest=1.0, slowest=3.0, calls=3)
+    assert timed.columns() == {"timed": 3, "spread": 1.0}
 
 
 def test_each_timed_call_keeps_its_own_trace(tmp_path):

@@ -35,8 +35,8 @@ from transformer_jax.attention import (attention_implementations, available_impl
 from transformer_jax.benchmark.flops import attention_flops
 from transformer_jax.benchmark.machine import peak_tflops
 from transformer_jax.benchmark.model import model_configs, packed_segments_BT
-from transformer_jax.benchmark.timing import (MEMORY_NOTE, back_to_back, compile_seconds,
-                                              median_seconds, memory_bytes)
+from transformer_jax.benchmark.timing import (MEMORY_NOTE, SPREAD_NOTE, back_to_back,
+                                              compile_seconds, memory_bytes, timed_seconds)
 from transformer_jax.masks import combine_masks, padding_mask, segment_mask
 from transformer_jax.model_config import DTYPES as MODEL_DTYPES
 
@@ -99,9 +99,9 @@ def time_case(implementation: str, *, batch, seq_len, num_heads, head_dim, dtype
     compiled, _ = compile_seconds(attention_call(attend, causal=causal, backward=backward),
                                   q, k, v, *segments)
     calls = 1 if jax.default_backend() == "cpu" else 10
-    seconds = median_seconds(back_to_back(lambda: compiled(q, k, v, *segments), calls),
-                             warmup=1 if quick else 2,
-                             iters=3 if quick else (10 if calls == 1 else 5)) / calls
+    timed = timed_seconds(back_to_back(lambda: compiled(q, k, v, *segments), calls),
+                          warmup=1 if quick else 2, iters=3 if quick else (10 if calls == 1 else 5))
+    seconds = timed.median / calls
     flops = attention_flops(batch, seq_len, seq_len, num_heads, head_dim, causal=causal,
                             backward=backward)
     peak, _ = peak_tflops(dtype, quick=quick)
@@ -113,7 +113,8 @@ def time_case(implementation: str, *, batch, seq_len, num_heads, head_dim, dtype
     return {"implementation": implementation, "runs": runs,
             "pass": "fwd+bwd" if backward else "forward", "dtype": dtype, "mask": mask,
             "causal": causal, "batch": batch, "seq_len": seq_len,
-            "num_heads": num_heads, "head_dim": head_dim, "ms": seconds * 1e3, "tflops": tflops,
+            "num_heads": num_heads, "head_dim": head_dim, "ms": seconds * 1e3,
+            **timed.columns(), "tflops": tflops,
             "peak_tflops": peak, "peak_fraction": tflops / peak if peak else None,
             "memory_bytes": memory_bytes(compiled)}
 
@@ -355,7 +356,7 @@ def run(quick: bool = False, **overrides) -> tuple[list[dict], list[str]]:
                   if slowest else "vs_fastest: no other implementation",
                   "tflops: attention_flops() in transformer_jax/benchmark/flops.py "
                   "(causal counts half the square)",
-                  MEMORY_NOTE,
+                  MEMORY_NOTE, SPREAD_NOTE,
                   *mask_notes(g), "skipped: " + ("; ".join(skipped) or "none")]
 
 

@@ -17,7 +17,8 @@ from jax import lax
 
 from transformer_jax.benchmark.model import (combinations, jax_options, model_configs,
                                              split_fields, synthetic_batch)
-from transformer_jax.benchmark.timing import compile_seconds, median_seconds, traced_as
+from transformer_jax.benchmark.timing import (SPREAD_NOTE, compile_seconds, timed_seconds,
+                                              traced_as)
 from transformer_jax.token_ids import EOS_ID, PAD_ID
 from transformer_jax.decoding import UNROLL, beam_search, greedy_search
 from transformer_jax.model import Transformer, cast_matmul_params
@@ -137,10 +138,12 @@ def time_search(name, batch, source_len, max_length, *, beam_size, cached, quick
     cast = "once" if cast_once else "each step"
     label = f"{name}-{dtype}-{kind}-{cache}-{batch}x{max_length}-unroll{unroll}"
     with traced_as(label + ("" if cast_once else "-cast_each_step") + options, compiled):
-        seconds = median_seconds(lambda: compiled(params, inputs_BS).block_until_ready(),
-                                 warmup=1, iters=3 if quick else 5)
+        timed = timed_seconds(lambda: compiled(params, inputs_BS).block_until_ready(),
+                              warmup=1, iters=3 if quick else 5)
+    seconds = timed.median
     return {"model": name, "dtype": dtype, "search": kind, "cache": cache, "batch": batch,
             "source_len": source_len, "output_len": max_length, "ms": seconds * 1e3,
+            **timed.columns(),
             "tokens_per_sec": batch * max_length / seconds, "sentences_per_sec": batch / seconds,
             "unroll": unroll, "cast": cast, **fields, "compile_s": compile_s}
 
@@ -182,7 +185,7 @@ def run(quick: bool = False, vary: dict | None = None, dtypes=None,
             rows.append(each)
     return rows, ["tokens_per_sec: output tokens of the best hypothesis per second "
                   "(every sentence generates output_len tokens)",
-                  "speedup: cached tokens/s over uncached, same model and search",
+                  "speedup: cached tokens/s over uncached, same model and search", SPREAD_NOTE,
                   "unroll: search steps per iteration of the loop (beam search's default: "
                   f"{UNROLL}); vs_unroll_1: tokens/s over the same search at 1",
                   "cast: the matrices cast to the compute dtype once, before the search's loop "

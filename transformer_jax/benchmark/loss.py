@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer_jax.benchmark.timing import compile_seconds, median_seconds, memory_bytes
+from transformer_jax.benchmark.timing import (SPREAD_NOTE, compile_seconds, memory_bytes,
+                                              timed_seconds)
 from transformer_jax.losses import (is_correct, smoothed_loss, two_pass_logit_terms,
                                     xla_logit_terms)
 from transformer_jax.output_loss import output_loss
@@ -118,11 +119,13 @@ def time_method(fn, rows: int, width: int, vocab: int, dtype: str, chunk: int, *
     step = jax.jit(jax.value_and_grad(lambda x, t: fn(x, t, targets_R, jnp.dtype(dtype)),
                                       argnums=(0, 1), has_aux=True))
     compiled, compile_s = compile_seconds(step, x_RD, table_VD)
-    seconds = median_seconds(lambda: jax.block_until_ready(compiled(x_RD, table_VD)),
-                             warmup=1 if quick else 2, iters=3 if quick else 10)
+    timed = timed_seconds(lambda: jax.block_until_ready(compiled(x_RD, table_VD)),
+                          warmup=1 if quick else 2, iters=3 if quick else 10)
+    seconds = timed.median
     flops = 6 * rows * width * vocab  # logits, then d(features) and d(table)
     return {"rows": rows, "d_model": width, "vocab": vocab, "dtype": dtype, "chunk": chunk,
-            "ms": seconds * 1e3, "tflops": flops / seconds / 1e12, "compile_s": compile_s,
+            "ms": seconds * 1e3, **timed.columns(), "tflops": flops / seconds / 1e12,
+            "compile_s": compile_s,
             "memory_bytes": memory_bytes(compiled)}
 
 
@@ -146,4 +149,4 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
         "optax: the whole logits, optax's smoothed cross-entropy and jnp.argmax; "
         "tokamax: no label smoothing, weights or accuracy",
         "tflops: the nominal 6·R·D·V of the logits and their two gradients",
-        "vs_whole: the whole logits' time over this method's"]
+        "vs_whole: the whole logits' time over this method's", SPREAD_NOTE]

@@ -23,8 +23,9 @@ import numpy as np
 from transformer_jax import train_state
 from transformer_jax.benchmark.flops import train_step_flops
 from transformer_jax.benchmark.machine import peak_tflops
-from transformer_jax.benchmark.timing import (MEMORY_NOTE, back_to_back, compile_seconds,
-                                               median_seconds, memory_bytes, traced_as)
+from transformer_jax.benchmark.timing import (MEMORY_NOTE, SPREAD_NOTE, back_to_back,
+                                               compile_seconds, memory_bytes, timed_seconds,
+                                               traced_as)
 from transformer_jax.layer_norm import add_layer_norm
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig, get_model_config
@@ -176,8 +177,8 @@ def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
             case, dtype, strategy, quick=quick, packed=packed,
             loss_chunk_size=loss_chunk_size, fields=fields)
         with traced_as(label, step):  # --profile: each case's trace beside its program
-            seconds = median_seconds(run_once, warmup=1 if quick else 2,
-                                     iters=3 if quick else 10) / queued_steps(quick)
+            timed = timed_seconds(run_once, warmup=1 if quick else 2, iters=3 if quick else 10)
+    seconds = timed.median / queued_steps(quick)
     flops = train_step_flops(config, case.batch, case.length, case.length)
     matmuls = train_step_flops(config, case.batch, case.length, case.length, attention=False)
     peak, _ = peak_tflops(dtype, quick=quick)
@@ -185,7 +186,8 @@ def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
     return {"model": case.name, "dtype": dtype, "strategy": strategy, "batch": case.batch,
             "length": case.length, "rows": "packed" if packed else "full",
             "loss_chunk": loss_chunk_size, **fields,
-            "step_ms": seconds * 1e3, "tokens_per_sec": case.batch * case.length / seconds,
+            "step_ms": seconds * 1e3, **timed.columns(),
+            "tokens_per_sec": case.batch * case.length / seconds,
             "real_tokens_per_sec": int(np.count_nonzero(batch["targets"])) / seconds,
             "compile_s": compile_s, "state_s": state_s, "tflops": tflops,
             "mfu": tflops / peak if peak else None,
@@ -403,4 +405,4 @@ def run(quick: bool = False, *, models=None, dtypes=None, strategies=None,
                   "program compiled and run, the optimizer's state, placed on the devices",
                   "tflops, mfu: train_step_flops() in transformer_jax/benchmark/flops.py; "
                   "mfu_no_attention leaves out softmax(Q Kᵀ) V",
-                  f"{MEMORY_NOTE} (per device)"]
+                  f"{MEMORY_NOTE} (per device)", SPREAD_NOTE]

@@ -1,4 +1,5 @@
-"""Timing compiled calls: median wall time after warm-up, and compile time."""
+"""Timing compiled calls: median wall time after warm-up (with the spread of the timed
+calls), and compile time."""
 
 import contextlib
 import itertools
@@ -6,6 +7,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 
@@ -43,9 +45,28 @@ def traced_as(name: str, compiled):
         _trace_dir = outer
 
 
-def median_seconds(run_once: Callable[[], object], *, warmup: int = 2, iters: int = 10,
-                   budget_s: float = 30.0, traced: bool = True) -> float:
-    """Median seconds of `run_once()`, which must block until its results are ready.
+class Seconds(NamedTuple):
+    """The timed calls' seconds: their median, the fastest and the slowest, and how many."""
+
+    median: float
+    fastest: float
+    slowest: float
+    calls: int
+
+    def columns(self) -> dict:
+        """A row's columns: `timed` calls and their `spread`, (slowest - fastest) / median:
+        a difference between rows smaller than their spreads is not a measured one."""
+        return {"timed": self.calls, "spread": (self.slowest - self.fastest) / self.median}
+
+
+def median_seconds(run_once: Callable[[], object], **timing) -> float:
+    """The median of `timed_seconds(run_once, **timing)`."""
+    return timed_seconds(run_once, **timing).median
+
+
+def timed_seconds(run_once: Callable[[], object], *, warmup: int = 2, iters: int = 10,
+                  budget_s: float = 30.0, traced: bool = True) -> Seconds:
+    """Seconds of `run_once()`, which must block until its results are ready.
 
     Warm-up calls are not timed: they absorb compilation, autotuning and caches.
     Slow calls are timed fewer times (never under 3) to stay near `budget_s`.
@@ -68,7 +89,7 @@ def median_seconds(run_once: Callable[[], object], *, warmup: int = 2, iters: in
             start = time.perf_counter()
             run_once()
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return Seconds(statistics.median(times), min(times), max(times), len(times))
 
 
 def alternated_steps(runs: dict[str, list], rounds: int, *,
@@ -114,6 +135,8 @@ def compile_seconds(jitted, *args, compiler_options: dict | None = None, **stati
 
 
 MEMORY_NOTE = "memory_bytes: arguments + outputs + temporaries in XLA's buffer plan"
+SPREAD_NOTE = ("timed: calls timed after the warm-up ones, the median reported; spread: "
+               "(slowest - fastest) / median: rows closer than their spreads differ by noise")
 
 
 def memory_bytes(compiled) -> int | None:
