@@ -515,6 +515,32 @@ def test_a_reader_that_goes_away_stops_no_file_and_ctrl_c_is_one_line(tmp_path):
     assert "Traceback" not in stderr and not (tmp_path / "i.json").exists()
 
 
+def test_a_suites_bars_draw_every_row_with_its_headline_figure():
+    """compare's train-step and attention rows share TFLOP/s, so each gets a bar (its
+    attention rows had no tokens/s and were left out); values 100 x apart and more are
+    drawn on a log scale (grain's packers beside ours), the others on a linear one."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from transformer_jax.benchmark.plot import HEADLINE, bar_figure
+
+    compare = [dict(framework="ours", tokens_per_sec=9.0, tflops=0.5),
+               dict(framework="torch", tokens_per_sec=6.0, tflops=0.3),
+               dict(framework="ours attention", length=16, tflops=0.6),
+               dict(framework="flax attention", length=16, tflops=0.4)]
+    figure = bar_figure(compare, HEADLINE["compare"], "compare")
+    (axes,) = figure.axes
+    assert [bar.get_width() for bar in axes.patches] == [0.5, 0.3, 0.6, 0.4]
+    assert axes.get_xscale() == "linear" and axes.get_xlabel() == "TFLOP/s"
+    plt.close(figure)
+    pipeline = [dict(packer="ours", examples_per_sec=400_000.0),
+                dict(packer="grain", examples_per_sec=761.0)]
+    figure = bar_figure(pipeline, HEADLINE["pipeline"], "pipeline")
+    assert figure.axes[0].get_xscale() == "log"
+    assert figure.axes[0].get_xlabel() == "examples/s (log scale)"
+    plt.close(figure)
+
+
 def test_bars_are_labelled_by_the_settings_that_tell_rows_apart():
     """Rows differing only in an int (loss_chunk, unroll) get bars of their own; the settings
     all rows share go to the title; a byte count is a measure, not a setting; rows of equal
