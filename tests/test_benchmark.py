@@ -515,6 +515,18 @@ def test_a_reader_that_goes_away_stops_no_file_and_ctrl_c_is_one_line(tmp_path):
     assert "Traceback" not in stderr and not (tmp_path / "i.json").exists()
 
 
+def test_help_says_what_each_suite_times(capsys):
+    from transformer_jax.benchmark import SUITES
+    from transformer_jax.benchmark.__main__ import SUITE_HELP
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0 and list(SUITE_HELP) == list(SUITES)
+    lines = capsys.readouterr().out.split("\nsuites:\n")[1].splitlines()
+    assert [line.split()[0] for line in lines] == list(SUITES)
+    assert all(len(line) <= 100 for line in lines)
+
+
 def test_a_suites_bars_draw_every_row_with_its_headline_figure():
     """compare's train-step and attention rows share TFLOP/s, so each gets a bar (its
     attention rows had no tokens/s and were left out); values 100 x apart and more are

@@ -44,11 +44,24 @@ def parse_args(argv):
     return args
 
 
+SUITE_HELP = {
+    "attention": "each attention implementation by length, head dim, dtype, mask; TFLOP/s",
+    "model": "the whole train step (forward, backward, Adam) of each model; tokens/s, MFU",
+    "decode": "greedy and beam search, with the key/value cache and without; tokens/s",
+    "pipeline": "prepared ids to packed and bucketed batches, beside grain's packers",
+    "compare": "our train step and attention beside PyTorch's and Flax's, side by side",
+    "loss": "the output layer and label-smoothed loss: whole logits, chunks, optax",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m transformer_jax.benchmark",
-        description="Time the compiled pieces of transformer_jax; see BENCHMARKS.md.")
-    parser.add_argument("suite", choices=SUITES, help="what to time")
+        description="Time the compiled pieces of transformer_jax; see docs/benchmarks.md "
+                    "and BENCHMARKS.md.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="suites:\n" + "".join(
+            f"  {name:10s} {what}\n" for name, what in SUITE_HELP.items()))
+    parser.add_argument("suite", choices=SUITES, help="what to time (below)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes and few repetitions: a check that runs in seconds")
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
