@@ -18,6 +18,7 @@ import traceback
 
 import flax.linen as nn
 import jax
+import tqdm
 
 from transformer_jax.benchmark import attention, model, torch_peer
 from transformer_jax.benchmark.flops import attention_flops, train_step_flops
@@ -130,7 +131,7 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
     beside torch's flash SDPA on a GPU, or Flax's attention on a CPU."""
     rows, notes = [], ["ratio: ours over the row below it (tokens/s, or TFLOP/s for attention)"]
     missing = torch_peer.torch_available()
-    for case in train_cases(quick):
+    for case in tqdm.tqdm(train_cases(quick), desc="compare", disable=quick):
         ours = jax_row(case, quick=quick)
         rows.append(ours)
         if missing:

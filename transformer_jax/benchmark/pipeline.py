@@ -24,6 +24,7 @@ import functools
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 
@@ -129,15 +130,18 @@ def numbers_rows(quick: bool, workdir: str) -> list[dict]:
     """The default run's data: our packer at 0-2 workers, then grain's two packers."""
     data = data_fields(numbers_size="small" if quick else "full", max_source_length=16,
                        max_target_length=32)
+    stage("preparing the numbers dataset", quick)
     split = _prepare_train(data, workdir)
     name, rows = f"numbers ({data.numbers_size})", []
     for case in (c for c in cases(quick) if c.data == "numbers"):
+        stage(f"reading numbers batches at {case.workers} workers", quick)
         batches = _batches(split, case)
         figures = time_batches(batches, 10 if quick else 2000, warmup=2 if quick else 50)
         batches.close()
         rows.append(_rate_row(name, "transformer_jax", case, figures))
     for packer, workers in [(p, w) for p in GRAIN_PACKERS for w in ((0,) if quick else (0, 2))]:
         case = Case("numbers", 64, 16, 32, workers)
+        stage(f"reading grain's {packer} batches at {workers} workers", quick)
         batches = _grain_batches(packer, split, case)
         figures = time_batches(batches, 3 if quick else 40 * (1 + workers),
                                warmup=1 if quick else 4, segments="_segment_ids")
@@ -177,23 +181,34 @@ def prepare_wmt(pairs: int, quick: bool, tmp: str) -> tuple[dict, object, str]:
     sentencepiece's threads, then again with one worker process per core: the seconds of
     each and the preparations' pairs/s; then its config.data and workdir."""
     start = time.perf_counter()
+    stage(f"generating a WMT-like corpus of {pairs:,} pairs", quick)
     data = wmt_data(write_wmt_like_corpus(os.path.join(tmp, "corpus"), pairs), quick)
     generated = time.perf_counter()
     workdir = os.path.join(tmp, "wmt")
+    stage("training its tokenizer", quick)
     get_tokenizer(data, workdir)
     trained = time.perf_counter()
+    stage("preparing its ids on sentencepiece's threads", quick)
     _prepare_train(data, workdir, processes=0)
     threads = time.perf_counter() - trained
     shutil.rmtree(prepared_dir(workdir))
+    processes = worker_processes(pairs)
+    stage(f"preparing its ids again in {processes} worker processes", quick)
     started = time.perf_counter()
     _prepare_train(data, workdir)  # prepare's default: worker processes at this size
     seconds, cores = time.perf_counter() - started, usable_cores()
     return {"pairs": pairs, "generate_s": generated - start, "tokenizer_s": trained - generated,
             "prepare_s": seconds, "pairs_per_sec": pairs / seconds,
-            "pairs_per_sec_per_core": pairs / seconds / cores,
-            "processes": worker_processes(pairs),
+            "pairs_per_sec_per_core": pairs / seconds / cores, "processes": processes,
             "threads_prepare_s": threads, "threads_pairs_per_sec": pairs / threads,
-            "processes_over_threads": threads / seconds}, data, workdir
+            # None with no worker processes: both preparations ran on the threads
+            "processes_over_threads": threads / seconds if processes else None}, data, workdir
+
+
+def stage(text: str, quiet) -> None:
+    """A line on stderr as a long stage of the suite starts (none with `quiet`)."""
+    if not quiet:
+        print(f"pipeline: {text}", file=sys.stderr, flush=True)
 
 
 def _memory_mb() -> dict[str, float]:
@@ -252,10 +267,13 @@ def wmt_rows(quick: bool, tmp: str) -> list[dict]:
     pairs = WMT_QUICK_PAIRS if quick else WMT_PAIRS
     prepared, data, workdir = prepare_wmt(pairs, quick, tmp)
     name = f"wmt-like ({pairs:,})"
-    rows = [_rate_row(name, "transformer_jax", case,
-                      read_wmt(data, workdir, case, resume_after=5 if quick else 50,
-                               num_batches=5 if quick else 300))
-            for case in cases(quick) if case.data == "wmt"]
+    rows = []
+    for case in (c for c in cases(quick) if c.data == "wmt"):
+        stage(f"reading its batches at {case.workers} workers"
+              + (f", a budget of {case.tokens:,} tokens" if case.tokens else ""), quick)
+        rows.append(_rate_row(name, "transformer_jax", case,
+                              read_wmt(data, workdir, case, resume_after=5 if quick else 50,
+                                       num_batches=5 if quick else 300)))
     return rows + [{"data": name, "stage": "prepare", **prepared}]
 
 
