@@ -19,6 +19,7 @@ import pytest
 
 from transformer_jax import Transformer, count_parameters, get_model_config
 from transformer_jax.benchmark import SUITES, decode, flops, machine, report, timing
+from transformer_jax.benchmark import attention as attention_suite
 from transformer_jax.benchmark import model as model_suite
 from transformer_jax.benchmark.__main__ import main, parse_args
 from transformer_jax.benchmark.model import model_configs, synthetic_batch
@@ -221,7 +222,8 @@ def test_peers_and_their_workdir_are_for_the_decode_suite(args, message, tmp_pat
     (["model", "--vary", "d_model=wide"], "d_model= takes int values, got 'wide'"),
     (["model", "--vary", "dtype=bfloat16"], "a ModelConfig field other than dtype (--dtypes)"),
     (["decode", "--dtypes=float32,bf16"], "--dtypes takes float32, bfloat16, float16, got 'bf16'"),
-    (["attention", "--dtypes=float32"], "--dtypes is for the model and decode suites"),
+    (["compare", "--dtypes=float32"], "--dtypes is for the attention, model and decode suites"),
+    (["pipeline", "--vary", "dropout_bits=8"], "--vary is for the model and decode suites"),
     (["decode", "--searches=greedy,beam"], "--searches: a search is greedy or beamK"),
     (["decode", "--searches=beam1"], "with a beam size K of 2 or more (beam4), got 'beam1'"),
     (["model", "--searches=greedy"], "--searches is for the decode suite"),
@@ -414,8 +416,6 @@ def test_the_attention_grid_refuses_what_it_cannot_time_before_timing():
     """From a notebook, `attention.run(**overrides)`: an unknown key, float64 (float32 under
     JAX's default, timed under float64's name), and sizes of 0 (a ZeroDivisionError deep in
     the suite), each one ValueError naming the key."""
-    from transformer_jax.benchmark import attention as attention_suite
-
     for overrides, message in [
             ({"implementations": ("xla",)}, r"^unknown attention grid keys \['implementations'\]"),
             ({"dtypes": ("float64",)}, r"^dtypes must be among \('float32', 'bfloat16', "
@@ -1044,7 +1044,7 @@ def test_dtypes_searches_and_strategies_choose_what_the_suites_time(monkeypatch,
     (uncached, one step per iteration, cast at each step), in bfloat16 alone, beam size 8;
     `model --dtypes=float16,float32` times those dtypes in that order, and
     `--strategies=sharded,pmap` those strategies (both suites' timing faked: the grid
-    alone)."""
+    alone); `attention --dtypes=bfloat16` that dtype alone."""
     searches = []
 
     def fake_search(name, batch, source_len, max_length, *, beam_size, cached, quick, dtype,
@@ -1067,6 +1067,14 @@ def test_dtypes_searches_and_strategies_choose_what_the_suites_time(monkeypatch,
     steps.clear()
     assert main(["model", "--quick", "--strategies=sharded,pmap", "--loss-chunks=0"]) == 0
     assert steps == ["sharded", "pmap"]
+    # attention --dtypes=bfloat16: the grid's dtypes replaced, nothing else (run is faked;
+    # tests/test_attention.py and notebook 03 run the grid with overrides)
+    grids = []
+    monkeypatch.setattr(attention_suite, "run", lambda quick, **overrides: (
+        grids.append(overrides) or ([{"dtype": "bfloat16", "ms": 1.0}], [])))
+    assert main(["attention", "--quick", "--dtypes=bfloat16"]) == 0
+    assert main(["attention", "--quick"]) == 0
+    assert grids == [{"dtypes": ("bfloat16",)}, {}]
 
 
 def test_a_decode_search_is_built_and_compiled_with_its_fields(monkeypatch):

@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--models", metavar="NAMES",
                         help="model: time only these of its models (comma-separated)")
     parser.add_argument("--dtypes", metavar="D1,D2",
-                        help="model and decode: time these compute dtypes, of "
+                        help="attention, model and decode: time these dtypes, of "
                              f"{', '.join(DTYPES)} (default: the suite's for this backend)")
     parser.add_argument("--strategies", metavar="S1,S2",
                         help=f"model: time the step under these of {', '.join(STRATEGIES)} "
@@ -109,11 +109,12 @@ def _check_flags_fit_the_suite(parser, args) -> None:
     model_flags = (args.models, args.loss_chunks, args.strategies)
     if any(flag is not None for flag in model_flags) and args.suite != "model":
         parser.error("--models, --loss-chunks and --strategies are for the model suite")
-    for flag, suites in (("vary", ("model", "decode")), ("dtypes", ("model", "decode")),
-                         ("searches", ("decode",))):
+    for flag, suites in (("vary", ("model", "decode")),
+                         ("dtypes", ("attention", "model", "decode")), ("searches", ("decode",))):
         if getattr(args, flag) not in (None, []) and args.suite not in suites:
-            parser.error(f"--{flag} is for the {' and '.join(suites)} suite"
-                         + ("s" if len(suites) > 1 else ""))
+            named = " and ".join([", ".join(suites[:-1]), suites[-1]] if len(suites) > 1
+                                 else suites)
+            parser.error(f"--{flag} is for the {named} suite" + ("s" if len(suites) > 1 else ""))
         if getattr(args, flag) not in (None, []) and args.peers:
             parser.error(f"--{flag} is not for decode --peers, which times one search of "
                          f"its own")
@@ -256,6 +257,7 @@ def _run_suite(args) -> tuple[list[dict], list[str]]:
     options = {"model": dict(models=args.models, dtypes=args.dtypes, vary=args.vary,
                              loss_chunks=args.loss_chunks, strategies=args.strategies),
                "decode": dict(dtypes=args.dtypes, searches=args.searches, vary=args.vary),
+               "attention": {} if args.dtypes is None else dict(dtypes=args.dtypes),
                }.get(args.suite, {})
     return suite.run(quick=args.quick, **options)
 
