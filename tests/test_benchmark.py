@@ -412,6 +412,20 @@ def test_an_xla_option_in_vary_reaches_the_compiled_step(strategy, tmp_path):
     assert any(step_scope.search(program) for program in programs), os.listdir(tmp_path)
 
 
+def test_a_gpu_option_varied_on_another_backend_is_noted_as_changing_nothing():
+    """`--vary xla_gpu_...` on a CPU: XLA takes the option and compiles the same program,
+    so its rows differ by noise (6.55 and 9.49 ms in one --quick run on 2 cores); a note
+    says so."""
+    from transformer_jax.benchmark.__main__ import _inert_options
+
+    notes = _inert_options({"xla_gpu_enable_cublaslt": (True, False), "dropout_bits": (8,)})
+    backend = jax.default_backend()
+    assert notes == ([] if backend == "gpu" else [
+        f"xla_gpu_enable_cublaslt: XLA's GPU backend's, not this {backend} backend's: each "
+        f"value compiles the same program, and their rows differ by noise"])
+    assert _inert_options({}) == [] and _inert_options({"dropout_bits": (8, 16)}) == []
+
+
 def test_the_attention_grid_refuses_what_it_cannot_time_before_timing():
     """From a notebook, `attention.run(**overrides)`: an unknown key, float64 (float32 under
     JAX's default, timed under float64's name), and sizes of 0 (a ZeroDivisionError deep in

@@ -259,7 +259,19 @@ def _run_suite(args) -> tuple[list[dict], list[str]]:
                "decode": dict(dtypes=args.dtypes, searches=args.searches, vary=args.vary),
                "attention": {} if args.dtypes is None else dict(dtypes=args.dtypes),
                }.get(args.suite, {})
-    return suite.run(quick=args.quick, **options)
+    rows, notes = suite.run(quick=args.quick, **options)
+    return rows, notes + _inert_options(args.vary or {})
+
+
+def _inert_options(vary: dict) -> list[str]:
+    """A note naming the --vary options of XLA's GPU backend when this one is another: XLA
+    takes them and compiles the same program, so their rows differ by noise alone."""
+    import jax
+
+    backend = jax.default_backend()
+    inert = [name for name in vary if name.startswith("xla_gpu_")] if backend != "gpu" else []
+    return [f"{', '.join(inert)}: XLA's GPU backend's, not this {backend} backend's: each "
+            f"value compiles the same program, and their rows differ by noise"] if inert else []
 
 
 def _profile_summary(trace_dir: str) -> str:
