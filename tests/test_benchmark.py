@@ -706,10 +706,13 @@ def test_pipeline_counts():
 
 
 def test_table_aligns_every_key():
-    text = report.table([{"a": 1.23456, "b": "x"}, {"a": 12345.6, "c": None}])
+    """Floats to 3 digits or whole with separators, large ints (a byte count) with them."""
+    text = report.table([{"a": 1.23456, "b": "x", "n": 151666744},
+                         {"a": 12345.6, "c": None, "n": 4096}])
     lines = text.splitlines()
-    assert lines[0].split() == ["a", "b", "c"]
-    assert lines[2].split() == ["1.23", "x", "-"] and lines[3].split() == ["12,346", "-", "-"]
+    assert lines[0].split() == ["a", "b", "n", "c"]
+    assert lines[2].split() == ["1.23", "x", "151,666,744", "-"]
+    assert lines[3].split() == ["12,346", "-", "4096", "-"]
     assert len({len(line) for line in lines}) == 1
 
 

@@ -14,6 +14,8 @@ def format_value(value) -> str:
         if abs(value) >= 1000:
             return f"{value:,.0f}"
         return f"{value:.3g}" if value == 0 or abs(value) >= 0.01 else f"{value:.2e}"
+    if isinstance(value, int) and abs(value) >= 10_000:  # memory_bytes: 259,041,992
+        return f"{value:,}"
     return str(value)
 
 
