@@ -30,7 +30,8 @@ from transformer_jax.trained_params import load_trained_params
 from transformer_jax.model_config import get_model_config
 from transformer_jax.resume_checks import refuse_other_model, refuse_other_optimizer
 from transformer_jax.metrics_window import MetricsWindow, NonFiniteLossError
-from transformer_jax.trainer import ConfigError, _perplexity, check_config, train
+from transformer_jax.config_checks import check_config
+from transformer_jax.trainer import ConfigError, _perplexity, train
 
 
 def records(workdir) -> list[dict]:
@@ -463,7 +464,7 @@ def test_train_names_what_it_takes_for_a_config_of_another_kind(tmp_path):
     TypeError, not an AttributeError from deep in the checks."""
     with pytest.raises(TypeError) as caught:
         train([("num_train_steps", 2)], str(tmp_path))
-    assert str(caught.value) == ("train takes the run's config: an ml_collections.ConfigDict "
+    assert str(caught.value) == ("a run's config is an ml_collections.ConfigDict "
                                  "(load_config_file, run_config.base_config()) or a dict of its "
                                  "keys, not list")
     misspelt = tiny_run().to_dict()

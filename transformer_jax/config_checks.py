@@ -2,15 +2,20 @@
 
     check_config(config)                 # ConfigError("config.decode.beam_size must be ...")
     check_config(config, devices=False)  # all but what asks JAX's backend
+    config = checked_copy(config)        # the run's own copy, checked, its paths absolute
 
 The checks run in the order of their cost: the keys and values first, with no JAX imported
 (a bad value on a command line is named in a fraction of a second); then the optimizer's
 and the loss's rules (optax and JAX), then what the machine's devices can run.
 """
 
+import copy
 import dataclasses
+from collections.abc import Mapping
 
-from transformer_jax.data.sources import DataError, dataset_kind
+import ml_collections
+
+from transformer_jax.data.sources import DataError, absolute_dataset, dataset_kind
 from transformer_jax.data.tokenizer import MIN_VOCAB_SIZE, MODEL_TYPES
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.run_config import (BATCHING, SEARCH_SETTINGS, STRATEGIES, TOO_LONG,
@@ -19,6 +24,20 @@ from transformer_jax.run_config import (BATCHING, SEARCH_SETTINGS, STRATEGIES, T
 
 class ConfigError(ValueError):
     """A run config that cannot work; raised before anything compiles."""
+
+
+def checked_copy(config) -> ml_collections.ConfigDict:
+    """`config` (a ConfigDict, frozen or not, or a dict of its keys) as a run keeps it: a
+    copy, so the caller's is left as it was, checked (`check_config`), with a folder
+    dataset's path made absolute (`absolute_dataset`) for the records the run writes."""
+    if not isinstance(config, Mapping | ml_collections.ConfigDict):
+        raise TypeError(f"a run's config is an ml_collections.ConfigDict (load_config_file, "
+                        f"run_config.base_config()) or a dict of its keys, not "
+                        f"{type(config).__name__}")
+    config = ml_collections.ConfigDict(copy.deepcopy(config))
+    check_config(config)
+    config.data.dataset = absolute_dataset(config.data.dataset)
+    return config
 
 
 def check_config(config, *, devices: bool = True) -> None:

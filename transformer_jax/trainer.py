@@ -36,24 +36,21 @@ idle time per step, the operations that took it, and their time by part of the m
 
 import collections
 import contextlib
-import copy
 import dataclasses
 import functools
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
-import ml_collections
 
 from transformer_jax.bleu import score
 from transformer_jax.checkpoint import Checkpointer, DataPositionError, StateMismatchError
-from transformer_jax.config_checks import ConfigError, check_config
+from transformer_jax.config_checks import ConfigError, checked_copy
 from transformer_jax.data import eval_batches, load_split, prepare
-from transformer_jax.data.sources import absolute_dataset
 from transformer_jax.data.vocabulary import CHECKPOINT_TOKENIZER_KEY, tokenizer_path
 from transformer_jax.metrics_window import MetricsWindow
 from transformer_jax.model import Transformer
@@ -120,9 +117,7 @@ def train(config, workdir: str, *, launched: float | None = None) -> TrainResult
     `launched`, the monotonic time its process started (train.py passes it), adds to the
     first step's line the time before training began: Python, the imports, JAX's devices.
     """
-    config = _own_copy(config)
-    check_config(config)
-    config.data.dataset = absolute_dataset(config.data.dataset)
+    config = checked_copy(config)
     workdir = writable_folder(workdir)
     # From here on: while data is read and the step compiles too.
     started = time.monotonic()
@@ -133,16 +128,6 @@ def train(config, workdir: str, *, launched: float | None = None) -> TrainResult
             lambda: held.enter_context(workdir_lock(workdir)) if jax.process_index() == 0
             else None, "lock the workdir", quiet=True)
         return _train(config, workdir, stop, (launched, started))
-
-
-def _own_copy(config) -> ml_collections.ConfigDict:
-    """A ConfigDict of `config` (a ConfigDict, frozen or not, or a dict of its keys) that
-    training may change without changing the caller's."""
-    if not isinstance(config, Mapping | ml_collections.ConfigDict):
-        raise TypeError(f"train takes the run's config: an ml_collections.ConfigDict "
-                        f"(load_config_file, run_config.base_config()) or a dict of its keys, "
-                        f"not {type(config).__name__}")
-    return ml_collections.ConfigDict(copy.deepcopy(config))
 
 
 def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult:

@@ -29,11 +29,11 @@ import tempfile
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer_jax.config_checks import ConfigError, check_config
+from transformer_jax.config_checks import ConfigError, checked_copy
 from transformer_jax.output_paths import OutputPathError, writable_folder
 from transformer_jax.data import report
 from transformer_jax.data.prepared import PREPARED_SPLITS, prepare, prepared_dir
-from transformer_jax.data.sources import DataError, absolute_dataset, load_split
+from transformer_jax.data.sources import DataError, load_split
 from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path
 from transformer_jax.command_line import parse_flags
 from transformer_jax.commands import interrupt_in_one_line
@@ -63,10 +63,9 @@ def main(argv) -> None:
     if config is None:
         sys.exit("error: --config is required, e.g. --config=configs/default.py")
     try:
-        check_config(config)  # train.py's checks: a bad value is one line before any reading
+        config = checked_copy(config)  # as train() checks and records it, before any reading
     except ConfigError as error:
         sys.exit(f"error: {error}")
-    config.data.dataset = absolute_dataset(config.data.dataset)  # recorded as train.py does
     if command == ["prepare"]:
         return prepare_command(config)
     try:
