@@ -71,6 +71,22 @@ def test_an_evaluation_draws_curves_png_and_so_does_the_end(tmp_path):
         "curves.png", "metrics.jsonl"]
 
 
+def test_a_run_ending_on_an_evaluation_draws_it_once(tmp_path):
+    """close() redraws only when records came after the last drawing: the picture written
+    at the last evaluation is the file left (curves.png is replaced whole, so a redrawing
+    would be another file)."""
+    log = RunLog(str(tmp_path), total_steps=4, first_step=0)
+    log.write(4, {"loss": 1.0, "learning_rate": 0.5})
+    log.write(4, {"eval_loss": 0.75})
+    drawn = (tmp_path / "curves.png").stat().st_ino
+    log.close()
+    assert (tmp_path / "curves.png").stat().st_ino == drawn
+    resumed = RunLog(str(tmp_path), total_steps=6, first_step=4)  # records of its own: drawn
+    resumed.write(6, {"loss": 0.5, "learning_rate": 0.5})
+    resumed.close()
+    assert (tmp_path / "curves.png").stat().st_ino != drawn
+
+
 def test_a_drawing_failure_warns_once_and_the_run_goes_on(tmp_path, capsys):
     (tmp_path / "curves.png").mkdir()  # a folder where the picture would go
     log = RunLog(str(tmp_path), total_steps=4, first_step=0)
