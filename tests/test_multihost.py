@@ -20,9 +20,13 @@ from transformer_jax import processes
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-# Past the 30 s a first collective over gloo waits for the others: the wait that was a
-# collective (multihost_utils.sync_global_devices) failed here with DEADLINE_EXCEEDED.
-PREPARE_DELAY_S = 32
+# Long enough that process 1 reaches its wait first, however the two start. (It was 32 s,
+# past the 30 s within which a first collective over gloo once had to meet the others: the
+# wait that was a collective, multihost_utils.sync_global_devices, failed then with
+# DEADLINE_EXCEEDED. With jax 0.10.2 that collective waits 32 s and succeeds (2 processes,
+# 2026-11-30), so the delay no longer tells the two waits apart; the key-value wait is
+# tested in test_others_wait_for_process_0_then_run_fn.)
+PREPARE_DELAY_S = 5
 COLLECTIVE_TIMEOUT_S = 5  # the killed-peer test's, set through XLA_FLAGS
 
 
