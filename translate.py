@@ -63,6 +63,12 @@ def main(argv) -> None:
         if flag.value == "":  # it was read as no flag: a script's output went to stdout
             sys.exit(f"error: --{flag.name} is empty (an unset shell variable?); name a file, "
                      f"or leave the flag out for {otherwise}")
+    try:  # the files first, before JAX loads (a second or more): their errors come at once
+        if _OUTPUT.value:  # before any work whose results would go there
+            writable_file(_OUTPUT.value, "--output")
+        lines = read_lines(_INPUT.value) if _INPUT.value else None
+    except (DataError, OutputPathError, OSError) as error:
+        sys.exit(f"error: {error}")
     from transformer_jax.compilation_cache import use_compilation_cache
     from transformer_jax.export.engines import open_engine
     from transformer_jax.translation import TranslationError
@@ -71,12 +77,11 @@ def main(argv) -> None:
     if _ENGINE.value == "jax" and _WORKDIR.value:
         use_compilation_cache(_WORKDIR.value)  # the searches of earlier commands, loaded
     try:
-        if _OUTPUT.value:  # before any work whose results would go there
-            writable_file(_OUTPUT.value, "--output")
         engine = open_engine(_ENGINE.value, workdir=_WORKDIR.value, exported=_EXPORTED.value,
                              checkpoint=_CHECKPOINT.value)
-        typed = not _INPUT.value and sys.stdin is not None and sys.stdin.isatty()
-        lines = [] if typed else read_lines(_INPUT.value) if _INPUT.value else _read_stdin()
+        # stdin after the engine: a run's error is not held back by a pipe still writing
+        typed = lines is None and sys.stdin is not None and sys.stdin.isatty()
+        lines = [] if typed else lines if lines is not None else _read_stdin()
     except (TranslationError, DataError, ConfigError, OutputPathError, OSError) as error:
         sys.exit(f"error: {error}")
     print(engine.source, file=sys.stderr)  # stdout: translations

@@ -192,11 +192,12 @@ def test_translate_errors_are_one_line(workdir, tmp_path):
                           ([f"--workdir={workdir}", "--checkpoint=average:5"],
                            "average:5 needs 5 checkpoints; there are 2"),
                           ([f"--workdir={workdir}", "--checkpoint=3"], "use latest, a step (2, 4)"),
-                          ([f"--workdir={workdir}", f"--input={tmp_path / 'missing.txt'}"],
+                          # the files are checked before the run is read (and JAX loads)
+                          ([f"--workdir={tmp_path}", f"--input={tmp_path / 'missing.txt'}"],
                            "missing.txt"),
                           ([f"--workdir={workdir}", "--checkpoint=average:x"],
                            "average:N needs a number of checkpoints N"),
-                          ([f"--workdir={workdir}", f"--output={tmp_path}"],
+                          ([f"--workdir={tmp_path}", f"--output={tmp_path}"],
                            f"error: --output={tmp_path} is a folder; give a file name"),
                           # Translator's words (search flags, and one of translate.py's own)
                           ([f"--workdir={workdir}", "--beam_size=0"],
