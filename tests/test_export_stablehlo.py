@@ -504,6 +504,11 @@ def test_sources_that_are_no_ids_of_the_model_are_refused(exported):
         assert one_line_error(lambda: translator.translate_ids(sources, beam_size=1)) == message
     assert one_line_error(lambda: translator.translate(["null"], max_input_length=0)) == (
         "max_input_length must be a positive integer or None, got 0")
+    # An export.json that does not say vocab_size: negative ids alone are refused.
+    with pytest.raises(StableHLOError, match=r"^source 1 holds ids below 0, which no "
+                       r"vocabulary holds: -5 to 1$"):
+        serve_stablehlo._check_ids([[-5, 1]], None)
+    serve_stablehlo._check_ids([[10**6, 1]], None)  # no upper bound to pass
     ids = translator.translate_ids([np.array([5, 1], np.int64), [vocab_size - 1, 1]],
                                    beam_size=1)  # NumPy's ids, and the last id, are ids
     assert len(ids) == 2

@@ -283,8 +283,11 @@ def _check_ids(source_ids, vocab_size: int | None) -> None:
             raise StableHLOError(f"source {number} is not a list of token ids ending with EOS "
                                  f"({EOS_ID}): {ids.tolist()!r}")
         if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
-            raise StableHLOError(f"source {number} holds ids outside the model's vocabulary "
-                                 f"[0, {vocab_size}): {ids.min()} to {ids.max()}")
+            # an export.json without the model's vocab_size bounds the ids below only
+            bounds = (f"outside the model's vocabulary [0, {vocab_size})"
+                      if vocab_size is not None else "below 0, which no vocabulary holds")
+            raise StableHLOError(f"source {number} holds ids {bounds}: {ids.min()} to "
+                                 f"{ids.max()}")
 
 
 def _refuse_too_long(source_ids, cap, limit: str, advice: str) -> None:
