@@ -27,8 +27,10 @@ $(STAMP): pyproject.toml
 train: $(BASE)
 	$(BIN)/python train.py --config=configs/default.py --workdir=runs/default
 
+# --dist loadgroup: the tests of an xdist_group run in one worker, so that their module's
+# fixtures (an export, the multi-process runs) are made once, not once in each worker.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 clean:
 	rm -rf $(VENV) .pytest_cache

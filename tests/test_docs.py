@@ -163,6 +163,7 @@ def exports_folder(translating_run, tmp_path_factory):
     return folder
 
 
+@pytest.mark.xdist_group("docs_examples")  # exports_folder made once (--dist loadgroup)
 @pytest.mark.parametrize("name", BLOCKS)
 def test_example(name, request, tmp_path, monkeypatch, capsys):
     """Runs the block as a user would, from the repository root's imports, in a folder of

@@ -29,6 +29,9 @@ from transformer_jax.token_ids import EOS_ID, PAD_ID  # noqa: E402
 from transformer_jax.train_state import init_params  # noqa: E402
 from transformer_jax.translation import SentenceTooLongError, Translator  # noqa: E402
 
+# In one worker (make test's --dist loadgroup): the export and the test split are made once.
+pytestmark = pytest.mark.xdist_group("ctranslate2")
+
 # Distinct sizes, so no transpose of a projection passes by accident.
 ARCHITECTURES = {
     "post-LN, sinusoidal (the paper)": {},

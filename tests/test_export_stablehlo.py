@@ -30,6 +30,9 @@ from transformer_jax.predict import predict
 from transformer_jax.trained_params import TrainedParams, load_trained_params
 from transformer_jax.translation import TranslationError, Translator
 
+# In one worker (make test's --dist loadgroup): the exports and translators are made once.
+pytestmark = pytest.mark.xdist_group("stablehlo")
+
 # Buckets equal to the shapes predict.py gives the chosen sources (`sources` below): 4 rows,
 # source lengths padded to 8 and to 16. Then each exported search runs with the
 # max_length predict.py uses (padded length + max_extra_length) on batches of the same

@@ -84,6 +84,7 @@ def runs(tmp_path_factory):
     return results
 
 
+@pytest.mark.xdist_group("multihost_runs")  # `runs` made once (make test's --dist loadgroup)
 @pytest.mark.parametrize("strategy", ["pmap", "sharded"])
 def test_two_processes_equal_one_process(runs, strategy):
     two, one = (np.load(runs[n] / f"{strategy}.npz") for n in (2, 1))

@@ -19,6 +19,9 @@ from transformer_jax.parallel import CPU_REGION_ANALYSIS, Parallel
 from transformer_jax.steps import eval_step, train_step
 from transformer_jax.train_state import create_train_state
 
+# In one worker (make test's --dist loadgroup): the runs of the module's fixtures are made once.
+pytestmark = pytest.mark.xdist_group("parallel")
+
 # One layer: what is compared is how the devices split the step, not the stack.
 CONFIG = get_model_config("tiny", vocab_size=50, dropout_rate=0.0, num_layers=1)
 # conftest.py's 8 simulated CPU devices, also where a GPU is the default backend; the
