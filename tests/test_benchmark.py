@@ -44,8 +44,17 @@ POSITIVE = {
 }
 
 
+# The column that names each suite's rows.
+LABEL = {"attention": "implementation", "model": "model", "decode": "search",
+         "pipeline": "data", "compare": "framework", "loss": "method"}
+
+
 @pytest.mark.parametrize("suite", SUITES)
-def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
+def test_every_suite_reports_positive_figures(suite, tmp_path, capsys, monkeypatch):
+    written = []  # each document the suite wrote, as it was then
+    write_json = report.write_json
+    monkeypatch.setattr(report, "write_json", lambda path, document: (
+        written.append(json.loads(json.dumps(document))), write_json(path, document)))
     if suite == "compare":
         pytest.importorskip("torch", reason="the compare suite's peer is PyTorch ('.[bench]')")
     path = tmp_path / f"{suite}.json"
@@ -56,7 +65,14 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys):
             if suite == "model" else [])
     assert main([suite, "--quick", f"--json={path}", *vary]) == 0
     result = json.loads(path.read_text())
-    assert result["suite"] == suite and result["quick"] is True
+    assert result["suite"] == suite and result["quick"] is True and result["complete"] is True
+    # Each row was written as it was measured, in the table's order, before the whole report.
+    *partial, whole = written
+    assert whole == result and [len(doc["results"]) for doc in partial] == list(
+        range(1, len(result["results"]) + 1))
+    assert not any(doc["complete"] or doc["notes"] for doc in partial)
+    assert [row.get(LABEL[suite]) for row in partial[-1]["results"]] == [
+        row.get(LABEL[suite]) for row in result["results"]]
     assert result["argv"] == [suite, "--quick", f"--json={path}", *vary]
     about = result["machine"]
     assert about["jax"] == jax.__version__ and about["cpu_count"] >= 1 and about["device_kind"]
@@ -509,7 +525,7 @@ def test_plot_without_matplotlib_stops_before_the_suite(monkeypatch, tmp_path, c
 def test_a_reader_that_goes_away_stops_no_file_and_ctrl_c_is_one_line(tmp_path):
     """`| head -1`: stdout's reader leaves after the first line; the suite still runs and
     writes its --json, with no BrokenPipeError. Ctrl-C while a suite runs: "error:
-    interrupted", death by SIGINT, no --json."""
+    interrupted", death by SIGINT, no --json (no row was measured yet)."""
     command = [sys.executable, "-m", "transformer_jax.benchmark", "loss", "--quick"]
     process = subprocess.Popen([*command, f"--json={tmp_path}/l.json"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -529,6 +545,36 @@ def test_a_reader_that_goes_away_stops_no_file_and_ctrl_c_is_one_line(tmp_path):
     assert process.returncode == -signal.SIGINT
     assert stderr.strip().splitlines()[-1] == "error: interrupted", stderr
     assert "Traceback" not in stderr and not (tmp_path / "i.json").exists()
+
+
+def test_a_stopped_suite_keeps_the_rows_it_measured(tmp_path, monkeypatch, capsys):
+    """A suite stopped part-way (Ctrl-C, a timeout's SIGTERM, a case that fails) leaves
+    --json holding the rows measured before the stop, marked incomplete; a run to the end
+    writes the whole report over it."""
+    from transformer_jax.benchmark import loss as loss_suite
+
+    time_method, calls = loss_suite.time_method, []
+
+    def stopped_at_the_third(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return time_method(*args, **kwargs)
+
+    monkeypatch.setattr(loss_suite, "time_method", stopped_at_the_third)
+    path = tmp_path / "loss.json"
+    with pytest.raises(KeyboardInterrupt):
+        main(["loss", "--quick", f"--json={path}"])
+    kept = json.loads(path.read_text())
+    assert kept["complete"] is False and kept["notes"] == [] and kept["suite"] == "loss"
+    assert [row["method"] for row in kept["results"]] == ["whole", "chunks"]
+    assert all(row["ms"] > 0 and row["rows"] == 64 for row in kept["results"])
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f'{path} keeps the 2 rows measured before the stop ("complete": false)')
+    monkeypatch.setattr(loss_suite, "time_method", time_method)
+    assert main(["loss", "--quick", f"--json={path}"]) == 0
+    whole = json.loads(path.read_text())
+    assert whole["complete"] is True and len(whole["results"]) >= 4 and whole["notes"]
 
 
 def test_help_says_what_each_suite_times(capsys):

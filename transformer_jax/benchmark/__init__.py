@@ -2,7 +2,8 @@
 
     python -m transformer_jax.benchmark SUITE [--quick] [--json=FILE] [--plot=FILE.png]
 
-Suites (each a module here whose `run(quick) -> (rows, notes)` returns one dict per case):
+Suites (each a module here whose `run(quick) -> (rows, notes)` returns one dict per case,
+each passed to `report.measured` as it is measured, so that --json keeps it at once):
 
     attention  every available attention implementation: TFLOP/s and peak fraction; on the
                masks of training (packed rows), also the error against float32

@@ -64,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("suite", choices=SUITES, help="what to time (below)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes and few repetitions: a check that runs in seconds")
-    parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
+    parser.add_argument("--json", metavar="FILE",
+                        help="also write every figure to FILE (rewritten as each row is "
+                             "measured: a run stopped part-way keeps its rows)")
     parser.add_argument("--markdown", action="store_true",
                         help="print the table as Markdown (for BENCHMARKS.md)")
     parser.add_argument("--profile", metavar="DIR",
@@ -215,7 +217,8 @@ def _names(parser, flag: str, text: str | None) -> tuple[str, ...] | None:
 
 def main(argv=None) -> int:
     """Runs the suite the command line names, prints its table and notes, then writes the
-    --json and --plot files and the --profile summary."""
+    --json and --plot files and the --profile summary. The --json file is written as each
+    row is measured too (`report.streaming`): a run stopped part-way keeps those rows."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.suite == "compare":
@@ -228,11 +231,19 @@ def main(argv=None) -> int:
         f"({about['backend']}, {about['cpu_count']} CPUs, {about['processor']}), "
         f"jax {about['jax']}" + (" [quick]" if args.quick else "") + "\n")
     timing.trace_timed_calls(args.profile)
-    rows, notes = _run_suite(args)
+    name = "decode --peers" if args.peers else args.suite
+    with report.streaming(args.json, name, quick=args.quick, argv=argv) as streamed:
+        try:
+            rows, notes = _run_suite(args)
+        except BaseException:
+            if streamed:
+                kept = f"{len(streamed)} row" + "s" * (len(streamed) > 1)
+                print(f"{args.json} keeps the {kept} measured before the stop "
+                      f"(\"complete\": false)", file=sys.stderr, flush=True)
+            raise
     write_stdout_and_go_on((report.markdown(rows) if args.markdown else report.table(rows))
                            + "".join(f"\n  {note}" for note in notes) + "\n")
     if args.json:
-        name = "decode --peers" if args.peers else args.suite
         report.write_json(args.json, report.document(name, rows, quick=args.quick,
                                                      notes=notes, argv=argv))
         write_stdout_and_go_on(f"wrote {args.json}\n")

@@ -32,6 +32,7 @@ from transformer_jax.argument_checks import positive_int
 from transformer_jax.attention import (attention_implementations, available_implementations,
                                       cudnn_unsupported, dot_product_attention,
                                       resolve_implementation)
+from transformer_jax.benchmark import report
 from transformer_jax.benchmark.flops import attention_flops
 from transformer_jax.benchmark.machine import peak_tflops
 from transformer_jax.benchmark.model import model_configs, packed_segments_BT
@@ -281,9 +282,9 @@ def mask_case_rows(model: str, mask: str, causal: bool, dtype: str, g: dict,
         try:
             errors = relative_errors(outputs(attend, qkv, segments, causal=causal, dtype=dtype),
                                      reference)
-            rows += [{"model": model, **time_case(
+            rows += [report.measured({"model": model, **time_case(
                 name, attend=attend, mask=mask, segments=segments, dtype=dtype, causal=causal,
-                backward=backward, quick=quick, **shape), "error": error}
+                backward=backward, quick=quick, **shape), "error": error})
                 for backward, error in zip((False, True), errors)]
         except Exception as error:  # noqa: BLE001 (a peer's failure is reported; ours raise)
             if name not in PEERS:
@@ -338,8 +339,8 @@ def run(quick: bool = False, **overrides) -> tuple[list[dict], list[str]]:
                   for name in ("auto", *available_implementations(jnp.dtype(dtype)))
                   for head_dim in g["head_dims"] for causal in g["causal"]
                   for backward in (False, True) for seq_len in g["seq_lens"]]
-    rows = [time_case(**case, batch=max(1, g["tokens"] // case["seq_len"]),
-                      num_heads=g["num_heads"], quick=quick)
+    rows = [report.measured(time_case(**case, batch=max(1, g["tokens"] // case["seq_len"]),
+                                      num_heads=g["num_heads"], quick=quick))
             for case in tqdm.tqdm(grid_cases, desc="attention", disable=quick)]
     masked, skipped = mask_rows(g, quick)
     rows += masked

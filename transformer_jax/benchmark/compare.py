@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import tqdm
 
-from transformer_jax.benchmark import attention, model, torch_peer
+from transformer_jax.benchmark import attention, model, report, torch_peer
 from transformer_jax.benchmark.flops import attention_flops, train_step_flops
 from transformer_jax.benchmark.machine import peak_tflops
 from transformer_jax.benchmark.timing import median_seconds
@@ -93,8 +93,9 @@ def flax_attention_rows(quick: bool) -> list[dict]:
                      backward=False, quick=quick)
         ours, peer = (attention.time_case("auto", **shape),
                       attention.time_case("flax", attend=flax_attend, **shape))
-        rows += [{"framework": framework, "batch": row["batch"], "length": seq_len,
-                  "step_ms": row["ms"], "tflops": row["tflops"]}
+        rows += [report.measured({"framework": framework, "batch": row["batch"],
+                                  "length": seq_len, "step_ms": row["ms"],
+                                  "tflops": row["tflops"]})
                  for framework, row in (("transformer_jax attention (auto)", ours),
                                         ("flax nn.dot_product_attention", peer))]
         rows[-2]["ratio"] = ours["tflops"] / peer["tflops"]
@@ -118,11 +119,12 @@ def sdpa_rows(num_heads: int = 16, tokens: int = 32768, calls: int = 10) -> list
                                       causal=causal, backward=backward) / seconds / 1e12
         common = {"batch": batch, "length": seq_len, "head_dim": head_dim, "causal": causal,
                   "pass": ours["pass"]}
-        rows += [{"framework": "transformer_jax attention (auto)", **common,
-                  "step_ms": ours["ms"], "tflops": ours["tflops"],
-                  "ratio": ours["tflops"] / peer_tflops},
-                 {"framework": f"torch {torch.__version__} SDPA (flash)", **common,
-                  "step_ms": seconds * 1e3, "tflops": peer_tflops}]
+        rows += [report.measured({"framework": "transformer_jax attention (auto)", **common,
+                                  "step_ms": ours["ms"], "tflops": ours["tflops"],
+                                  "ratio": ours["tflops"] / peer_tflops}),
+                 report.measured({"framework": f"torch {torch.__version__} SDPA (flash)",
+                                  **common, "step_ms": seconds * 1e3,
+                                  "tflops": peer_tflops})]
     return rows
 
 
@@ -132,11 +134,11 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
     rows, notes = [], ["ratio: ours over the row below it (tokens/s, or TFLOP/s for attention)"]
     missing = torch_peer.torch_available()
     for case in tqdm.tqdm(train_cases(quick), desc="compare", disable=quick):
-        ours = jax_row(case, quick=quick)
+        ours = report.measured(jax_row(case, quick=quick))
         rows.append(ours)
         if missing:
             continue
-        peer = torch_row(case, quick=quick)
+        peer = report.measured(torch_row(case, quick=quick))
         ours["ratio"] = ours["tokens_per_sec"] / peer["tokens_per_sec"]
         rows.append(peer)
         if on_gpu():
@@ -148,7 +150,7 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
                              + traceback.format_exc(limit=2).strip().splitlines()[-1])
             else:
                 ours["ratio_compiled"] = ours["tokens_per_sec"] / compiled["tokens_per_sec"]
-                rows.append(compiled)
+                rows.append(report.measured(compiled))
                 notes.append("ratio_compiled: ours over the torch.compile row")
     if missing:
         notes.append(f"no PyTorch rows: {missing}")

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import tqdm
 from jax import lax
 
+from transformer_jax.benchmark import report
 from transformer_jax.benchmark.model import (combinations, jax_options, model_configs,
                                              split_fields, synthetic_batch)
 from transformer_jax.benchmark.timing import (SPREAD_NOTE, compile_seconds, timed_seconds,
@@ -172,15 +173,15 @@ def run(quick: bool = False, vary: dict | None = None, dtypes=None,
             grid, desc="decode", disable=quick):
         run_search = functools.partial(time_search, name, batch, source_len, max_length,
                                        beam_size=k, quick=quick, dtype=dtype, fields=options)
-        pair = [run_search(cached=cached) for cached in (True, False)]
+        pair = [report.measured(run_search(cached=cached)) for cached in (True, False)]
         pair[0]["speedup"] = pair[0]["tokens_per_sec"] / pair[1]["tokens_per_sec"]
         rows += pair
         if k > 1 and UNROLL > 1:  # the loop's unrolling beside one step per iteration
-            one = run_search(cached=True, unroll=1)
+            one = report.measured(run_search(cached=True, unroll=1))
             pair[0]["vs_unroll_1"] = pair[0]["tokens_per_sec"] / one["tokens_per_sec"]
             rows.append(one)
         if dtype != "float32":  # the matrices cast by the model at every step, beside once
-            each = run_search(cached=True, cast_once=False)
+            each = report.measured(run_search(cached=True, cast_once=False))
             pair[0]["vs_cast_each_step"] = pair[0]["tokens_per_sec"] / each["tokens_per_sec"]
             rows.append(each)
     return rows, ["tokens_per_sec: output tokens of the best hypothesis per second "

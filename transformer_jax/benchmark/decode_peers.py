@@ -20,6 +20,7 @@ import tempfile
 import jax
 import numpy as np
 
+from transformer_jax.benchmark import report
 from transformer_jax.bleu import score
 from transformer_jax.predict import predict
 
@@ -106,8 +107,8 @@ def _time_case(*, case, model, params, sources, references, pieces, extra, quick
 
                 seconds = median_seconds(translate, warmup=1, iters=2 if quick else 3)
                 outputs[engine] = translate()
-                rows.append(_row(case, beam_size, engine, seconds, outputs, references,
-                                 tokenizer))
+                rows.append(report.measured(_row(case, beam_size, engine, seconds, outputs,
+                                                 references, tokenizer)))
     return _with_ratios(rows)
 
 

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from transformer_jax.benchmark import report
 from transformer_jax.benchmark.timing import (SPREAD_NOTE, compile_seconds, memory_bytes,
                                               timed_seconds)
 from transformer_jax.losses import (is_correct, smoothed_loss, two_pass_logit_terms,
@@ -135,7 +136,7 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
     rows = []
     for case in cases(quick):
         found, notes = methods(chunk=case[-1])
-        timed = [{"method": name, **time_method(fn, *case, quick=quick)}
+        timed = [report.measured({"method": name, **time_method(fn, *case, quick=quick)})
                  for name, fn in found.items()]
         for row in timed:
             row["vs_whole"] = timed[0]["ms"] / row["ms"]

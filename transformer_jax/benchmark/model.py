@@ -21,6 +21,7 @@ import tqdm
 import numpy as np
 
 from transformer_jax import train_state
+from transformer_jax.benchmark import report
 from transformer_jax.benchmark.flops import train_step_flops
 from transformer_jax.benchmark.machine import peak_tflops
 from transformer_jax.benchmark.timing import (MEMORY_NOTE, SPREAD_NOTE, back_to_back,
@@ -392,8 +393,8 @@ def run(quick: bool = False, *, models=None, dtypes=None, strategies=None,
     chosen, variants = chosen_cases(quick, models, vary)
     grid = [(case, dtype, strategy, chunk, fields) for case in chosen for dtype in dtypes
             for strategy in strategies for chunk in loss_chunks for fields in variants]
-    rows = [time_train_step(case, dtype, strategy, quick=quick, loss_chunk_size=chunk,
-                            fields=fields)
+    rows = [report.measured(time_train_step(case, dtype, strategy, quick=quick,
+                                            loss_chunk_size=chunk, fields=fields))
             for case, dtype, strategy, chunk, fields in tqdm.tqdm(grid, desc="model",
                                                                    disable=quick)]
     _, source = peak_tflops("float32", quick=quick)

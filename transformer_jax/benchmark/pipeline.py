@@ -31,6 +31,7 @@ import time
 import grain
 import numpy as np
 
+from transformer_jax.benchmark import report
 from transformer_jax.benchmark.corpus import write_wmt_like_corpus
 from transformer_jax.data import (
     PreparedSplit,
@@ -138,7 +139,7 @@ def numbers_rows(quick: bool, workdir: str) -> list[dict]:
         batches = _batches(split, case)
         figures = time_batches(batches, 10 if quick else 2000, warmup=2 if quick else 50)
         batches.close()
-        rows.append(_rate_row(name, "transformer_jax", case, figures))
+        rows.append(report.measured(_rate_row(name, "transformer_jax", case, figures)))
     for packer, workers in [(p, w) for p in GRAIN_PACKERS for w in ((0,) if quick else (0, 2))]:
         case = Case("numbers", 64, 16, 32, workers)
         stage(f"reading grain's {packer} batches at {workers} workers", quick)
@@ -146,7 +147,7 @@ def numbers_rows(quick: bool, workdir: str) -> list[dict]:
         figures = time_batches(batches, 3 if quick else 40 * (1 + workers),
                                warmup=1 if quick else 4, segments="_segment_ids")
         batches.close()
-        rows.append(_rate_row(name, packer, case, figures))
+        rows.append(report.measured(_rate_row(name, packer, case, figures)))
     return rows
 
 
@@ -271,10 +272,11 @@ def wmt_rows(quick: bool, tmp: str) -> list[dict]:
     for case in (c for c in cases(quick) if c.data == "wmt"):
         stage(f"reading its batches at {case.workers} workers"
               + (f", a budget of {case.tokens:,} tokens" if case.tokens else ""), quick)
-        rows.append(_rate_row(name, "transformer_jax", case,
-                              read_wmt(data, workdir, case, resume_after=5 if quick else 50,
-                                       num_batches=5 if quick else 300)))
-    return rows + [{"data": name, "stage": "prepare", **prepared}]
+        rows.append(report.measured(_rate_row(
+            name, "transformer_jax", case, read_wmt(data, workdir, case,
+                                                    resume_after=5 if quick else 50,
+                                                    num_batches=5 if quick else 300))))
+    return rows + [report.measured({"data": name, "stage": "prepare", **prepared})]
 
 
 def run(quick: bool = False) -> tuple[list[dict], list[str]]:

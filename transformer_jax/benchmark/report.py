@@ -1,5 +1,7 @@
-"""Benchmark results as a terminal table and as JSON."""
+"""Benchmark results as a terminal table and as JSON, the JSON written row by row as the
+suite measures them (`streaming`, `measured`)."""
 
+import contextlib
 import datetime
 import json
 
@@ -45,12 +47,13 @@ def table(rows: list[dict]) -> str:
 
 
 def document(suite: str, rows: list[dict], *, quick: bool, notes: list[str],
-             argv: list[str] | None = None) -> dict:
+             argv: list[str] | None = None, complete: bool = True) -> dict:
     """The JSON report: the command's arguments (`argv`), the machine and software, then
-    every figure."""
+    every figure; `complete` false while the suite runs (`streaming`)."""
     return {
         "suite": suite,
         "quick": quick,
+        "complete": complete,
         "argv": argv,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine.describe(),
@@ -64,3 +67,32 @@ def write_json(path: str, report: dict) -> None:
     with atomic_write(path, "w") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
+
+
+_stream: tuple[str, dict] | None = None  # (--json's path, its document) inside `streaming`
+
+
+@contextlib.contextmanager
+def streaming(path: str | None, suite: str, *, quick: bool, argv: list[str]):
+    """Inside, each row a suite hands to `measured` rewrites `path` (when not None) with every
+    row so far, `"complete": false` and no notes (they come at the end): a run stopped part
+    way (a timeout's SIGTERM, Ctrl-C, a case that fails) keeps what it measured. Yields the
+    list of those rows; the caller writes the whole document when the suite returns."""
+    global _stream
+    partial = document(suite, [], quick=quick, notes=[], argv=argv, complete=False)
+    outer, _stream = _stream, (path, partial) if path is not None else None
+    try:
+        yield partial["results"]
+    finally:
+        _stream = outer
+
+
+def measured(row: dict) -> dict:
+    """`row` as it is, once a suite has measured it; inside `streaming`, written out with
+    the rows before it. A suite may add to a row later (a ratio to the next row): the next
+    row written shows it."""
+    if _stream is not None:
+        path, partial = _stream
+        partial["results"].append(row)
+        write_json(path, partial)
+    return row
