@@ -762,6 +762,27 @@ def test_table_aligns_every_key():
     assert len({len(line) for line in lines}) == 1
 
 
+def test_rows_sharing_few_columns_are_tables_of_their_own():
+    """A row sharing fewer than half of its and the table's columns starts a table (the
+    pipeline's preparation after its rates); one sharing half or more joins it."""
+    rates = [{"data": "d", "stage": "pack", "rate": 1.0, "fill": 0.5},
+             {"data": "d", "stage": "bucket", "rate": 2.0, "fill": 0.25, "resume_s": 3.0}]
+    prepared = {"data": "d", "stage": "prepare", "pairs": 7, "prepare_s": 4.0, "threads": 2}
+    text = report.table([*rates, prepared, {"data": "e", "stage": "prepare", "pairs": 8}])
+    first, second = (block.splitlines() for block in text.split("\n\n"))
+    assert first[0].split() == ["data", "stage", "rate", "fill", "resume_s"]
+    assert [line.split() for line in first[2:]] == [["d", "pack", "1", "0.5", "-"],
+                                                    ["d", "bucket", "2", "0.25", "3"]]
+    assert second[0].split() == ["data", "stage", "pairs", "prepare_s", "threads"]
+    assert [line.split() for line in second[2:]] == [["d", "prepare", "7", "4", "2"],
+                                                     ["e", "prepare", "8", "-", "-"]]
+    assert len({len(line) for line in first}) == 1 and len({len(line) for line in second}) == 1
+    tables = report.markdown([*rates, prepared]).split("\n\n")
+    assert [table.splitlines()[0] for table in tables] == [
+        "| data | stage | rate | fill | resume_s |",
+        "| data | stage | pairs | prepare_s | threads |"]
+
+
 def test_profile_counts_only_the_timed_calls(tmp_path):
     """A traced matmul shows up once per timed call (warm-up calls are not traced), and the
     CPU peak's own 10 timed matmuls not at all (they were 64-78 % of a --quick suite's

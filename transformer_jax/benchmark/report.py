@@ -27,17 +27,39 @@ def _cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     return columns, [[format_value(row.get(key)) for key in columns] for row in rows]
 
 
+def _runs(rows: list[dict]) -> list[list[dict]]:
+    """The rows in runs, one table each: a row starts a new run when it and the run so far
+    share fewer than half of their columns (the pipeline suite's preparation after its
+    reading rates), so that no table is mostly blanks."""
+    runs = []
+    for row in rows:
+        columns = set().union(*runs[-1]) if runs else set()
+        if runs and 2 * len(columns & row.keys()) >= len(columns | row.keys()):
+            runs[-1].append(row)
+        else:
+            runs.append([row])
+    return runs
+
+
 def markdown(rows: list[dict]) -> str:
-    """The rows as a Markdown table (for BENCHMARKS.md)."""
+    """The rows as Markdown tables (for BENCHMARKS.md), one per run of rows that share
+    their columns."""
+    return "\n\n".join(map(_markdown, _runs(rows)))
+
+
+def _markdown(rows: list[dict]) -> str:
     columns, cells = _cells(rows)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     return "\n".join(lines + ["| " + " | ".join(line) + " |" for line in cells])
 
 
 def table(rows: list[dict]) -> str:
-    """Aligned columns for the terminal."""
-    if not rows:
-        return "(no results)"
+    """Aligned columns for the terminal, a table per run of rows that share their
+    columns."""
+    return "\n\n".join(map(_table, _runs(rows))) if rows else "(no results)"
+
+
+def _table(rows: list[dict]) -> str:
     columns, cells = _cells(rows)
     widths = [max(len(key), *(len(line[i]) for line in cells)) for i, key in enumerate(columns)]
     lines = ["  ".join(key.rjust(w) for key, w in zip(columns, widths)),
