@@ -5,8 +5,8 @@ The data is a small folder corpus (numbers in words). Expected values are comput
 here from the text with `tokenizer.encode`, never read back from the prepared files.
 """
 
-import contextlib
 import itertools
+import json
 import multiprocessing
 import os
 import pickle
@@ -421,31 +421,82 @@ def test_parts_made_from_other_files_are_not_reused(tmp_path, monkeypatch):
 # --- a stale preparation ----------------------------------------------------------------------
 
 
+def touch(path, seconds=1):
+    """`path`'s modification time `seconds` later, its bytes as they were."""
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + seconds * 10**9))
+
+
 def test_changed_files_make_a_split_stale(run, tmp_path):
-    """The train files changed after preparing (even only touched): open_split and prepare
-    refuse the split, naming the files; the unchanged validation split still opens."""
+    """The train files changed after preparing (even only touched): open_split refuses the
+    split, naming the files; the unchanged validation split still opens."""
     folder = tmp_path / "corpus"
     config = write_corpus(folder)
     workdir = str(tmp_path / "run")
     tokenizer, _ = prepare(config, workdir, **QUIET)
     path = folder / "train.en"
-    stat = path.stat()
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # the same bytes
-    # prepare's tokenizer check sees the touched file too: it trains anew, the same model.
-    retrained = pytest.warns(UserWarning, match="the training data changed since")
-    for call, warns in ((lambda: open_split(config, workdir, "train", tokenizer),
-                         contextlib.nullcontext()),
-                        (lambda: prepare(config, workdir, **QUIET), retrained)):
-        with warns, pytest.raises(DataError, match=r"prepared/train is stale \(") as e:
-            call()
-        # The changed file alone, its size and time as a person reads them.
-        assert re.search(rf"\({re.escape(str(path))}: prepared from 1[\d,]+ bytes of "
-                         r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}, now ", str(e.value))
-        assert "train.de" not in str(e.value) and "tokenizer_sha256" not in str(e.value)
+    touch(path)
+    with pytest.raises(DataError, match=r"prepared/train is stale \(") as e:
+        open_split(config, workdir, "train", tokenizer)
+    # The changed file alone, its size and time as a person reads them.
+    assert re.search(rf"\({re.escape(str(path))}: prepared from 1[\d,]+ bytes of "
+                     r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}, now ", str(e.value))
+    assert "train.de" not in str(e.value) and "tokenizer_sha256" not in str(e.value)
     assert len(open_split(config, workdir, "validation", tokenizer)) == len(VALIDATION)
     path.write_text(path.read_text().replace("one", "eins"))  # other text, other size
     with pytest.raises(DataError, match="train.en: prepared from"):
         open_split(config, workdir, "train", tokenizer)
+
+
+def test_files_only_touched_are_tokenized_again_and_kept_while_the_ids_are_the_same(
+        tmp_path, monkeypatch):
+    """prepare, where a split's files changed their times alone (touched, copied without
+    -p): the split tokenized again beside it gives the same ids, so it is kept and its
+    record takes the new times (the next prepare tokenizes nothing); a file of the same size
+    but other text gives other ids, and the split is refused as stale, as it was."""
+    folder = tmp_path / "corpus"
+    config = write_corpus(folder)
+    workdir = tmp_path / "run"
+    tokenizer, _ = prepare(config, str(workdir), **QUIET)
+    before = {split: prepared_arrays(workdir, split) for split in ("train", "validation")}
+    for name in ("train.en", "validation.de"):
+        touch(folder / name)
+    lines = []
+    # The tokenizer sees the touched train file too: it trains anew, the same model.
+    with pytest.warns(UserWarning, match="the training data changed since"):
+        again, splits = prepare(config, str(workdir), log=lines.append)
+    assert again.sha256 == tokenizer.sha256
+    for split in ("train", "validation"):
+        assert [line for line in lines if line.startswith(f"prepared {split}:")] == [
+            f"prepared {split}: its corpus files' times changed since (touched or copied); "
+            f"tokenizing it again to compare the ids",
+            f"prepared {split}: the same ids; kept, with the files' new times"]
+        after = prepared_arrays(workdir, split)
+        assert all(np.array_equal(before[split][k], after[k]) for k in after)
+        recorded = json.loads((workdir / "prepared" / split / "manifest.json").read_text())
+        assert [entry[2] for entry in recorded["made_from"]["files"]] == [
+            (folder / f"{split}.{lang}").stat().st_mtime_ns for lang in ("de", "en")]
+    assert sorted(os.listdir(workdir / "prepared")) == ["train", "validation"]
+    writes = count_calls(monkeypatch, prepared_module, "write_split")
+    lines.clear()
+    left = workdir / "prepared" / "train.again.partial"  # a comparison a kill cut short
+    left.mkdir()
+    (left / "part-00000.npz").write_bytes(b"cut")
+    prepare(config, str(workdir), log=lines.append)
+    assert writes == [] and lines == [] and not left.exists()
+    path = folder / "validation.en"
+    text = path.read_text()
+    assert "one" in text
+    path.write_text(text.replace("one", "uno"))  # the same size, other text
+    touch(path)
+    lines.clear()
+    with pytest.raises(DataError, match=r"prepared/validation is stale \(.*validation\.en: "):
+        prepare(config, str(workdir), log=lines.append)
+    assert lines == ["prepared validation: its corpus files' times changed since (touched or "
+                     "copied); tokenizing it again to compare the ids"]
+    assert sorted(os.listdir(workdir / "prepared")) == ["train", "validation"]
+    after = prepared_arrays(workdir, "validation")
+    assert all(np.array_equal(before["validation"][k], after[k]) for k in after)
 
 
 def test_a_moved_corpus_is_the_same_dataset_until_a_file_changes(tmp_path, monkeypatch):

@@ -18,10 +18,13 @@ Preparing is idempotent, resumable, checked, and refuses stale data:
 - The manifest records what the ids were made from: the tokenizer (its SHA-256),
   the dataset, languages and source files (`sources.describe_split`). Opening a
   split whose record differs from the config's is a DataError naming the
-  difference, never a silent reuse.
+  difference, never a silent reuse. Where only the files' times changed (touched,
+  copied without -p, written again), `prepare` tokenizes the split again beside it and
+  keeps it if the ids are the same, as the tokenizer is trained again and compared.
 - In a multi-host run, process 0 prepares and the others wait, then open.
 """
 
+import filecmp
 import os
 import shutil
 import warnings
@@ -34,7 +37,7 @@ from transformer_jax.data.prepared_split import (
     PreparedSplit,
     read_manifest,
 )
-from transformer_jax.data.prepared_writer import write_split
+from transformer_jax.data.prepared_writer import write_json, write_split
 from transformer_jax.data.sources import (DataError, dataset_kind, describe_split, load_split,
                                          read_folder_split, split_files)
 from transformer_jax.data.tokenizer import Tokenizer
@@ -118,6 +121,9 @@ def _prepare(data_config, workdir: str, splits, log, processes):
     train = load_split(data_config, "train") if needs_train else None
     tokenizer = get_tokenizer(data_config, workdir, train.pairs if train is not None else None,
                               log=log)
+    for split in splits:
+        if split not in missing:
+            _check_retimed(data_config, workdir, split, tokenizer, log, processes)
     for split in splits:  # a loop, not a comprehension: the warnings' stacklevel counts frames
         if split not in missing and _damaged(data_config, workdir, split, tokenizer):
             missing.append(split)
@@ -130,6 +136,63 @@ def _prepare(data_config, workdir: str, splits, log, processes):
         _check_test_split(data_config)
     return tokenizer, {split: open_split(data_config, workdir, split, tokenizer)
                        for split in splits}
+
+
+def _check_retimed(data_config, workdir: str, split: str, tokenizer: Tokenizer, log,
+                   processes) -> None:
+    """A prepared `split` whose corpus files changed only their modification times since
+    (touched, copied without -p, written again by a script) is tokenized again beside it:
+    the same ids, and its record takes the new times, with a line in `log`; other ids (or a
+    damaged split), and it is left for `open_split` to refuse as stale. The comparison's
+    folder (SPLIT.again) is removed after, and before (what a kill left)."""
+    folder = os.path.join(prepared_dir(workdir), split)
+    again = f"{folder}.again"
+    _remove_comparison(again)
+    try:
+        manifest = read_manifest(os.path.join(folder, MANIFEST))
+    except (DamagedFileError, OSError):
+        return  # missing or damaged: _damaged's to say
+    now = made_from(data_config, split, tokenizer)
+    if not _times_only(manifest["made_from"], now):
+        return
+    log(f"prepared {split}: its corpus files' times changed since (touched or copied); "
+        f"tokenizing it again to compare the ids")
+    try:
+        write_split(load_split(data_config, split), now, tokenizer, again, lambda line: None,
+                    processes)
+        if _same_ids(folder, again):
+            write_json(os.path.join(folder, MANIFEST), {**manifest, "made_from": now})
+            log(f"prepared {split}: the same ids; kept, with the files' new times")
+    finally:
+        _remove_comparison(again)
+
+
+def _remove_comparison(again: str) -> None:
+    for folder in (again, f"{again}.partial"):  # write_split's, and the one it writes through
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _times_only(recorded: dict, now: dict) -> bool:
+    """Whether two `made_from` records differ in their files' modification times alone: the
+    same paths and sizes, and all else equal."""
+    def without_times(record: dict) -> dict:
+        return {**record, "files": [list(entry[:2]) for entry in record["files"]]}
+
+    try:
+        return recorded != now and without_times(recorded) == without_times(now)
+    except (KeyError, TypeError):  # not a folder's files (or a record edited by hand)
+        return False
+
+
+def _same_ids(folder: str, again: str) -> bool:
+    """Whether two prepared split folders hold the same arrays, byte for byte."""
+    names = sorted(name for name in os.listdir(again) if name != MANIFEST)
+    try:
+        return names == sorted(n for n in os.listdir(folder) if n != MANIFEST) and all(
+            filecmp.cmp(os.path.join(folder, n), os.path.join(again, n), shallow=False)
+            for n in names)
+    except OSError:
+        return False
 
 
 def _check_test_split(data_config) -> None:

@@ -70,7 +70,7 @@ def write_split(split, record: dict, tokenizer: Tokenizer, folder: str, log=prin
         manifest = {"made_from": record, "pairs": len(split.pairs),
                     "skipped_empty": split.skipped_empty, "dtype": np.dtype(dtype).name,
                     "tokens": tokens}
-        _write_json(os.path.join(partial, MANIFEST), manifest)
+        write_json(os.path.join(partial, MANIFEST), manifest)
     _move_into_place(partial, folder)
     seconds, pairs = time.perf_counter() - started, len(split.pairs)
     skipped = (f"; {split.skipped_empty:,} skipped (an empty side)" if split.skipped_empty
@@ -90,7 +90,7 @@ def _start_partial(partial: str, record: dict) -> float:
     else:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
-        _write_json(os.path.join(partial, MADE_FROM), record)
+        write_json(os.path.join(partial, MADE_FROM), record)
     return time.perf_counter()
 
 
@@ -252,7 +252,8 @@ def _move_into_place(partial: str, folder: str) -> None:
     sync_folder(os.path.dirname(folder))
 
 
-def _write_json(path: str, value) -> None:
+def write_json(path: str, value) -> None:
+    """`value` as JSON at `path`, whole or not at all."""
     with atomic_write(path, "w", encoding="utf-8") as f:
         json.dump(value, f, indent=2)
         f.write("\n")
