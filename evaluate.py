@@ -1,14 +1,19 @@
 """Scores a trained run on a split with cased sacreBLEU and chrF.
 
     python evaluate.py --workdir=runs/default [--split=test] [--checkpoint=average:N]
+                       [--dataset=folder:PATH]
 
+Reads the split from the run's dataset (its config.data.dataset), or from --dataset in the
+run's languages: the corpus moved since, or another test set (a folder holding
+<split>.<source_lang> and <split>.<target_lang>, or tfds:NAME).
 Writes DIR/eval/<split>-<name>.hyp.txt (the translations), <split>-<name>.ref.txt (the
 references they were scored against, line by line: `sacrebleu X.ref.txt -i X.hyp.txt`
 scores them again) and <split>-<name>.json (bleu, chrf, their sacreBLEU signatures, the
-checkpoints, the search settings and batch size, pairs skipped and sentences/s,
-compilation included).
+checkpoints, the dataset read, the search settings and batch size, pairs skipped and
+sentences/s, compilation included).
 <name> is the step, or "<last step>-average<N>" for N averaged checkpoints, then
-"-beam<K>", "-alpha<A>", "-extra<E>" for search settings other than the run config's.
+"-beam<K>", "-alpha<A>", "-extra<E>" for search settings other than the run config's, and
+"-on-<dataset>" (a folder's name, a TFDS name with _ for /) for a --dataset not the run's.
 Pairs with an empty side are not scored; their count is printed. The scores are printed
 first; the files are written whole or not at all (a full disk: one error line, exit
 status 1, and earlier results of the same name as they were).
@@ -28,6 +33,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+import ml_collections
 from absl import app, flags, logging
 
 # What the flags need, and no JAX: a bad flag is said at once; the model loads in main.
@@ -37,7 +43,8 @@ from transformer_jax.command_line import define_search_flags, define_setting_fla
 from transformer_jax.commands import (OutputError, interrupt_in_one_line, refuse_arguments,
                                       write_stdout_and_go_on, write_whole)
 from transformer_jax.config_checks import ConfigError
-from transformer_jax.data.sources import DataError, dataset_kind, load_split
+from transformer_jax.data.sources import (DataError, absolute_dataset, dataset_kind, load_split,
+                                          same_dataset)
 from transformer_jax.output_paths import OutputPathError, writable_folder
 
 if TYPE_CHECKING:
@@ -52,6 +59,10 @@ _AVERAGE = flags.DEFINE_integer("average_last", None, "deprecated: --checkpoint=
 _BEAM, _ALPHA, _EXTRA = define_search_flags()
 _BATCH = define_setting_flag("batch_size", 32, "sentences per search (more: faster, if they "
                                                "fit in memory)")
+_DATASET = flags.DEFINE_string(
+    "dataset", None, "read the split from this dataset, in the run's languages, instead of the "
+    "run's config.data.dataset: folder:PATH (the corpus moved, or another test set) or "
+    "tfds:NAME")
 flags.adopt_module_key_flags(command_line)  # so that --helpshort lists them
 
 
@@ -77,16 +88,36 @@ def evaluate(translator: "Translator", pairs: list[dict], batch_size: int = 32, 
                 sentences_per_sec=len(pairs) / seconds)
 
 
-def results_name(translator: "Translator", settings: dict) -> str:
-    """"500", "500-average5", "500-beam1": the step, the checkpoints averaged, and the
-    search settings that are not the run config's (their results would replace those)."""
+def results_name(translator: "Translator", settings: dict, dataset: str | None = None) -> str:
+    """"500", "500-average5", "500-beam1", "500-on-newstest2015": the step, the checkpoints
+    averaged, the search settings that are not the run config's, and the `dataset` read when
+    it is not the run's (their results would replace those)."""
     steps = translator.steps
     name = f"{steps[-1]}" if len(steps) == 1 else f"{steps[-1]}-average{len(steps)}"
     config = translator.search_settings()
     for key, short in (("beam_size", "beam"), ("alpha", "alpha"), ("max_extra_length", "extra")):
         if settings[key] != config[key]:
             name += f"-{short}{settings[key]}"  # Python's shortest exact text of it
+    if dataset is not None and not same_dataset(dataset, translator.run_config.data.dataset):
+        kind, arg = dataset_kind(dataset)
+        label = os.path.basename(os.path.normpath(arg)) if kind == "folder" else arg or kind
+        name += f"-on-{label.replace('/', '_')}"
     return name
+
+
+def given_dataset() -> str | None:
+    """--dataset as a run records one (a folder's path absolute), or None; a DataError for
+    one of no known form, or a folder that is not there, before the model loads."""
+    if _DATASET.value is None:
+        return None
+    try:
+        dataset = absolute_dataset(_DATASET.value)
+    except DataError as error:
+        raise DataError(f"--dataset: {error}") from None
+    kind, folder = dataset_kind(dataset)
+    if kind == "folder" and not os.path.isdir(folder):
+        raise DataError(f"--dataset: no folder {folder}")
+    return dataset
 
 
 def main(argv) -> None:
@@ -99,8 +130,9 @@ def main(argv) -> None:
     logging.set_verbosity(logging.WARNING)
     use_compilation_cache(_WORKDIR.value)  # the searches of earlier commands, loaded
     try:
+        dataset = given_dataset()
         translator = Translator.from_workdir(_WORKDIR.value, checkpoint_spec())
-        split = run_split(translator.run_config.data, _SPLIT.value)
+        split = run_split(translator.run_config.data, _SPLIT.value, dataset)
         if not split.pairs:
             raise DataError(f"the {_SPLIT.value} split has no pairs with text on both sides "
                             f"({split.skipped_empty} with an empty side)")
@@ -111,32 +143,39 @@ def main(argv) -> None:
     except (TranslationError, DataError, ConfigError, OutputPathError) as error:
         sys.exit(f"error: {error}")
     d = translator.run_config.data
-    record = {"split": _SPLIT.value, "step": translator.steps[-1],
+    record = {"dataset": dataset or d.dataset, "split": _SPLIT.value,
+              "step": translator.steps[-1],
               "checkpoints": translator.steps, "direction": f"{d.source_lang}-{d.target_lang}",
               "sentences": len(split.pairs), "skipped_empty": split.skipped_empty,
               **{k: v for k, v in result.items() if k != "hypotheses"}, **settings,
               "batch_size": _BATCH.value}
     skipped = (f"; {split.skipped_empty} with an empty side skipped" if split.skipped_empty
                else "")
+    of = f" of {dataset}" if dataset else ""
     write_stdout_and_go_on(
-        f"{record['direction']} {_SPLIT.value} ({len(split.pairs)} sentences{skipped}, "
+        f"{record['direction']} {_SPLIT.value}{of} ({len(split.pairs)} sentences{skipped}, "
         f"{checkpoints_named(translator.steps)}): BLEU {record['bleu']:.2f}, "
         f"chrF {record['chrf']:.2f}\nsacreBLEU signatures: BLEU {record['signature']}, "
         f"chrF {record['chrf_signature']}\n")
-    save(os.path.join(out, f"{_SPLIT.value}-{results_name(translator, settings)}"),
+    save(os.path.join(out, f"{_SPLIT.value}-{results_name(translator, settings, dataset)}"),
          result["hypotheses"], [p["target"] for p in split.pairs], record)
 
 
-def run_split(data_config, split: str):
-    """The run's `split`; its corpus folder gone is said in this command's terms (the
-    folder is the run's, not a flag)."""
+def run_split(data_config, split: str, dataset: str | None = None):
+    """The run's `split`, or that of `dataset` (`given_dataset`) in the run's languages; the
+    run's corpus folder gone is said in this command's terms."""
+    if dataset is not None:
+        data_config = ml_collections.ConfigDict(data_config)  # a copy: the run's stays
+        data_config.dataset = dataset
+        return load_split(data_config, split)
     kind, folder = dataset_kind(data_config.dataset)
     if kind == "folder" and not os.path.isdir(os.path.expanduser(folder)):
         where = ("" if os.path.isabs(os.path.expanduser(folder)) else
                  f" (relative to the folder train.py ran in, not to {os.getcwd()})")
         raise DataError(f"the run's corpus folder {folder!r}{where} does not exist; "
                         f"evaluate.py reads the {split} split there (the run's "
-                        f"config.data.dataset): put the corpus there again, or a link to it")
+                        f"config.data.dataset): put the corpus there again or a link to it, "
+                        f"or give its new place as --dataset=folder:PATH")
     return load_split(data_config, split)
 
 

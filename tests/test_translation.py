@@ -546,15 +546,54 @@ def test_evaluate_skips_pairs_with_an_empty_side_and_says_how_many(workdir_copy,
                                       "sides (2 with an empty side)")
     assert not (empty / "eval").exists()
     # A run that recorded its corpus by a relative path (before runs recorded absolute ones):
-    # from another folder it is not found, and the error says why, not to set a flag that
-    # evaluate.py does not have.
+    # from another folder it is not found, and the error says why, and evaluate.py's flag
+    # for its new place (not train.py's --config.data.dataset).
     with_dataset(empty, "folder:blank_corpus")
     gone = run("evaluate.py", f"--workdir={empty}")
     assert gone.returncode == 1
     assert gone.stderr.strip() == (
         f"error: the run's corpus folder 'blank_corpus' (relative to the folder train.py ran "
         f"in, not to {ROOT}) does not exist; evaluate.py reads the test split there (the "
-        f"run's config.data.dataset): put the corpus there again, or a link to it")
+        f"run's config.data.dataset): put the corpus there again or a link to it, or give "
+        f"its new place as --dataset=folder:PATH")
+
+
+def test_evaluate_reads_the_split_of_the_dataset_given(workdir_copy, tmp_path):
+    """--dataset: the test split of another folder in the run's languages, scored, recorded
+    and filed under a name of its own (the run's results are not replaced); the run's own
+    folder written another way files under the run's name. A --dataset of no known form, or
+    a folder that is not there, is one line before the model loads."""
+    with_folder_test_split(workdir_copy, tmp_path / "corpus", [("zwei", "two")])
+    other = tmp_path / "newstest"
+    pairs = [("dreihundert", "three hundred"), ("zwei", "two"), ("vierzig", "forty")]
+    other.mkdir()
+    for side, lang in ((0, "de"), (1, "en")):
+        (other / f"test.{lang}").write_text("".join(p[side] + "\n" for p in pairs),
+                                            encoding="utf-8")
+    result = run("evaluate.py", f"--workdir={workdir_copy}", f"--dataset=folder:{other}",
+                 "--beam_size=1")
+    assert result.returncode == 0, result.stderr
+    assert f"de-en test of folder:{other} (3 sentences, checkpoint 4): BLEU" in result.stdout
+    stem = workdir_copy / "eval" / "test-4-beam1-on-newstest"
+    references = stem.with_suffix(".ref.txt").read_text(encoding="utf-8").splitlines()
+    hypotheses = stem.with_suffix(".hyp.txt").read_text(encoding="utf-8").splitlines()
+    assert references == ["three hundred", "two", "forty"] and len(hypotheses) == 3
+    record = json.loads(stem.with_suffix(".json").read_text())
+    assert record["dataset"] == f"folder:{other}" and record["sentences"] == 3
+    assert record["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    assert sorted(path.name for path in (workdir_copy / "eval").iterdir()) == [
+        f"test-4-beam1-on-newstest.{kind}" for kind in ("hyp.txt", "json", "ref.txt")]
+    own = run("evaluate.py", f"--workdir={workdir_copy}", f"--dataset=folder:{tmp_path}/corpus/",
+              "--beam_size=1")
+    assert own.returncode == 0, own.stderr
+    record = json.loads((workdir_copy / "eval" / "test-4-beam1.json").read_text())
+    assert record["dataset"] == f"folder:{tmp_path / 'corpus'}" and record["sentences"] == 1
+    for given, error in (("books", "--dataset: unknown dataset 'books'; use \"numbers\", "
+                                    "\"tfds:NAME\" (e.g. tfds:wmt14_translate/de-en) or "
+                                    "\"folder:PATH\""),
+                         (f"folder:{tmp_path}/gone", f"--dataset: no folder {tmp_path}/gone")):
+        wrong = run("evaluate.py", f"--workdir={workdir_copy}", f"--dataset={given}")
+        assert (wrong.returncode, wrong.stderr.strip()) == (1, f"error: {error}")
 
 
 def test_search_settings_default_to_the_runs_decode_group(workdir):
