@@ -63,6 +63,23 @@ def test_bad_corpus_is_one_clear_line(tmp_path):
     assert "train.de has 6 lines but" in result.stderr and "train.en has 5" in result.stderr
 
 
+def test_a_corpus_that_is_not_there_is_one_line_and_makes_no_workdir(tmp_path):
+    """prepare into a new workdir from a folder that is not there, or that lacks a split's
+    files: one line, and no workdir is made (it held an empty train.lock)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.de").write_text("eins\n")
+    (corpus / "train.en").write_text("one\n")
+    gone = tmp_path / "gone"
+    for folder, says in ((gone, f"dataset folder '{gone}' does not exist; set "),
+                         (corpus, f"missing {corpus}/validation.de, {corpus}/validation.en; "
+                                  f"{corpus} holds: train.de, train.en")):
+        result = run_cli("prepare", f"--workdir={tmp_path / 'run'}",
+                         f"--config.data.dataset=folder:{folder}")
+        assert result.returncode == 1 and result.stderr.startswith(f"error: {says}"), result
+        assert not (tmp_path / "run").exists()
+
+
 def test_unknown_config_key_is_rejected():
     result = run_cli("--config.data.vocab=300")
     assert result.returncode != 0 and "vocab" in result.stderr

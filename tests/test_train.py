@@ -31,6 +31,7 @@ from transformer_jax.model_config import get_model_config
 from transformer_jax.resume_checks import refuse_other_model, refuse_other_optimizer
 from transformer_jax.metrics_window import MetricsWindow, NonFiniteLossError
 from transformer_jax.config_checks import check_config
+from transformer_jax.data import DataError
 from transformer_jax.trainer import ConfigError, _perplexity, train
 
 
@@ -473,6 +474,21 @@ def test_train_names_what_it_takes_for_a_config_of_another_kind(tmp_path):
                                           r"you mean config\.eval_every_steps\?\)"):
         train(misspelt, str(tmp_path))
     assert not os.listdir(tmp_path)
+
+
+def test_a_new_run_whose_corpus_is_not_there_makes_no_workdir(tmp_path):
+    """A folder corpus missing, or without a split's files: one DataError before the new
+    run's workdir is made (it held an empty train.lock). A workdir that exists (a resume,
+    which reads no text) is left to prepare's checks."""
+    config = tiny_run()
+    config.data.dataset = f"folder:{tmp_path / 'gone'}"
+    with pytest.raises(DataError, match=rf"^dataset folder '{tmp_path / 'gone'}' does not"):
+        train(config, str(tmp_path / "run"))
+    (tmp_path / "corpus").mkdir()
+    config.data.dataset = f"folder:{tmp_path / 'corpus'}"
+    with pytest.raises(DataError, match=r"^missing .*/corpus/train\.de, .*/corpus/train\.en; "):
+        train(config, str(tmp_path / "run"))
+    assert sorted(os.listdir(tmp_path)) == ["corpus"]
 
 
 def run_train_py(workdir, *overrides, launch=(), **popen):

@@ -51,6 +51,7 @@ from transformer_jax.bleu import score
 from transformer_jax.checkpoint import Checkpointer, DataPositionError, StateMismatchError
 from transformer_jax.config_checks import ConfigError, checked_copy
 from transformer_jax.data import eval_batches, load_split, prepare
+from transformer_jax.data.prepared import check_corpus_files
 from transformer_jax.data.vocabulary import CHECKPOINT_TOKENIZER_KEY, tokenizer_path
 from transformer_jax.metrics_window import MetricsWindow
 from transformer_jax.model import Transformer
@@ -118,6 +119,10 @@ def train(config, workdir: str, *, launched: float | None = None) -> TrainResult
     first step's line the time before training began: Python, the imports, JAX's devices.
     """
     config = checked_copy(config)
+    if jax.process_index() == 0 and not os.path.exists(workdir):
+        # A new run tokenizes its corpus: a wrong path is said before its workdir is made
+        # (a resume reads no text, and may run where the corpus no longer is).
+        check_corpus_files(config.data)
     workdir = writable_folder(workdir)
     # From here on: while data is read and the step compiles too.
     started = time.monotonic()

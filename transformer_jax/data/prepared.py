@@ -112,10 +112,7 @@ def _prepare(data_config, workdir: str, splits, log, processes):
     if os.path.isdir(workdir):
         remove_temporaries(workdir, TOKENIZER_FILE)
     missing = [s for s in splits if not os.path.isdir(folders[s])]
-    kind, folder = dataset_kind(data_config.dataset)
-    if kind == "folder":  # each split's files, before the first is read and tokenized
-        for split in missing:
-            split_files(folder, split, (data_config.source_lang, data_config.target_lang))
+    check_corpus_files(data_config, missing)  # before the first is read and tokenized
     # The training split is read only if something needs it: a resume reads no text.
     needs_train = "train" in missing or not os.path.exists(tokenizer_path(workdir))
     train = load_split(data_config, "train") if needs_train else None
@@ -136,6 +133,15 @@ def _prepare(data_config, workdir: str, splits, log, processes):
         _check_test_split(data_config)
     return tokenizer, {split: open_split(data_config, workdir, split, tokenizer)
                        for split in splits}
+
+
+def check_corpus_files(data_config, splits=PREPARED_SPLITS) -> None:
+    """A DataError saying what is wrong unless a folder corpus holds the files of each of
+    `splits` (those `prepare` would tokenize); other datasets are checked as they are read."""
+    kind, folder = dataset_kind(data_config.dataset)
+    if kind == "folder":
+        for split in splits:
+            split_files(folder, split, (data_config.source_lang, data_config.target_lang))
 
 
 def _check_retimed(data_config, workdir: str, split: str, tokenizer: Tokenizer, log,
