@@ -478,8 +478,7 @@ def test_train_names_what_it_takes_for_a_config_of_another_kind(tmp_path):
 
 def test_a_new_run_whose_corpus_is_not_there_makes_no_workdir(tmp_path):
     """A folder corpus missing, or without a split's files: one DataError before the new
-    run's workdir is made (it held an empty train.lock). A workdir that exists (a resume,
-    which reads no text) is left to prepare's checks."""
+    run's workdir is made (it held an empty train.lock)."""
     config = tiny_run()
     config.data.dataset = f"folder:{tmp_path / 'gone'}"
     with pytest.raises(DataError, match=rf"^dataset folder '{tmp_path / 'gone'}' does not"):

@@ -121,7 +121,7 @@ def train(config, workdir: str, *, launched: float | None = None) -> TrainResult
     config = checked_copy(config)
     if jax.process_index() == 0 and not os.path.exists(workdir):
         # A new run tokenizes its corpus: a wrong path is said before its workdir is made
-        # (a resume reads no text, and may run where the corpus no longer is).
+        # (a resume's ids are prepared: what it reads is checked as it is read).
         check_corpus_files(config.data)
     workdir = writable_folder(workdir)
     # From here on: while data is read and the step compiles too.
