@@ -64,6 +64,7 @@ from transformer_jax.profiling import TRACEABLE, ProfileError, StepTrace
 from transformer_jax.resume_checks import changed_settings, refuse_other_model, refuse_other_run
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
+from transformer_jax.run_messages import first_step_line, opening_lines, profile_line
 from transformer_jax.steps import eval_step, train_step
 from transformer_jax.stop_signal import StopSignal
 from transformer_jax.train_batches import batch_rows, new_shuffle_seed, train_batches
@@ -175,43 +176,6 @@ def _perplexity(loss: float) -> float:
         return math.inf
 
 
-def _first_step_line(step: int, starts: tuple, opened: float, built: float,
-                     drawing_s: float | None) -> str:
-    """Where the time to the first step went: with the process's start (`starts` is
-    (launched or None, the run's start)), Python, the imports and JAX's devices; the data
-    (reading, or preparing on a first start), the state (built, `drawing_s` of it compiling
-    and drawing fresh parameters, or restored: `drawing_s` None; and placed on the
-    devices), the step itself (compiling it, unless the compilation cache holds it, and
-    running it)."""
-    now = time.monotonic()
-    launched, started = starts
-    if launched is None:
-        before = f"step {step} done {now - started:.1f} s after the start: "
-    else:
-        before = (f"step {step} done {now - launched:.1f} s after the process started: "
-                  f"{started - launched:.1f} s starting Python, the imports and the devices, ")
-    state = ("restoring the state" if drawing_s is None else
-             f"building the state ({drawing_s:.1f} s of it compiling and drawing its parameters)")
-    return (f"{before}{opened - started:.1f} s reading or preparing the data, "
-            f"{built - opened:.1f} s {state}, {now - built:.1f} s compiling and running the step")
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'s' * (count != 1)}"
-
-
-def _profile_line(summary: dict) -> str:
-    """One line of a `StepTrace` summary: wall and device time per step, the top operations."""
-    top = ", ".join(f"{op['operation']} {op['share']:.0%}" for op in summary["operations"][:3])
-    parts = ", ".join(f"{p['pass']} {p['part']} {p['share']:.0%}"
-                      for p in summary.get("parts", [])[:3])
-    return (f"profiled steps {summary['first_step']}-{summary['last_step']} into "
-            f"{summary['trace']}: {summary['wall_ms_per_step']:.1f} ms per step, the device "
-            f"busy {summary['busy_ms_per_step']:.1f} ms and idle {summary['idle_share']:.0%} "
-            f"of it; most time in {top}" + (f"; by part: {parts}" if parts else "")
-            + " (summary.json there)")
-
-
 class _Loop:
     """The state of one training run between its steps."""
 
@@ -316,50 +280,6 @@ class _Loop:
                   f"cannot go on from its saved position and starts a new shuffle (seeded "
                   f"from seed {self.config.seed} and step {step})", file=sys.stderr)
 
-    def _start_line(self, first: int, parameters: int) -> str:
-        """What the run trains (`parameters` of them), on what, from which step: the line
-        before its first step."""
-        c, m = self.config, self.model.config
-        devices = jax.devices()
-        batches = (f"{self.rows * jax.process_count()} packed rows of "
-                   f"{c.data.max_source_length} + {c.data.max_target_length} tokens per update"
-                   if c.data.batching == "packed" else "bucketed batches (above)")
-        micro = (f" in {c.accumulation_steps} micro-batches" if c.accumulation_steps > 1
-                 else "")
-        hosts = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
-        software = self.metadata["software"]
-        commit, plus, dirty = (software["commit"] or "").partition("+")
-        commit = f" ({commit[:12]}{plus}{dirty})" if commit else ""
-        return (f"{f'resumed at step {first}; ' if first else ''}training steps {first + 1}"
-                f"-{c.num_train_steps}: {parameters:,} parameters "
-                f"({_plural(m.num_layers, 'layer')} of width {m.d_model}, {m.dtype}) on "
-                f"{_plural(len(devices), devices[0].device_kind + ' device')}{hosts}, "
-                f"{c.parallelism}; {batches}{micro}; transformer_jax "
-                f"{software['transformer_jax']}{commit}, jax {software['jax']}")
-
-    def _opening_lines(self, first: int, parameters: int) -> list[str]:
-        """What the run says before its first step (`first`, the step it starts from): what
-        it trains, or that it has nothing to train, and what it will not do."""
-        c, lines = self.config, []
-        if first < c.num_train_steps:
-            lines.append(self._start_line(first, parameters))
-        if self.model.config.layer_norm_implementation == "pallas" and \
-                jax.default_backend() != "gpu":
-            lines.append(f"warning: model.layer_norm_implementation='pallas' runs its kernels "
-                         f"in Pallas's interpreter on {jax.default_backend()}, slowly; 'xla' "
-                         f"computes the same norm at full speed there")
-        if not self.eval_pairs:
-            lines.append("nothing to evaluate (the validation split is empty): "
-                         "the run logs no evaluation records")
-        elif c.num_eval_batches == 0:
-            lines.append("nothing to evaluate (num_eval_batches=0): "
-                         "the run logs no eval_loss, eval_accuracy or eval_perplexity")
-        if first >= c.num_train_steps:
-            lines.append(f"nothing to train: {self.checkpointer.directory}/{first} is at step "
-                         f"{first}, and num_train_steps is {c.num_train_steps} (raise "
-                         f"--config.num_train_steps to train on)")
-        return lines
-
     def run(self, stop: StopSignal, starts: tuple, opened: float) -> TrainResult:
         """Trains from the newest checkpoint to `num_train_steps` (`starts`: the monotonic
         times of the process's start, or None, and of the run's; `opened`: of its data
@@ -375,7 +295,10 @@ class _Loop:
             self._name_changes(first, restored)
         log = RunLog(self.workdir, total_steps=self.config.num_train_steps, first_step=first,
                      enabled=jax.process_index() == 0)
-        for line in self._opening_lines(first, parameters):
+        for line in opening_lines(self.config, self.model.config, rows=self.rows,
+                                  software=self.metadata["software"], first=first,
+                                  parameters=parameters, evaluable=bool(self.eval_pairs),
+                                  checkpoints=self.checkpointer.directory):
             log.message(line)
         records = []
         work = self._periodic_work(log, records)
@@ -387,8 +310,8 @@ class _Loop:
         try:
             step, stopped = self._loop(
                 stop, placed, first, log, trace, work,
-                first_line=lambda step: _first_step_line(step, starts, opened, built,
-                                                         self.drawing_s))
+                first_line=lambda step: first_step_line(step, starts, opened, built,
+                                                        self.drawing_s))
         finally:
             stop.training = False
             trace.close()
@@ -431,7 +354,7 @@ class _Loop:
                 # compiles it again: WORKDIR/compilation_cache may hold it).
                 program=lambda: self.p_train.lower(placed, batch).compile().as_text())
             if profiled:
-                log.message(_profile_line(profiled))
+                log.message(profile_line(profiled))
             if not trace.tracing:
                 self._window.resume()
             self._between_steps(work, step, placed, stopped)
