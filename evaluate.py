@@ -13,7 +13,8 @@ checkpoints, the dataset read, the search settings and batch size, pairs skipped
 sentences/s, compilation included).
 <name> is the step, or "<last step>-average<N>" for N averaged checkpoints, then
 "-beam<K>", "-alpha<A>", "-extra<E>" for search settings other than the run config's, and
-"-on-<dataset>" (a folder's name, a TFDS name with _ for /) for a --dataset not the run's.
+"-on-<dataset>" for a --dataset not the run's (`dataset_label`: a folder's name and 6 hex
+digits of its path's SHA-256, a TFDS name with _ for /).
 Pairs with an empty side are not scored; their count is printed. The scores are printed
 first; the files are written whole or not at all (a full disk: one error line, exit
 status 1, and earlier results of the same name as they were).
@@ -27,6 +28,7 @@ import signal
 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
+import hashlib
 import json
 import os
 import sys
@@ -99,10 +101,19 @@ def results_name(translator: "Translator", settings: dict, dataset: str | None =
         if settings[key] != config[key]:
             name += f"-{short}{settings[key]}"  # Python's shortest exact text of it
     if dataset is not None and not same_dataset(dataset, translator.run_config.data.dataset):
-        kind, arg = dataset_kind(dataset)
-        label = os.path.basename(os.path.normpath(arg)) if kind == "folder" else arg or kind
-        name += f"-on-{label.replace('/', '_')}"
+        name += f"-on-{dataset_label(dataset)}"
     return name
+
+
+def dataset_label(dataset: str) -> str:
+    """"newstest2015-3fa2c1" for folder:/data/newstest2015 (its name, and the first hex
+    digits of its path's SHA-256: two folders of one name are told apart),
+    "wmt15_translate_de-en" for tfds:wmt15_translate/de-en, "numbers"."""
+    kind, arg = dataset_kind(dataset)
+    if kind != "folder":
+        return (arg or kind).replace("/", "_")
+    path = os.path.realpath(os.path.expanduser(arg))
+    return f"{os.path.basename(path) or 'root'}-{hashlib.sha256(path.encode()).hexdigest()[:6]}"
 
 
 def given_dataset() -> str | None:

@@ -577,6 +577,31 @@ def test_a_stopped_suite_keeps_the_rows_it_measured(tmp_path, monkeypatch, capsy
     assert whole["complete"] is True and len(whole["results"]) >= 4 and whole["notes"]
 
 
+def test_a_peer_failing_on_its_backward_pass_writes_neither_of_its_rows(tmp_path, monkeypatch):
+    """The attention suite's mask rows: a peer whose forward pass was timed and whose
+    forward + backward fails is skipped whole, in --json's rows so far as in the rows
+    returned (its forward row was written alone, and then left out of the report)."""
+    time_case = attention_suite.time_case
+
+    def failing_backward(name, *, backward, **shape):
+        if name == "peer" and backward:
+            raise RuntimeError("no backward here")
+        return time_case(name, backward=backward, **shape)
+
+    monkeypatch.setattr(attention_suite, "time_case", failing_backward)
+    monkeypatch.setattr(attention_suite, "PEERS", {"peer": (attention_suite.ours("xla"),
+                                                            lambda mask: "")})
+    path = tmp_path / "attention.json"
+    with report.streaming(str(path), "attention", quick=True, argv=[]):
+        rows, skipped = attention_suite.mask_case_rows(
+            "tiny", "packed", True, "float32", attention_suite.grid(True), True)
+    written = json.loads(path.read_text())["results"]
+    assert [(row["implementation"], row["pass"]) for row in written] == [
+        (row["implementation"], row["pass"]) for row in rows]
+    assert {row["implementation"] for row in rows} == {"auto", "reference", "xla"}
+    assert "peer at float32, tiny, packed: failed, RuntimeError: no backward here" in skipped
+
+
 def test_help_says_what_each_suite_times(capsys):
     from transformer_jax.benchmark import SUITES
     from transformer_jax.benchmark.__main__ import SUITE_HELP
@@ -763,8 +788,10 @@ def test_table_aligns_every_key():
 
 
 def test_rows_sharing_few_columns_are_tables_of_their_own():
-    """A row sharing fewer than half of its and the table's columns starts a table (the
-    pipeline's preparation after its rates); one sharing half or more joins it."""
+    """A row sharing fewer than half of its and a table's columns starts a table (the
+    pipeline's preparation after its rates); one sharing half or more joins the latest such
+    table, though another came between (compare's torch.compile row after the attention
+    rows)."""
     rates = [{"data": "d", "stage": "pack", "rate": 1.0, "fill": 0.5},
              {"data": "d", "stage": "bucket", "rate": 2.0, "fill": 0.25, "resume_s": 3.0}]
     prepared = {"data": "d", "stage": "prepare", "pairs": 7, "prepare_s": 4.0, "threads": 2}
@@ -777,10 +804,14 @@ def test_rows_sharing_few_columns_are_tables_of_their_own():
     assert [line.split() for line in second[2:]] == [["d", "prepare", "7", "4", "2"],
                                                      ["e", "prepare", "8", "-", "-"]]
     assert len({len(line) for line in first}) == 1 and len({len(line) for line in second}) == 1
-    tables = report.markdown([*rates, prepared]).split("\n\n")
-    assert [table.splitlines()[0] for table in tables] == [
-        "| data | stage | rate | fill | resume_s |",
-        "| data | stage | pairs | prepare_s | threads |"]
+    late = {"data": "f", "stage": "pack", "rate": 3.0, "fill": 0.75}
+    tables = report.markdown([*rates, prepared, late]).split("\n\n")
+    assert [table.splitlines() for table in tables] == [
+        ["| data | stage | rate | fill | resume_s |", "|---|---|---|---|---|",
+         "| d | pack | 1 | 0.5 | - |", "| d | bucket | 2 | 0.25 | 3 |",
+         "| f | pack | 3 | 0.75 | - |"],
+        ["| data | stage | pairs | prepare_s | threads |", "|---|---|---|---|---|",
+         "| d | prepare | 7 | 4 | 2 |"]]
 
 
 def test_profile_counts_only_the_timed_calls(tmp_path):

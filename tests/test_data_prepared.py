@@ -493,7 +493,8 @@ def test_files_only_touched_are_tokenized_again_and_kept_while_the_ids_are_the_s
     with pytest.raises(DataError, match=r"prepared/validation is stale \(.*validation\.en: "):
         prepare(config, str(workdir), log=lines.append)
     assert lines == ["prepared validation: its corpus files' times changed since (touched or "
-                     "copied); tokenizing it again to compare the ids"]
+                     "copied); tokenizing it again to compare the ids",
+                     "prepared validation: other ids: the text changed"]
     assert sorted(os.listdir(workdir / "prepared")) == ["train", "validation"]
     after = prepared_arrays(workdir, "validation")
     assert all(np.array_equal(before["validation"][k], after[k]) for k in after)
@@ -503,7 +504,9 @@ def test_a_moved_corpus_is_the_same_dataset_until_a_file_changes(tmp_path, monke
     """A corpus folder moved (mv keeps the files' times) after preparing: a run given its new
     path reuses its tokenizer and prepared ids, reading no text; it was refused as another
     dataset, and then as stale with every file named at the same size and time. A file
-    touched in the new place is a change again, and the only file named."""
+    touched in the new place (as a copy without -p) is tokenized again and kept, the split's
+    record taking the new place; a file of other text is refused, naming it and both
+    places."""
     config = write_corpus(tmp_path / "corpus")
     workdir = str(tmp_path / "run")
     tokenizer, splits = prepare(config, workdir, **QUIET)
@@ -515,13 +518,24 @@ def test_a_moved_corpus_is_the_same_dataset_until_a_file_changes(tmp_path, monke
     assert again.sha256 == tokenizer.sha256 and read == []
     assert [splits["train"][i]["targets"].tolist() for i in (0, 100)] == ids
     path = tmp_path / "moved" / "validation.de"
-    stat = path.stat()
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    touch(path)
+    lines = []
+    prepare(moved, workdir, log=lines.append)
+    assert lines == ["prepared validation: its corpus files' times changed since (touched or "
+                     "copied); tokenizing it again to compare the ids",
+                     "prepared validation: the same ids; kept, with the files' new times"]
+    recorded = json.loads((tmp_path / "run" / "prepared" / "validation" / "manifest.json")
+                          .read_text())["made_from"]
+    assert recorded["dataset"] == f"folder:{tmp_path / 'moved'}"
+    (tmp_path / "moved").rename(tmp_path / "again")
+    path = tmp_path / "again" / "validation.de"
+    path.write_text(path.read_text() + "eins\n")
+    again = data_fields(**{**config, "dataset": f"folder:{tmp_path / 'again'}"})
     with pytest.raises(DataError) as error:
-        prepare(moved, workdir, **QUIET)
+        prepare(again, workdir, **QUIET)
     assert re.search(rf"validation is stale \(dataset: prepared from 'folder:"
-                     rf"{re.escape(str(tmp_path / 'corpus'))}', now 'folder:"
-                     rf"{re.escape(str(tmp_path / 'moved'))}'; {re.escape(str(path))}: "
+                     rf"{re.escape(str(tmp_path / 'moved'))}', now 'folder:"
+                     rf"{re.escape(str(tmp_path / 'again'))}'; {re.escape(str(path))}: "
                      r"prepared from [\d,]+ bytes of [^,]+, now [\d,]+ bytes of [^,]+\)\. ",
                      str(error.value)), str(error.value)
 
@@ -680,19 +694,23 @@ def test_a_kill_while_moving_a_split_into_place_resumes_without_tokenizing(
         "targets_offsets.npy"]
 
 
-def test_a_damaged_split_that_is_also_stale_is_refused_not_prepared_again(tmp_path):
+def test_a_damaged_split_that_is_also_stale_is_refused_not_prepared_again(tmp_path,
+                                                                          monkeypatch):
     """The corpus changed and an array was damaged: the stale split is refused as before
-    (a run's checkpoints were trained on its ids), not silently prepared from the new text."""
+    (a run's checkpoints were trained on its ids), not silently prepared from the new text,
+    nor tokenized again to compare with the damaged ids."""
     folder = tmp_path / "corpus"
     config = write_corpus(folder)
     workdir = str(tmp_path / "run")
     prepare(config, workdir, **QUIET)
     damage(tmp_path / "run" / "prepared" / "train" / "inputs.npy", "cut")
     path = folder / "train.en"
-    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    touch(path)
+    writes = count_calls(monkeypatch, prepared_module, "write_split")
     with pytest.warns(UserWarning, match="training again gives the same model"):
         with pytest.raises(DataError, match=r"prepared/train is stale \(.*train\.en: prepared"):
             prepare(config, workdir, **QUIET)
+    assert writes == []
     assert os.path.exists(os.path.join(workdir, "prepared", "train", "manifest.json"))
 
 

@@ -3,6 +3,7 @@ restored without the optimizer; BLEU while training."""
 
 import dataclasses
 import errno
+import hashlib
 import importlib.util
 import json
 import os
@@ -574,7 +575,8 @@ def test_evaluate_reads_the_split_of_the_dataset_given(workdir_copy, tmp_path):
                  "--beam_size=1")
     assert result.returncode == 0, result.stderr
     assert f"de-en test of folder:{other} (3 sentences, checkpoint 4): BLEU" in result.stdout
-    stem = workdir_copy / "eval" / "test-4-beam1-on-newstest"
+    digits = hashlib.sha256(os.path.realpath(other).encode()).hexdigest()[:6]
+    stem = workdir_copy / "eval" / f"test-4-beam1-on-newstest-{digits}"
     references = stem.with_suffix(".ref.txt").read_text(encoding="utf-8").splitlines()
     hypotheses = stem.with_suffix(".hyp.txt").read_text(encoding="utf-8").splitlines()
     assert references == ["three hundred", "two", "forty"] and len(hypotheses) == 3
@@ -582,7 +584,7 @@ def test_evaluate_reads_the_split_of_the_dataset_given(workdir_copy, tmp_path):
     assert record["dataset"] == f"folder:{other}" and record["sentences"] == 3
     assert record["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
     assert sorted(path.name for path in (workdir_copy / "eval").iterdir()) == [
-        f"test-4-beam1-on-newstest.{kind}" for kind in ("hyp.txt", "json", "ref.txt")]
+        f"{stem.name}.{kind}" for kind in ("hyp.txt", "json", "ref.txt")]
     own = run("evaluate.py", f"--workdir={workdir_copy}", f"--dataset=folder:{tmp_path}/corpus/",
               "--beam_size=1")
     assert own.returncode == 0, own.stderr

@@ -120,20 +120,24 @@ def train(config, workdir: str, *, launched: float | None = None) -> TrainResult
     first step's line the time before training began: Python, the imports, JAX's devices.
     """
     config = checked_copy(config)
-    if jax.process_index() == 0 and not os.path.exists(workdir):
-        # A new run tokenizes its corpus: a wrong path is said before its workdir is made
-        # (a resume's ids are prepared: what it reads is checked as it is read).
-        check_corpus_files(config.data)
-    workdir = writable_folder(workdir)
     # From here on: while data is read and the step compiles too.
     started = time.monotonic()
     with StopSignal() as stop, contextlib.ExitStack() as held:
-        # One run per workdir; in a run of several processes, process 0 holds the lock for
-        # all, and the others learn from it when it cannot (they would wait for it forever).
+        # One run per workdir; in a run of several processes, process 0 makes and locks it
+        # for all, and the others learn from it when it cannot (they would wait for it forever).
         processes.first_then_others(
-            lambda: held.enter_context(workdir_lock(workdir)) if jax.process_index() == 0
-            else None, "lock the workdir", quiet=True)
-        return _train(config, workdir, stop, (launched, started))
+            lambda: held.enter_context(workdir_lock(_made_workdir(config, workdir)))
+            if jax.process_index() == 0 else None, "lock the workdir", quiet=True)
+        return _train(config, writable_folder(workdir), stop, (launched, started))
+
+
+def _made_workdir(config, workdir: str) -> str:
+    """`writable_folder(workdir)`; for a new run, its corpus files checked first: a wrong
+    path is said before the workdir is made (a resume's ids are prepared: what it reads is
+    checked as it is read)."""
+    if workdir and not os.path.exists(workdir):
+        check_corpus_files(config.data)
+    return writable_folder(workdir)
 
 
 def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult:

@@ -282,10 +282,11 @@ def mask_case_rows(model: str, mask: str, causal: bool, dtype: str, g: dict,
         try:
             errors = relative_errors(outputs(attend, qkv, segments, causal=causal, dtype=dtype),
                                      reference)
-            rows += [report.measured({"model": model, **time_case(
+            timed = [{"model": model, **time_case(
                 name, attend=attend, mask=mask, segments=segments, dtype=dtype, causal=causal,
-                backward=backward, quick=quick, **shape), "error": error})
+                backward=backward, quick=quick, **shape), "error": error}
                 for backward, error in zip((False, True), errors)]
+            rows += map(report.measured, timed)  # both or neither: a peer may fail on one
         except Exception as error:  # noqa: BLE001 (a peer's failure is reported; ours raise)
             if name not in PEERS:
                 raise

@@ -28,14 +28,18 @@ def _cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 
 def _runs(rows: list[dict]) -> list[list[dict]]:
-    """The rows in runs, one table each: a row starts a new run when it and the run so far
-    share fewer than half of their columns (the pipeline suite's preparation after its
-    reading rates), so that no table is mostly blanks."""
+    """The rows in groups, one table each, in the order of their first rows: a row joins
+    the latest group with which it shares half of their columns or more, else starts one
+    (the pipeline suite's preparation after its reading rates; the compare suite's
+    torch.compile row, timed after the attention rows, beside the train steps), so that no
+    table is mostly blanks."""
     runs = []
     for row in rows:
-        columns = set().union(*runs[-1]) if runs else set()
-        if runs and 2 * len(columns & row.keys()) >= len(columns | row.keys()):
-            runs[-1].append(row)
+        for run in reversed(runs):
+            columns = set().union(*run)
+            if 2 * len(columns & row.keys()) >= len(columns | row.keys()):
+                run.append(row)
+                break
         else:
             runs.append([row])
     return runs
@@ -115,6 +119,6 @@ def measured(row: dict) -> dict:
     row written shows it."""
     if _stream is not None:
         path, partial = _stream
-        partial["results"].append(row)
-        write_json(path, partial)
+        write_json(path, {**partial, "results": [*partial["results"], row]})
+        partial["results"].append(row)  # once written: the rows the file holds
     return row

@@ -39,7 +39,7 @@ from transformer_jax.data.prepared_split import (
 )
 from transformer_jax.data.prepared_writer import write_json, write_split
 from transformer_jax.data.sources import (DataError, dataset_kind, describe_split, load_split,
-                                         read_folder_split, split_files)
+                                         moved_folder, read_folder_split, split_files)
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.vocabulary import (TOKENIZER_FILE, describe_changes, get_tokenizer,
                                              tokenizer_path)
@@ -146,21 +146,23 @@ def check_corpus_files(data_config, splits=PREPARED_SPLITS) -> None:
 
 def _check_retimed(data_config, workdir: str, split: str, tokenizer: Tokenizer, log,
                    processes) -> None:
-    """A prepared `split` whose corpus files changed only their modification times since
-    (touched, copied without -p, written again by a script) is tokenized again beside it:
-    the same ids, and its record takes the new times, with a line in `log`; other ids (or a
-    damaged split), and it is left for `open_split` to refuse as stale. The comparison's
-    folder (SPLIT.again) is removed after, and before (what a kill left)."""
+    """A prepared `split` whose corpus files changed only their modification times since,
+    and perhaps their folder (touched, copied without -p, written again by a script), is
+    tokenized again beside it: the same ids, and its record takes the files' new times and
+    place, with a line in `log`; other ids (or a damaged split), and it is left for
+    `open_split` to refuse as stale. The comparison's folder (SPLIT.again) is removed
+    after, and before (what a kill left)."""
     folder = os.path.join(prepared_dir(workdir), split)
     again = f"{folder}.again"
     _remove_comparison(again)
     try:
         manifest = read_manifest(os.path.join(folder, MANIFEST))
+        now = made_from(data_config, split, tokenizer)
+        if not _times_only(manifest["made_from"], now):
+            return
+        PreparedSplit(folder).check()  # no comparison with damaged ids
     except (DamagedFileError, OSError):
         return  # missing or damaged: _damaged's to say
-    now = made_from(data_config, split, tokenizer)
-    if not _times_only(manifest["made_from"], now):
-        return
     log(f"prepared {split}: its corpus files' times changed since (touched or copied); "
         f"tokenizing it again to compare the ids")
     try:
@@ -169,6 +171,8 @@ def _check_retimed(data_config, workdir: str, split: str, tokenizer: Tokenizer, 
         if _same_ids(folder, again):
             write_json(os.path.join(folder, MANIFEST), {**manifest, "made_from": now})
             log(f"prepared {split}: the same ids; kept, with the files' new times")
+        else:
+            log(f"prepared {split}: other ids: the text changed")
     finally:
         _remove_comparison(again)
 
@@ -179,13 +183,16 @@ def _remove_comparison(again: str) -> None:
 
 
 def _times_only(recorded: dict, now: dict) -> bool:
-    """Whether two `made_from` records differ in their files' modification times alone: the
-    same paths and sizes, and all else equal."""
+    """Whether two `made_from` records differ in their files' modification times alone, or
+    in those and their folder (`moved_folder`): the same names and sizes, all else equal.
+    (A folder moved with its times is the same dataset: nothing to compare.)"""
     def without_times(record: dict) -> dict:
         return {**record, "files": [list(entry[:2]) for entry in record["files"]]}
 
     try:
-        return recorded != now and without_times(recorded) == without_times(now)
+        return recorded != now and not moved_folder(recorded, now) and (
+            without_times(recorded) == without_times(now)
+            or moved_folder(recorded, now, times=False))
     except (KeyError, TypeError):  # not a folder's files (or a record edited by hand)
         return False
 
