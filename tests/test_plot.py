@@ -58,7 +58,8 @@ def test_each_line_is_the_records_of_its_key():
     np.testing.assert_array_equal(lines_by_gid(rate)["run:learning_rate"],
                                   [[10, 1e-4], [20, 2e-4], [30, 1.5e-4], [40, 1.25e-4]])
     assert [t.get_text() for t in loss.get_legend().get_texts()] == [
-        "training (label-smoothed) (last 0.5)", "validation (last 1.25)"]
+        "training: to the smoothed labels, floor 0 (last 0.5)",
+        "validation: cross-entropy (last 1.25)"]
 
 
 def visible_tick_labels(ax) -> list[str]:

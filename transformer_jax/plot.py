@@ -54,10 +54,10 @@ class Panel:
 
 PANELS = (
     # The training loss is label-smoothed (its entropy subtracted: 0 is its floor, §5.4);
-    # the validation loss is plain cross-entropy.
+    # the validation loss is plain cross-entropy: of two kinds, the legend says so.
     Panel("Loss", "loss per target token (nats)", "log",
-          (Series("loss", "training (label-smoothed)", "C0"),
-           Series("eval_loss", "validation", "C1", "--", "o"))),
+          (Series("loss", "training: to the smoothed labels, floor 0", "C0"),
+           Series("eval_loss", "validation: cross-entropy", "C1", "--", "o"))),
     Panel("BLEU and chrF (validation, beam search)", "score", "linear",
           (Series("eval_bleu", "BLEU", "C2", "-", "o"),
            Series("eval_chrf", "chrF", "C4", ":", "s"))),
