@@ -821,15 +821,17 @@ def test_bfloat16_training_tracks_float32_then_evaluates_and_restores_on_cpu(tmp
 def test_a_run_already_at_its_last_step_says_there_is_nothing_to_train(trained_run, tmp_path,
                                                                        capsys):
     """Starting a finished run (or one asked for fewer steps than it has) trains nothing and
-    says so in one line naming the checkpoint and num_train_steps."""
+    says so in one line naming the checkpoint and num_train_steps, with no progress bar
+    (it drew an empty one around each line)."""
     shutil.copytree(trained_run.workdir, tmp_path / "run")
     last = trained_run.config.num_train_steps
     before = files(tmp_path / "run")
     result = train(trained_run.config, str(tmp_path / "run"))
     assert (result.step, result.records, result.stopped_early) == (last, [], False)
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert f"nothing to train: {tmp_path / 'run'}/checkpoints/{last} is at step {last}, " \
            f"and num_train_steps is {last}" in out
+    assert "train:" not in err, err
     assert files(tmp_path / "run")["metrics.jsonl"] == before["metrics.jsonl"]
 
 

@@ -64,7 +64,8 @@ class RunLog:
         self._drawn = 0  # how many records curves.png holds
         self._tensorboard = _summary_writer(workdir)
         self._progress = tqdm.tqdm(total=total_steps, initial=first_step, unit="step",
-                                   dynamic_ncols=True, desc="train")
+                                   dynamic_ncols=True, desc="train",
+                                   disable=first_step >= total_steps)  # nothing to train
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """One record: `metrics` at `step` (train and eval records carry their own keys),
