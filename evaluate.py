@@ -16,8 +16,8 @@ sentences/s, compilation included).
 "-on-<dataset>" for a --dataset not the run's (`dataset_label`: a folder's name and 6 hex
 digits of its path's SHA-256, a TFDS name with _ for /).
 Pairs with an empty side are not scored; their count is printed. The scores are printed
-first; the files are written whole or not at all (a full disk: one error line, exit
-status 1, and earlier results of the same name as they were).
+first, the files' names last; the files are written whole or not at all (a full disk: one
+error line, exit status 1, and earlier results of the same name as they were).
 """
 
 import signal
@@ -168,8 +168,9 @@ def main(argv) -> None:
         f"{checkpoints_named(translator.steps)}): BLEU {record['bleu']:.2f}, "
         f"chrF {record['chrf']:.2f}\nsacreBLEU signatures: BLEU {record['signature']}, "
         f"chrF {record['chrf_signature']}\n")
-    save(os.path.join(out, f"{_SPLIT.value}-{results_name(translator, settings, dataset)}"),
-         result["hypotheses"], [p["target"] for p in split.pairs], record)
+    stem = os.path.join(out, f"{_SPLIT.value}-{results_name(translator, settings, dataset)}")
+    save(stem, result["hypotheses"], [p["target"] for p in split.pairs], record)
+    write_stdout_and_go_on(f"wrote {stem}.hyp.txt, .ref.txt and .json\n")
 
 
 def run_split(data_config, split: str, dataset: str | None = None):

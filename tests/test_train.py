@@ -41,12 +41,19 @@ def records(workdir) -> list[dict]:
 
 
 def test_one_step_on_the_builtin_data(tmp_path, capsys):
-    """One train step and one evaluation: metrics.jsonl, TensorBoard files, a checkpoint;
-    a profile asked of a run too short for it is named, not silently skipped."""
+    """One train step and one evaluation: metrics.jsonl, TensorBoard files, a checkpoint,
+    and a last line saying where they are; a profile asked of a run too short for it is
+    named, not silently skipped."""
     result = train(tiny_run(num_train_steps=1, profile_steps=5), str(tmp_path))
     assert result.step == 1 and not result.stopped_early
+    out = capsys.readouterr().out
     assert ("note: nothing is traced: config.profile_steps traces steps after the first 10 "
-            "of a start (from step 11), and this run ends at step 1") in capsys.readouterr().out
+            "of a start (from step 11), and this run ends at step 1") in out
+    # Where the results are, and what uses them, last.
+    assert out.splitlines()[-1] == (
+        f"trained to step 1: saved to {tmp_path}/checkpoints/1, curves in {tmp_path}/"
+        f"curves.png; translate with python translate.py --workdir={tmp_path}, score the "
+        f"test split with python evaluate.py --workdir={tmp_path}")
     assert not (tmp_path / "plugins").exists()
     train_record, eval_record = records(tmp_path)
     assert train_record["step"] == 1 and train_record["loss"] > 0

@@ -460,6 +460,7 @@ def test_evaluate_writes_hypotheses_references_and_scores(workdir_copy):
                  "--beam_size=2", "--batch_size=3")
     assert result.returncode == 0, result.stderr
     stem = workdir_copy / "eval" / "validation-4-beam2"
+    assert result.stdout.splitlines()[-1] == f"wrote {stem}.hyp.txt, .ref.txt and .json"
     record = json.loads(stem.with_suffix(".json").read_text())
     hypotheses = stem.with_suffix(".hyp.txt").read_text(encoding="utf-8").splitlines()
     references = [p["target"] for p in load_split(tiny_run().data, "validation").pairs]

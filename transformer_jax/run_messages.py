@@ -1,5 +1,6 @@
 """The lines a training run says (trainer.py) besides its records: what it trains and on
-what, what it will not do, where the time to its first step went, what a profile found.
+what, what it will not do, where the time to its first step went, what a profile found,
+where its results are.
 
     start_line(config, model_config, rows=96, software=provenance.software(), first=0,
                parameters=63_082_496)   # configs/wmt14_ende_base.py on a CPU:
@@ -65,6 +66,14 @@ def opening_lines(config, model_config, *, rows: int, software: dict, first: int
                      f"{first}, and num_train_steps is {c.num_train_steps} (raise "
                      f"--config.num_train_steps to train on)")
     return lines
+
+
+def finished_line(workdir: str, step: int, checkpoints: str) -> str:
+    """The line after a run's last step: where its results are, and the commands that use
+    them."""
+    return (f"trained to step {step}: saved to {checkpoints}/{step}, curves in "
+            f"{workdir}/curves.png; translate with python translate.py --workdir={workdir}, "
+            f"score the test split with python evaluate.py --workdir={workdir}")
 
 
 def first_step_line(step: int, starts: tuple, opened: float, built: float,

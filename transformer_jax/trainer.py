@@ -64,7 +64,8 @@ from transformer_jax.profiling import TRACEABLE, ProfileError, StepTrace
 from transformer_jax.resume_checks import changed_settings, refuse_other_model, refuse_other_run
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
-from transformer_jax.run_messages import first_step_line, opening_lines, profile_line
+from transformer_jax.run_messages import (finished_line, first_step_line, opening_lines,
+                                          profile_line)
 from transformer_jax.steps import eval_step, train_step
 from transformer_jax.stop_signal import StopSignal
 from transformer_jax.train_batches import batch_rows, new_shuffle_seed, train_batches
@@ -322,6 +323,8 @@ class _Loop:
             self.checkpointer.wait()
             getattr(self.data, "close", lambda: None)()  # grain's worker processes, if any
             log.close()
+        if step == self.config.num_train_steps > first and jax.process_index() == 0:
+            print(finished_line(self.workdir, step, self.checkpointer.directory), flush=True)
         return TrainResult(step, records, stopped)
 
     def _loop(self, stop: StopSignal, placed, first: int, log: RunLog, trace: StepTrace,
