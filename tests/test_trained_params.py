@@ -67,6 +67,18 @@ def test_a_missing_workdir_is_named_and_an_empty_one_is_sent_to_train(tmp_path):
         load_trained_params(str(tmp_path))
 
 
+def test_a_folder_of_runs_is_sent_to_one_of_them(tmp_path):
+    """--workdir=runs (the folder holding the runs) said "train first (python train.py
+    --workdir=runs)": a run beside the others. The runs in it are named instead."""
+    for run in ("default", "big"):
+        (tmp_path / "runs" / run / "checkpoints" / "800").mkdir(parents=True)
+    (tmp_path / "runs" / "notes").mkdir()  # not a run
+    with pytest.raises(CheckpointChoiceError) as error:
+        load_trained_params(str(tmp_path / "runs"))
+    assert str(error.value) == (f"{tmp_path}/runs holds training runs (big, default), not one "
+                                f"of its own; name one: --workdir={tmp_path}/runs/big")
+
+
 def test_a_runs_checkpoints_folder_is_sent_to_the_run(tmp_path, monkeypatch):
     """--workdir=runs/x/checkpoints said "train first (python train.py
     --workdir=runs/x/checkpoints)": a run inside the run's own checkpoints. A run named

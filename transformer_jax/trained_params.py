@@ -123,6 +123,13 @@ def load_trained_params(workdir: str, which: str | int = "latest") -> TrainedPar
                                     f"folder, and the step with --checkpoint: "
                                     f"--workdir={run or os.curdir} --checkpoint={name}")
     if not os.path.isdir(directory):
+        runs = sorted(entry for entry in os.listdir(workdir)  # runs/: "train first" misleads
+                      if os.path.isdir(os.path.join(workdir, entry, "checkpoints")))
+        if runs:
+            shown = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if runs[5:] else "")
+            raise CheckpointChoiceError(f"{workdir} holds training runs ({shown}), not one of "
+                                        f"its own; name one: --workdir="
+                                        f"{os.path.join(workdir, runs[0])}")
         raise CheckpointChoiceError(f"{workdir} has no checkpoints; train first "
                                     f"(python train.py --workdir={workdir})")
     with Checkpointer(directory, keep=1_000_000) as checkpointer:
