@@ -93,13 +93,18 @@ def test_a_config_file_that_does_not_load_is_one_line_naming_it(tmp_path, code, 
 
 
 def test_config_file_errors_without_a_line_of_code(tmp_path):
-    """A syntax error names its own line; a file that cannot be read, the OS's reason."""
+    """A syntax error names its own line; a file that cannot be read, the OS's reason, and
+    for a misspelt name the closest config file of its folder."""
     (tmp_path / "broken.py").write_text("x = 1\ndef get_config(:\n")
     with pytest.raises(ConfigFileError, match=r"broken.py: SyntaxError: .*\(broken.py, line 2\)$"):
         load_config_file(str(tmp_path / "broken.py"))
     with pytest.raises(ConfigFileError) as caught:
         load_config_file(str(tmp_path / "missing.py"))
     assert str(caught.value) == f"{tmp_path / 'missing.py'}: No such file or directory"
+    with pytest.raises(ConfigFileError) as caught:
+        load_config_file(str(tmp_path / "brokne.py"))
+    assert str(caught.value) == (f"{tmp_path / 'brokne.py'}: No such file or directory; did "
+                                 f"you mean {tmp_path / 'broken.py'}?")
     with pytest.raises(ConfigFileError, match=r"^--config is empty \(an unset shell variable"):
         load_config_file("")
 

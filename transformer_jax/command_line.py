@@ -10,6 +10,7 @@ and evaluate.py are defined once, here. The package's warnings are one line each
 """
 
 import ast
+import difflib
 import importlib.machinery
 import importlib.util
 import os
@@ -141,12 +142,23 @@ def _run_file(path: str, module_name: str):
     return module
 
 
+def _near_config(path: str) -> str:
+    """"; did you mean configs/default.py?" for a missing configs/defualt.py: the closest
+    name among the .py files of its folder (there or not at all)."""
+    folder = os.path.dirname(path) or os.curdir
+    if os.path.exists(path) or not os.path.isdir(folder):
+        return ""
+    names = [name for name in os.listdir(folder) if name.endswith(".py")]
+    close = difflib.get_close_matches(os.path.basename(path), names, n=1)
+    return f"; did you mean {os.path.join(os.path.dirname(path), close[0])}?" if close else ""
+
+
 def _error_in_file(path: str, error: Exception) -> str:
     """`PATH, line N: Type: message` at the file's innermost line in the traceback; a
     SyntaxError's message names its own file and line, and a file that cannot be read
     has no line."""
     if isinstance(error, OSError) and error.filename == path:
-        return f"{path}: {error.strerror}"
+        return f"{path}: {error.strerror}{_near_config(path)}"
     lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
              if os.path.abspath(frame.filename) == os.path.abspath(path)]
     where = f", line {lines[-1]}" if lines else ""
