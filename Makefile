@@ -10,18 +10,21 @@ STAMP := $(VENV)/.installed-dev
 # Create the virtual environment once, with the package and what the README's walk-through
 # uses after training (the notebooks' and the export's packages); reinstall when
 # pyproject.toml changes.
+# -qq: errors only (setuptools' notice on every editable install is not one).
 $(BASE): pyproject.toml
+	@echo "setting up $(VENV): the package and its dependencies (a minute or more the first time)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --editable '.[notebooks,serve]'
+	$(BIN)/python -m pip install -qq --upgrade pip
+	$(BIN)/python -m pip install -qq --editable '.[notebooks,serve]'
 	touch $(BASE)
 
 # The suite's: the dev extra (pytest, ruff, and the benchmark's PyTorch peer), which holds
 # the notebooks' and the export's extras too, so one install serves make train as well.
 $(STAMP): pyproject.toml
+	@echo "setting up $(VENV): the package, its dependencies and the test suite's (a minute or more the first time)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --editable '.[dev]'
+	$(BIN)/python -m pip install -qq --upgrade pip
+	$(BIN)/python -m pip install -qq --editable '.[dev]'
 	touch $(BASE) $(STAMP)
 
 train: $(BASE)
