@@ -91,7 +91,7 @@ def evaluate(translator: "Translator", pairs: list[dict], batch_size: int = 32, 
 
 
 def results_name(translator: "Translator", settings: dict, dataset: str | None = None) -> str:
-    """"500", "500-average5", "500-beam1", "500-on-newstest2015": the step, the checkpoints
+    """"500", "500-average5", "500-beam1", "500-on-newstest2015-3fa2c1": the step, the checkpoints
     averaged, the search settings that are not the run config's, and the `dataset` read when
     it is not the run's (their results would replace those)."""
     steps = translator.steps

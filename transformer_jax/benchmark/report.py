@@ -27,28 +27,28 @@ def _cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     return columns, [[format_value(row.get(key)) for key in columns] for row in rows]
 
 
-def _runs(rows: list[dict]) -> list[list[dict]]:
+def _groups(rows: list[dict]) -> list[list[dict]]:
     """The rows in groups, one table each, in the order of their first rows: a row joins
     the latest group with which it shares half of their columns or more, else starts one
     (the pipeline suite's preparation after its reading rates; the compare suite's
     torch.compile row, timed after the attention rows, beside the train steps), so that no
     table is mostly blanks."""
-    runs = []
+    groups = []
     for row in rows:
-        for run in reversed(runs):
-            columns = set().union(*run)
+        for group in reversed(groups):
+            columns = set().union(*group)
             if 2 * len(columns & row.keys()) >= len(columns | row.keys()):
-                run.append(row)
+                group.append(row)
                 break
         else:
-            runs.append([row])
-    return runs
+            groups.append([row])
+    return groups
 
 
 def markdown(rows: list[dict]) -> str:
-    """The rows as Markdown tables (for BENCHMARKS.md), one per run of rows that share
-    their columns."""
-    return "\n\n".join(map(_markdown, _runs(rows)))
+    """The rows as Markdown tables (for BENCHMARKS.md), one per group of rows that share
+    their columns (`_groups`)."""
+    return "\n\n".join(map(_markdown, _groups(rows)))
 
 
 def _markdown(rows: list[dict]) -> str:
@@ -58,9 +58,9 @@ def _markdown(rows: list[dict]) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """Aligned columns for the terminal, a table per run of rows that share their
-    columns."""
-    return "\n\n".join(map(_table, _runs(rows))) if rows else "(no results)"
+    """Aligned columns for the terminal, a table per group of rows that share their
+    columns (`_groups`)."""
+    return "\n\n".join(map(_table, _groups(rows))) if rows else "(no results)"
 
 
 def _table(rows: list[dict]) -> str:
