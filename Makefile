@@ -21,7 +21,7 @@ $(BASE): pyproject.toml
 # The suite's: the dev extra (pytest, ruff, and the benchmark's PyTorch peer), which holds
 # the notebooks' and the export's extras too, so one install serves make train as well.
 $(STAMP): pyproject.toml
-	@echo "setting up $(VENV): the package, its dependencies and the test suite's (a minute or more the first time)"
+	@echo "setting up $(VENV) with the test suite's packages (a minute or more the first time)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
 	$(BIN)/python -m pip install -qq --editable '.[dev]'
