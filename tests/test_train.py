@@ -32,6 +32,7 @@ from transformer_jax.resume_checks import refuse_other_model, refuse_other_optim
 from transformer_jax.metrics_window import MetricsWindow, NonFiniteLossError
 from transformer_jax.config_checks import check_config
 from transformer_jax.data import DataError
+from transformer_jax.run_messages import finished_line
 from transformer_jax.trainer import ConfigError, _perplexity, train
 
 
@@ -50,10 +51,7 @@ def test_one_step_on_the_builtin_data(tmp_path, capsys):
     assert ("note: nothing is traced: config.profile_steps traces steps after the first 10 "
             "of a start (from step 11), and this run ends at step 1") in out
     # Where the results are, and what uses them, last.
-    assert out.splitlines()[-1] == (
-        f"trained to step 1: saved to {tmp_path}/checkpoints/1, curves in {tmp_path}/"
-        f"curves.png; translate with python translate.py --workdir={tmp_path}, score the "
-        f"test split with python evaluate.py --workdir={tmp_path}")
+    assert out.splitlines()[-1] == finished_line(str(tmp_path), 1, f"{tmp_path}/checkpoints")
     assert not (tmp_path / "plugins").exists()
     train_record, eval_record = records(tmp_path)
     assert train_record["step"] == 1 and train_record["loss"] > 0
@@ -95,6 +93,20 @@ def test_each_steps_metrics_reach_the_host_once(trained_run):
     assert len(fetched) == 4 and all("loss_sum" in keys for keys in fetched)
     with Checkpointer(str(trained_run.workdir / "checkpoints"), keep=2) as checkpointer:
         assert checkpointer.all_steps() == [2, 4]
+
+
+def test_the_last_line_gives_the_commands_with_this_interpreter_where_it_is_the_projects(
+        monkeypatch):
+    """make train's .venv/bin/python (under the working directory) as it is; another
+    interpreter as "python"."""
+    monkeypatch.setattr(sys, "executable", os.path.join(os.getcwd(), ".venv", "bin", "python"))
+    assert finished_line("/w", 800, "/w/checkpoints") == (
+        "trained to step 800: saved to /w/checkpoints/800, curves in /w/curves.png; translate "
+        "with .venv/bin/python translate.py --workdir=/w, score the test split with "
+        ".venv/bin/python evaluate.py --workdir=/w")
+    monkeypatch.setattr(sys, "executable", os.path.join(os.path.dirname(os.getcwd()), "py"))
+    assert "translate with python translate.py --workdir=/w, score the test split with " \
+           "python evaluate.py" in finished_line("/w", 800, "/w/checkpoints")
 
 
 def test_perplexity_is_the_exp_of_the_loss_and_inf_past_a_floats_range(tmp_path):

@@ -9,6 +9,8 @@ where its results are.
     #  0.1.0 (4347b02dc1a4+dirty), jax 0.10.2'
 """
 
+import os
+import sys
 import time
 
 import jax
@@ -70,10 +72,13 @@ def opening_lines(config, model_config, *, rows: int, software: dict, first: int
 
 def finished_line(workdir: str, step: int, checkpoints: str) -> str:
     """The line after a run's last step: where its results are, and the commands that use
-    them."""
+    them (with this interpreter where it lies under the working directory: make's
+    .venv/bin/python)."""
+    python = os.path.relpath(sys.executable) if sys.executable else os.pardir
+    python = "python" if python.startswith(os.pardir) else python
     return (f"trained to step {step}: saved to {checkpoints}/{step}, curves in "
-            f"{workdir}/curves.png; translate with python translate.py --workdir={workdir}, "
-            f"score the test split with python evaluate.py --workdir={workdir}")
+            f"{workdir}/curves.png; translate with {python} translate.py --workdir={workdir}, "
+            f"score the test split with {python} evaluate.py --workdir={workdir}")
 
 
 def first_step_line(step: int, starts: tuple, opened: float, built: float,
