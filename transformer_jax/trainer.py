@@ -51,7 +51,7 @@ from transformer_jax.bleu import score
 from transformer_jax.checkpoint import Checkpointer, DataPositionError, StateMismatchError
 from transformer_jax.config_checks import ConfigError, checked_copy
 from transformer_jax.data import eval_batches, load_split, prepare
-from transformer_jax.data.prepared import check_corpus_files
+from transformer_jax.data.prepared import made_workdir
 from transformer_jax.data.vocabulary import CHECKPOINT_TOKENIZER_KEY, tokenizer_path
 from transformer_jax.metrics_window import MetricsWindow
 from transformer_jax.model import Transformer
@@ -127,18 +127,10 @@ def train(config, workdir: str, *, launched: float | None = None) -> TrainResult
         # One run per workdir; in a run of several processes, process 0 makes and locks it
         # for all, and the others learn from it when it cannot (they would wait for it forever).
         processes.first_then_others(
-            lambda: held.enter_context(workdir_lock(_made_workdir(config, workdir)))
+            lambda: held.enter_context(workdir_lock(made_workdir(config.data, workdir)))
             if jax.process_index() == 0 else None, "lock the workdir", quiet=True)
         return _train(config, writable_folder(workdir), stop, (launched, started))
 
-
-def _made_workdir(config, workdir: str) -> str:
-    """`writable_folder(workdir)`; for a new run, its corpus files checked first: a wrong
-    path is said before the workdir is made (a resume's ids are prepared: what it reads is
-    checked as it is read)."""
-    if workdir and not os.path.exists(workdir):
-        check_corpus_files(config.data)
-    return writable_folder(workdir)
 
 
 def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult:

@@ -32,8 +32,7 @@ from ml_collections import config_flags
 from transformer_jax.config_checks import ConfigError, checked_copy
 from transformer_jax.output_paths import OutputPathError, writable_folder
 from transformer_jax.data import report
-from transformer_jax.data.prepared import (PREPARED_SPLITS, check_corpus_files, prepare,
-                                          prepared_dir)
+from transformer_jax.data.prepared import PREPARED_SPLITS, made_workdir, prepare, prepared_dir
 from transformer_jax.data.sources import DataError, load_split
 from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path
 from transformer_jax.command_line import parse_flags
@@ -105,9 +104,7 @@ def prepare_command(config) -> None:
         print(line)
 
     try:
-        if not os.path.exists(_WORKDIR.value):  # a wrong path said before the workdir is made
-            check_corpus_files(config.data)
-        with workdir_lock(writable_folder(_WORKDIR.value), "data preparation"):
+        with workdir_lock(made_workdir(config.data, _WORKDIR.value), "data preparation"):
             tokenizer, splits = prepare(config.data, _WORKDIR.value, log=log)
     except (DataError, ConfigError, OutputPathError) as error:
         sys.exit(f"error: {error}")

@@ -43,6 +43,7 @@ from transformer_jax.data.sources import (DataError, dataset_kind, describe_spli
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.vocabulary import (TOKENIZER_FILE, describe_changes, get_tokenizer,
                                              tokenizer_path)
+from transformer_jax.output_paths import writable_folder
 
 PREPARED_DIR = "prepared"
 # The splits read as ids: training batches and the validation loss. The test split is
@@ -133,6 +134,15 @@ def _prepare(data_config, workdir: str, splits, log, processes):
         _check_test_split(data_config)
     return tokenizer, {split: open_split(data_config, workdir, split, tokenizer)
                        for split in splits}
+
+
+def made_workdir(data_config, workdir: str) -> str:
+    """`writable_folder(workdir)` (train.py's and prepare's); for a new run, the corpus files
+    it will tokenize checked first, so that a wrong path makes no workdir (a resume's ids
+    are prepared: what it reads is checked as it is read)."""
+    if workdir and not os.path.exists(workdir):
+        check_corpus_files(data_config)
+    return writable_folder(workdir)
 
 
 def check_corpus_files(data_config, splits=PREPARED_SPLITS) -> None:
