@@ -10,15 +10,13 @@ median over rounds of the per-array step over this one, and after the last round
 largest difference between the two programs' parameters.
 """
 
-import argparse
-import dataclasses
 import functools
-import json
 
 import jax
 import numpy as np
 import optax
 
+import side_by_side
 from transformer_jax.benchmark import model as bm
 from transformer_jax.benchmark import timing
 from transformer_jax.model import Transformer
@@ -41,35 +39,19 @@ def setup(config, strategy: str, batch: dict, flat: bool) -> list:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("model", choices=("tiny", "small", "base"))
-    parser.add_argument("strategy", choices=("pmap", "sharded"))
-    parser.add_argument("rounds", type=int)
-    parser.add_argument("--json")
-    args = parser.parse_args()
-    case = next(c for c in bm.cases(False) if c.name == args.model)
-    config = dataclasses.replace(case.config, dtype="float32")
-    batch = bm.synthetic_batch(config, case.batch, case.length)
+    args = side_by_side.arguments(strategy=True)
+    config, batch = side_by_side.full_rows(args.model)
     runs = {label: setup(config, args.strategy, batch, flat)
             for label, flat in (("per array", False), ("one vector", True))}
-    times = timing.alternated_steps(runs, args.rounds)
-    per_array = np.array(times["per array"])
-    rows = {}
-    for label, (step, _, _) in runs.items():
-        rows[label] = {"memory_bytes": bm.memory_bytes(step),
-                       "step_ms": 1e3 * float(np.median(times[label])),
-                       "per_array_over_this": float(np.median(per_array / times[label]))}
-        print(f"{args.model:5} {args.strategy:8} {label:10}", rows[label])
+    rows = {label: {"memory_bytes": bm.memory_bytes(run[0])} for label, run in runs.items()}
+    side_by_side.timed(runs, rows, args.rounds, "per array", "per_array_over_this")
+    for label, row in rows.items():
+        print(f"{args.model:5} {args.strategy:8} {label:10}", row)
     gap = max(float(np.max(np.abs(a - b))) for a, b in zip(
         jax.tree.leaves(jax.device_get(runs["per array"][1].params)),
         jax.tree.leaves(jax.device_get(runs["one vector"][1].params))))
     print(f"largest parameter difference after {args.rounds} steps: {gap:.2e}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": args.model, "strategy": args.strategy, "rounds": args.rounds,
-                       "devices": str(jax.devices()), "jax": jax.__version__,
-                       "optax": optax.__version__, "parameter_gap": gap, "rows": rows},
-                      f, indent=1)
+    side_by_side.write_json(args.json, args, rows, optax=optax.__version__, parameter_gap=gap)
 
 
 if __name__ == "__main__":

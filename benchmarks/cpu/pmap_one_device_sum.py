@@ -8,16 +8,11 @@ step, and the median over rounds of the step with the sum (as before 2026-11-29)
 one's.
 """
 
-import argparse
-import dataclasses
-import json
-
 import jax
-import numpy as np
 
+import side_by_side
 from transformer_jax import steps
 from transformer_jax.benchmark import model as bm
-from transformer_jax.benchmark import timing
 
 
 def summed(tree, axis_name):
@@ -26,14 +21,8 @@ def summed(tree, axis_name):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("model", choices=("tiny", "small", "base"))
-    parser.add_argument("rounds", type=int)
-    parser.add_argument("--json")
-    args = parser.parse_args()
-    case = next(c for c in bm.cases(False) if c.name == args.model)
-    config = dataclasses.replace(case.config, dtype="float32")
-    batch = bm.synthetic_batch(config, case.batch, case.length)
+    args = side_by_side.arguments(strategy=False)
+    config, batch = side_by_side.full_rows(args.model)
     variants = (("pmap, summed", summed, "pmap"), ("pmap", steps._psum, "pmap"),
                 ("sharded", steps._psum, "sharded"))
     runs, rows = {}, {}
@@ -44,16 +33,10 @@ def main():
         runs[label] = [step, state, placed]
         rows[label] = {"memory_bytes": bm.memory_bytes(step), "copies": text.count(" copy("),
                        "all_reduces": text.count(" all-reduce(")}
-    times = timing.alternated_steps(runs, args.rounds)
-    before = np.array(times["pmap, summed"])
+    side_by_side.timed(runs, rows, args.rounds, "pmap, summed", "summed_over_this")
     for label, row in rows.items():
-        row["step_ms"] = 1e3 * float(np.median(times[label]))
-        row["summed_over_this"] = float(np.median(before / np.array(times[label])))
         print(f"{args.model:5} {label:13}", row)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": args.model, "rounds": args.rounds, "devices": str(jax.devices()),
-                       "jax": jax.__version__, "rows": rows}, f, indent=1)
+    side_by_side.write_json(args.json, args, rows)
 
 
 if __name__ == "__main__":
