@@ -577,6 +577,65 @@ def test_a_stopped_suite_keeps_the_rows_it_measured(tmp_path, monkeypatch, capsy
     assert whole["complete"] is True and len(whole["results"]) >= 4 and whole["notes"]
 
 
+def _earlier_run(path, suite="model", complete=True):
+    """A --json file as a run writes it: two rows, a note, the machine it ran on."""
+    rows = [{"model": "tiny", "dtype": "float32", "step_ms": 2.5, "tokens_per_sec": 1024.0},
+            {"model": "small", "dtype": "float32", "step_ms": 10.0, "tokens_per_sec": 256.0}]
+    earlier = report.document(suite, rows, quick=True, notes=["step_ms: a note"], argv=[],
+                              complete=complete)
+    earlier["machine"].update(device_kind="NVIDIA H200", device_count=1, backend="gpu")
+    report.write_json(str(path), earlier)
+    return earlier
+
+
+def test_from_json_prints_and_draws_an_earlier_run_and_times_nothing(tmp_path, capsys,
+                                                                    monkeypatch):
+    """The rows and notes of the file, as the run printed them, under the machine and date
+    that measured them; --plot draws them; no suite runs."""
+    from transformer_jax.benchmark import __main__ as command
+
+    monkeypatch.setattr(command, "_run_suite", lambda args: pytest.fail("a suite ran"))
+    earlier = _earlier_run(tmp_path / "model.json")
+    png = tmp_path / "model.png"
+    assert main(["model", f"--from-json={tmp_path}/model.json", "--markdown",
+                 f"--plot={png}"]) == 0
+    head, *rest = capsys.readouterr().out.splitlines()
+    assert head.startswith(f"model as measured {earlier['date']} on 1x NVIDIA H200 (gpu, ")
+    assert "[quick]" in head and "stopped" not in head
+    assert "\n".join(rest) == (report.markdown(earlier["results"]) + "\n  step_ms: a note"
+                               + f"\nwrote {png}")
+    assert "| small | float32 | 10 | 256 |" in rest
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _earlier_run(tmp_path / "stopped.json", complete=False)
+    main(["model", f"--from-json={tmp_path}/stopped.json"])
+    assert 'stopped part-way: "complete": false' in capsys.readouterr().out.splitlines()[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["decode", "--from-json=TMP/model.json"],
+     "--from-json TMP/model.json holds the rows of 'model', not of 'decode'"),
+    (["decode", "--peers", "--from-json=TMP/model.json"], "not of 'decode --peers'"),
+    (["model", "--from-json=TMP/missing.json"], "--from-json TMP/missing.json: No such file"),
+    (["model", "--from-json=TMP"], "--from-json TMP: Is a directory"),
+    (["model", "--from-json=TMP/text.json"],
+     "--from-json TMP/text.json is not a benchmark's --json file"),
+    (["model", "--from-json=TMP/list.json"], "TMP/list.json is not a benchmark's --json file"),
+    (["model", "--from-json=TMP/model.json", "--quick", "--vary", "dropout_bits=8"],
+     "--quick, --vary: not read with --from-json, which times nothing"),
+    (["model", "--from-json=TMP/model.json", "--json=TMP/again.json"],
+     "--json: not read with --from-json"),
+])
+def test_from_json_refuses_what_it_cannot_show_in_one_line(argv, message, tmp_path, capsys):
+    _earlier_run(tmp_path / "model.json")
+    (tmp_path / "text.json").write_text("step_ms 2.5\n")
+    (tmp_path / "list.json").write_text("[1, 2]\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main([arg.replace("TMP", str(tmp_path)) for arg in argv])
+    assert exit_info.value.code == 2
+    assert message.replace("TMP", str(tmp_path)) in capsys.readouterr().err.splitlines()[-1]
+    assert not (tmp_path / "again.json").exists()
+
+
 def test_a_peer_failing_on_its_backward_pass_writes_neither_of_its_rows(tmp_path, monkeypatch):
     """The attention suite's mask rows: a peer whose forward pass was timed and whose
     forward + backward fails is skipped whole, in --json's rows so far as in the rows

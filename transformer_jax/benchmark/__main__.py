@@ -5,7 +5,8 @@ python -m transformer_jax.benchmark model [--models=base,big] [--dtypes=bfloat16
                                          [--vary FIELD=V1,V2 ...] [--loss-chunks=0,4096]
 python -m transformer_jax.benchmark decode [--dtypes=float32,bfloat16] [--searches=greedy,beam4]
                                           [--vary FIELD=V1,V2 ...]
-python -m transformer_jax.benchmark decode --peers [--workdir=DIR]"""
+python -m transformer_jax.benchmark decode --peers [--workdir=DIR]
+python -m transformer_jax.benchmark SUITE --from-json=FILE [--plot=FILE.png] [--markdown]"""
 
 import signal
 
@@ -19,6 +20,7 @@ import argparse
 import glob
 import importlib
 import importlib.util
+import json
 import os
 import sys
 
@@ -39,6 +41,8 @@ def parse_args(argv):
     parser = _parser()
     args = parser.parse_args(argv)
     _check_flags_fit_the_suite(parser, args)
+    if args.from_json is not None:
+        args.from_json = _earlier_run(parser, args)
     _parse_lists(parser, args)
     _check_outputs(parser, args)
     return args
@@ -75,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
                              "XLA operation")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="also draw a PNG (attention: TFLOP/s against sequence length)")
+    parser.add_argument("--from-json", metavar="FILE",
+                        help="time nothing: print the rows and notes of an earlier run of the "
+                             "suite, its --json FILE (and draw them with --plot)")
     parser.add_argument("--peers", action="store_true",
                         help="decode: our search beside CTranslate2's on the same weights and "
                              "sentences (needs the serve extra)")
@@ -129,6 +136,36 @@ def _check_flags_fit_the_suite(parser, args) -> None:
         parser.error("--workdir is not read with --quick, which times random weights only")
     if args.workdir is not None and not os.path.isdir(os.path.join(args.workdir, "checkpoints")):
         parser.error(f"--workdir={args.workdir} has no checkpoints (a training run's --workdir)")
+
+
+# What only a measurement reads: refused beside --from-json, which times nothing.
+MEASURING = ("quick", "json", "profile", "workdir", "models", "dtypes", "strategies",
+             "searches", "vary", "loss_chunks")
+
+
+def _earlier_run(parser, args) -> dict:
+    """The report in --from-json's file: a suite's --json, of this suite (`decode --peers`
+    for --peers), read whole before anything else; no flag that only a measurement reads."""
+    path = args.from_json
+    if given := [name for name in MEASURING if getattr(args, name) not in (None, False, [])]:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        parser.error(f"{flags}: not read with --from-json, which times nothing (it shows "
+                     f"the rows {path} holds)")
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+    except OSError as error:
+        parser.error(f"--from-json {path}: {error.strerror}")
+    except (ValueError, UnicodeDecodeError):
+        earlier = None
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("results"), list):
+        parser.error(f"--from-json {path} is not a benchmark's --json file (JSON with its "
+                     f"suite and results)")
+    wanted = "decode --peers" if args.peers else args.suite
+    if earlier.get("suite") != wanted:
+        parser.error(f"--from-json {path} holds the rows of {earlier.get('suite')!r}, not "
+                     f"of {wanted!r}")
+    return earlier
 
 
 def _parse_lists(parser, args) -> None:
@@ -217,19 +254,19 @@ def _names(parser, flag: str, text: str | None) -> tuple[str, ...] | None:
 
 def main(argv=None) -> int:
     """Runs the suite the command line names, prints its table and notes, then writes the
-    --json and --plot files and the --profile summary. The --json file is written as each
+    --json and --plot files and the --profile summary (with --from-json: shows an earlier
+    run's instead, timing nothing). The --json file is written as each
     row is measured too (`report.streaming`): a run stopped part-way keeps those rows."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if args.from_json is not None:
+        return _show(args, args.from_json)
     if args.suite == "compare":
         # torch shares the GPU: JAX must not take 75 % of its memory up front (read when
         # the backend starts, which is below).
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     about = machine.describe()
-    write_stdout_and_go_on(
-        f"{args.suite} on {about['device_count']}x {about['device_kind']} "
-        f"({about['backend']}, {about['cpu_count']} CPUs, {about['processor']}), "
-        f"jax {about['jax']}" + (" [quick]" if args.quick else "") + "\n")
+    write_stdout_and_go_on(f"{args.suite} on {_machine(about, args.quick)}\n")
     timing.trace_timed_calls(args.profile)
     name = "decode --peers" if args.peers else args.suite
     with report.streaming(args.json, name, quick=args.quick, argv=argv) as streamed:
@@ -241,21 +278,49 @@ def main(argv=None) -> int:
                 print(f"{args.json} keeps the {kept} measured before the stop "
                       f"(\"complete\": false)", file=sys.stderr, flush=True)
             raise
-    write_stdout_and_go_on((report.markdown(rows) if args.markdown else report.table(rows))
-                           + "".join(f"\n  {note}" for note in notes) + "\n")
+    _print_rows(args, rows, notes)
     if args.json:
         report.write_json(args.json, report.document(name, rows, quick=args.quick,
                                                      notes=notes, argv=argv))
         write_stdout_and_go_on(f"wrote {args.json}\n")
-    if args.plot:
-        from transformer_jax.benchmark import plot
-
-        plot.save(args.suite, rows, args.plot, where=f"{about['device_count']}x "
-                  f"{about['device_kind']}" + (" [quick]" if args.quick else ""))
-        write_stdout_and_go_on(f"wrote {args.plot}\n")
+    _draw(args, rows, about, args.quick)
     if args.profile:
         write_stdout_and_go_on(_profile_summary(args.profile))
     return 0
+
+
+def _show(args, earlier: dict) -> int:
+    """--from-json: an earlier run's rows and notes printed, and drawn with --plot, as that
+    run printed and drew them; nothing is timed."""
+    about = earlier.get("machine") or {}
+    stopped = " (stopped part-way: \"complete\": false)" if earlier.get("complete") is False else ""
+    write_stdout_and_go_on(f"{earlier['suite']} as measured {earlier.get('date', '(no date)')} "
+                           f"on {_machine(about, earlier.get('quick'))}{stopped}\n")
+    _print_rows(args, earlier["results"], earlier.get("notes") or [])
+    _draw(args, earlier["results"], about, earlier.get("quick"))
+    return 0
+
+
+def _machine(about: dict, quick: bool) -> str:
+    """The machine of `machine.describe()` in a line."""
+    return (f"{about.get('device_count')}x {about.get('device_kind')} ({about.get('backend')}, "
+            f"{about.get('cpu_count')} CPUs, {about.get('processor')}), jax {about.get('jax')}"
+            + (" [quick]" if quick else ""))
+
+
+def _print_rows(args, rows: list[dict], notes: list[str]) -> None:
+    write_stdout_and_go_on((report.markdown(rows) if args.markdown else report.table(rows))
+                           + "".join(f"\n  {note}" for note in notes) + "\n")
+
+
+def _draw(args, rows: list[dict], about: dict, quick: bool) -> None:
+    """--plot's picture of `rows`, titled with the machine that measured them."""
+    if args.plot:
+        from transformer_jax.benchmark import plot
+
+        plot.save(args.suite, rows, args.plot, where=f"{about.get('device_count')}x "
+                  f"{about.get('device_kind')}" + (" [quick]" if quick else ""))
+        write_stdout_and_go_on(f"wrote {args.plot}\n")
 
 
 def _run_suite(args) -> tuple[list[dict], list[str]]:
