@@ -197,6 +197,11 @@ def bad_inputs(workdir, scratch):
                                            "pipeline", f"--profile={scratch}/p"], ""),
         ("benchmark: --json empty", [sys.executable, "-m", "transformer_jax.benchmark",
                                      "loss", "--json="], ""),
+        ("benchmark: --from-json not JSON", [sys.executable, "-m", "transformer_jax.benchmark",
+                                             "loss", "--from-json=README.md"], ""),
+        ("benchmark: --from-json another suite's", [
+            sys.executable, "-m", "transformer_jax.benchmark", "decode",
+            "--from-json=benchmarks/h100/attention.json"], ""),
         ("evaluate: nothing to score", [*e, f"--workdir={scratch}/blank_run"], ""),
         ("train.py: --process_id alone", [sys.executable, "train.py", f"--workdir={scratch}/x",
                                           "--process_id=1"], ""),
