@@ -611,6 +611,39 @@ def test_from_json_prints_and_draws_an_earlier_run_and_times_nothing(tmp_path, c
     assert 'stopped part-way: "complete": false' in capsys.readouterr().out.splitlines()[0]
 
 
+def test_from_json_shows_files_of_older_runs_and_decode_peers(tmp_path, capsys):
+    """A file from before the report had "complete" and "argv", or one without its machine
+    and date (written by hand); a `decode --peers` file, shown with --peers."""
+    earlier = _earlier_run(tmp_path / "model.json")
+    old = {key: earlier[key] for key in ("suite", "quick", "date", "machine", "results")}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    bare = {"suite": "model", "results": earlier["results"]}
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    png = tmp_path / "bare.png"
+    assert main(["model", f"--from-json={tmp_path}/old.json"]) == 0
+    assert main(["model", f"--from-json={tmp_path}/bare.json", f"--plot={png}"]) == 0
+    shown = capsys.readouterr().out.split("\nmodel as measured ")
+    assert shown[0].startswith(f"model as measured {earlier['date']} on 1x NVIDIA H200 (")
+    assert "stopped" not in shown[0] and report.table(earlier["results"]) in shown[0]
+    assert shown[1].startswith("(no date) (no machine named)\n")
+    assert report.table(earlier["results"]) in shown[1] and png.stat().st_size > 0
+    _earlier_run(tmp_path / "peers.json", suite="decode --peers")
+    assert main(["decode", "--peers", f"--from-json={tmp_path}/peers.json"]) == 0
+    assert capsys.readouterr().out.startswith("decode --peers as measured ")
+
+
+def test_from_json_starts_no_backend(tmp_path):
+    """Showing a file never starts JAX's backend (on a GPU it would take 75 % of the memory
+    beside a running job): here a backend that cannot start would end the command."""
+    earlier = _earlier_run(tmp_path / "model.json")
+    command = [sys.executable, "-m", "transformer_jax.benchmark", "model",
+               f"--from-json={tmp_path}/model.json"]
+    shown = subprocess.run(command, env={**os.environ, "JAX_PLATFORMS": "tpu"},
+                           capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert report.table(earlier["results"]) in shown.stdout
+
+
 @pytest.mark.parametrize("argv, message", [
     (["decode", "--from-json=TMP/model.json"],
      "--from-json TMP/model.json holds the rows of 'model', not of 'decode'"),
@@ -620,6 +653,12 @@ def test_from_json_prints_and_draws_an_earlier_run_and_times_nothing(tmp_path, c
     (["model", "--from-json=TMP/text.json"],
      "--from-json TMP/text.json is not a benchmark's --json file"),
     (["model", "--from-json=TMP/list.json"], "TMP/list.json is not a benchmark's --json file"),
+    (["model", "--from-json=TMP/numbers.json"], "TMP/numbers.json is not a benchmark's"),
+    (["model", "--from-json=TMP/text_notes.json"], "TMP/text_notes.json is not a benchmark's"),
+    (["model", "--from-json=TMP/empty.json", "--plot=TMP/x.png"],
+     "--plot: no row of TMP/empty.json has tokens_per_sec, the value it draws"),
+    (["model", "--from-json=TMP/no_rate.json", "--plot=TMP/x.png"],
+     "--plot: no row of TMP/no_rate.json has tokens_per_sec"),
     (["model", "--from-json=TMP/model.json", "--quick", "--vary", "dropout_bits=8"],
      "--quick, --vary: not read with --from-json, which times nothing"),
     (["model", "--from-json=TMP/model.json", "--json=TMP/again.json"],
@@ -629,11 +668,15 @@ def test_from_json_refuses_what_it_cannot_show_in_one_line(argv, message, tmp_pa
     _earlier_run(tmp_path / "model.json")
     (tmp_path / "text.json").write_text("step_ms 2.5\n")
     (tmp_path / "list.json").write_text("[1, 2]\n")
+    for name, fields in (("numbers", {"results": [1, 2]}), ("empty", {"results": []}),
+                         ("text_notes", {"results": [], "notes": "a note"}),
+                         ("no_rate", {"results": [{"model": "tiny", "step_ms": 2.5}]})):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"suite": "model", **fields}))
     with pytest.raises(SystemExit) as exit_info:
         main([arg.replace("TMP", str(tmp_path)) for arg in argv])
     assert exit_info.value.code == 2
     assert message.replace("TMP", str(tmp_path)) in capsys.readouterr().err.splitlines()[-1]
-    assert not (tmp_path / "again.json").exists()
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_a_peer_failing_on_its_backward_pass_writes_neither_of_its_rows(tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ import os
 import sys
 
 from transformer_jax import profiling
-from transformer_jax.benchmark import SUITES, machine, report, timing
+from transformer_jax.benchmark import SUITES, machine, plot, report, timing
 from transformer_jax.benchmark.decode import beam_size
 from transformer_jax.benchmark.model import chosen_cases, parse_vary
 from transformer_jax.commands import interrupt_in_one_line, write_stdout_and_go_on
@@ -41,9 +41,10 @@ def parse_args(argv):
     parser = _parser()
     args = parser.parse_args(argv)
     _check_flags_fit_the_suite(parser, args)
-    if args.from_json is not None:
+    if args.from_json is not None:  # before JAX's backend starts: a GPU may be busy
         args.from_json = _earlier_run(parser, args)
-    _parse_lists(parser, args)
+    else:
+        _parse_lists(parser, args)
     _check_outputs(parser, args)
     return args
 
@@ -145,7 +146,8 @@ MEASURING = ("quick", "json", "profile", "workdir", "models", "dtypes", "strateg
 
 def _earlier_run(parser, args) -> dict:
     """The report in --from-json's file: a suite's --json, of this suite (`decode --peers`
-    for --peers), read whole before anything else; no flag that only a measurement reads."""
+    for --peers), its rows tables of values, and with --plot a row that has the value
+    drawn; no flag that only a measurement reads. Nothing here starts JAX's backend."""
     path = args.from_json
     if given := [name for name in MEASURING if getattr(args, name) not in (None, False, [])]:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
@@ -158,13 +160,19 @@ def _earlier_run(parser, args) -> dict:
         parser.error(f"--from-json {path}: {error.strerror}")
     except (ValueError, UnicodeDecodeError):
         earlier = None
-    if not isinstance(earlier, dict) or not isinstance(earlier.get("results"), list):
+    if not (isinstance(earlier, dict) and isinstance(earlier.get("results"), list)
+            and all(isinstance(row, dict) for row in earlier["results"])
+            and isinstance(earlier.get("notes", []), list)):
         parser.error(f"--from-json {path} is not a benchmark's --json file (JSON with its "
-                     f"suite and results)")
+                     f"suite, its results as rows and its notes)")
     wanted = "decode --peers" if args.peers else args.suite
     if earlier.get("suite") != wanted:
         parser.error(f"--from-json {path} holds the rows of {earlier.get('suite')!r}, not "
                      f"of {wanted!r}")
+    drawn = plot.HEADLINE[args.suite]
+    if args.plot and not any(isinstance(row.get(drawn), (int, float))
+                             for row in earlier["results"]):
+        parser.error(f"--plot: no row of {path} has {drawn}, the value it draws")
     return earlier
 
 
@@ -291,12 +299,15 @@ def main(argv=None) -> int:
 
 def _show(args, earlier: dict) -> int:
     """--from-json: an earlier run's rows and notes printed, and drawn with --plot, as that
-    run printed and drew them; nothing is timed."""
-    about = earlier.get("machine") or {}
+    run printed and drew them; nothing is timed. A file without its machine (written by
+    hand) says so."""
+    about = earlier.get("machine")
+    about = about if isinstance(about, dict) and about.get("device_kind") else {}
+    where = f"on {_machine(about, earlier.get('quick'))}" if about else "(no machine named)"
     stopped = " (stopped part-way: \"complete\": false)" if earlier.get("complete") is False else ""
-    write_stdout_and_go_on(f"{earlier['suite']} as measured {earlier.get('date', '(no date)')} "
-                           f"on {_machine(about, earlier.get('quick'))}{stopped}\n")
-    _print_rows(args, earlier["results"], earlier.get("notes") or [])
+    write_stdout_and_go_on(f"{earlier['suite']} as measured {earlier.get('date') or '(no date)'} "
+                           f"{where}{stopped}\n")
+    _print_rows(args, earlier["results"], [str(note) for note in earlier.get("notes", [])])
     _draw(args, earlier["results"], about, earlier.get("quick"))
     return 0
 
@@ -314,12 +325,12 @@ def _print_rows(args, rows: list[dict], notes: list[str]) -> None:
 
 
 def _draw(args, rows: list[dict], about: dict, quick: bool) -> None:
-    """--plot's picture of `rows`, titled with the machine that measured them."""
+    """--plot's picture of `rows`, titled with the machine that measured them (if named)."""
     if args.plot:
-        from transformer_jax.benchmark import plot
-
-        plot.save(args.suite, rows, args.plot, where=f"{about.get('device_count')}x "
-                  f"{about.get('device_kind')}" + (" [quick]" if quick else ""))
+        named = ((f"{about['device_count']}x " if about.get("device_count") else "")
+                 + about["device_kind"]) if about else ""
+        plot.save(args.suite, rows, args.plot,
+                  where=" ".join(filter(None, [named, "[quick]" if quick else ""])))
         write_stdout_and_go_on(f"wrote {args.plot}\n")
 
 
