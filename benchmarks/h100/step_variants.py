@@ -4,17 +4,26 @@
     python benchmarks/h100/step_variants.py FILE.json [--quick] [--rounds=3]
         [--variants=current,...]
 
-Variants (`--variants`, by the names below; "current" is always timed, first): the current
-code; the logits' reductions by XLA and in two passes (`losses.logit_terms` replaced by
-`losses.xla_logit_terms` or `losses.two_pass_logit_terms` while the step is traced: since
-2026-11-27 GPUs run the second by default); the attention projections without biases
-(`attention_bias=False`, as §3.2.2 writes them); XLA with cuBLASLt
-(`xla_gpu_enable_cublaslt`); Triton for every matmul XLA can give it
-(`xla_gpu_triton_gemm_any`), which may fuse the elementwise passes around them; XLA's
-block-level fusion rewriter, which gives Triton the fusions it can tile (reductions such as
-the layer norms' among them); both; and Adam over all parameters as one vector
-(`optax.flatten`; 0.88-0.98 x on the 2-core CPU, BENCHMARKS.md). Without `--variants`, the
-first five, as run on 2026-11-27. bfloat16, the default strategy, whole logits, packed rows.
+Variants (`--variants`, names separated by commas; "current" is always timed, first):
+  "current"                 the current code
+  "XLA's reductions", "two passes"
+                            the logits' reductions by XLA or in two passes
+                            (`losses.logit_terms` replaced by `losses.xla_logit_terms` or
+                            `losses.two_pass_logit_terms` while the step is traced: since
+                            2026-11-27 GPUs run the second by default)
+  "no attention biases"     the attention projections without biases (`attention_bias=False`,
+                            as §3.2.2 writes them)
+  "cublaslt"                XLA with cuBLASLt (`xla_gpu_enable_cublaslt`)
+  "triton gemm any"         Triton for every matmul XLA can give it (`xla_gpu_triton_gemm_any`),
+                            which may fuse the elementwise passes around them
+  "block-level fusions"     XLA's block-level fusion rewriter, which gives Triton the fusions
+                            it can tile (reductions such as the layer norms' among them)
+  "triton gemm any + block-level fusions"
+  "adam over one vector"    Adam over all parameters as one vector (`optax.flatten`;
+                            0.88-0.98 x on the 2-core CPU, BENCHMARKS.md)
+Without `--variants`, the first five, as run on 2026-11-27. XLA's options are checked
+before anything compiles (an option this jaxlib's XLA lacks is one error). bfloat16, the
+default strategy, whole logits, packed rows.
 (`model-step-variants.json` was written before the two passes became the default: its
 "current" is XLA's reductions, its "two passes" the same code as the two passes here.)
 """
@@ -85,6 +94,12 @@ def compiled_variant(case, dtype, strategy, fields, context, quick):
 
 
 def main(path: str, quick: bool, rounds: int, names: list[str]) -> None:
+    for field in {field for name in names for field in VARIANTS[name][0]}:
+        if field.startswith("xla_"):
+            try:
+                suite.xla_option(field, "true")
+            except ValueError as error:  # an option this jaxlib's XLA lacks, in XLA's words
+                raise SystemExit(f"error: {error}") from None
     case = suite.cases(quick)[-1 if quick else 0]  # base on accelerators
     dtype, strategy = "bfloat16", suite.default_strategies()[0]
     built = {name: compiled_variant(case, dtype, strategy, *VARIANTS[name], quick)
