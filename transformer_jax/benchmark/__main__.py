@@ -314,9 +314,14 @@ def _show(args, earlier: dict) -> int:
 
 def _machine(about: dict, quick: bool) -> str:
     """The machine of `machine.describe()` in a line."""
-    return (f"{about.get('device_count')}x {about.get('device_kind')} ({about.get('backend')}, "
-            f"{about.get('cpu_count')} CPUs, {about.get('processor')}), jax {about.get('jax')}"
-            + (" [quick]" if quick else ""))
+    return (f"{_devices(about)} ({about.get('backend')}, {about.get('cpu_count')} CPUs, "
+            f"{about.get('processor')}), jax {about.get('jax')}" + (" [quick]" if quick else ""))
+
+
+def _devices(about: dict) -> str:
+    """"1x NVIDIA H100 80GB HBM3": the devices of `machine.describe()`, their count if known."""
+    count = about.get("device_count")
+    return (f"{count}x " if count else "") + str(about.get("device_kind"))
 
 
 def _print_rows(args, rows: list[dict], notes: list[str]) -> None:
@@ -327,8 +332,7 @@ def _print_rows(args, rows: list[dict], notes: list[str]) -> None:
 def _draw(args, rows: list[dict], about: dict, quick: bool) -> None:
     """--plot's picture of `rows`, titled with the machine that measured them (if named)."""
     if args.plot:
-        named = ((f"{about['device_count']}x " if about.get("device_count") else "")
-                 + about["device_kind"]) if about else ""
+        named = _devices(about) if about else ""
         plot.save(args.suite, rows, args.plot,
                   where=" ".join(filter(None, [named, "[quick]" if quick else ""])))
         write_stdout_and_go_on(f"wrote {args.plot}\n")
