@@ -61,6 +61,9 @@ def test_config_is_frozen():
         ("num_layers", "6"),
         ("attention_bias", 0),
         ("pre_layer_norm", "yes"),
+        ("layer_norm_epsilon", 0.0),
+        ("layer_norm_epsilon", float("inf")),
+        ("layer_norm_epsilon", "1e-6"),  # compared with 0, it was a TypeError naming nothing
     ],
 )
 def test_bad_value_raises_value_error_naming_the_field(field, value):
@@ -82,6 +85,31 @@ def test_numpy_integers_are_integers_and_a_rate_must_be_a_number():
         with pytest.raises(ValueError) as error:
             get_model_config("tiny", **{field: "0.1"})
         assert str(error.value) == f"ModelConfig.{field} must be a number in [0, 1), got '0.1'"
+
+
+@pytest.mark.parametrize("implementation", ["xla", "cudnn"])
+def test_attention_dropout_with_a_kernel_that_has_none_is_refused_at_once(implementation):
+    """jax.nn's kernels have no attention dropout: the config says so when it is made, where
+    it was the first training step's error, after the data was prepared. Without the
+    dropout, or with "reference" or "auto" (which then picks "reference"), it is accepted."""
+    with pytest.raises(ValueError) as error:
+        get_model_config("tiny", attention_dropout_rate=0.1,
+                         attention_implementation=implementation)
+    assert str(error.value) == (
+        "ModelConfig.attention_implementation must be 'reference' or 'auto' with "
+        f"attention_dropout_rate=0.1 (only 'reference' implements it), got '{implementation}'")
+    assert get_model_config("tiny", attention_implementation=implementation,
+                            attention_dropout_rate=0.0).attention_implementation == implementation
+    for name in ("reference", "auto"):
+        config = get_model_config("tiny", attention_dropout_rate=0.1, attention_implementation=name)
+        assert config.attention_dropout_rate == 0.1
+
+
+def test_layer_norm_epsilon_is_stored_as_a_python_float():
+    """A NumPy epsilon is kept as its Python float (the config is hashed by jax.jit)."""
+    config = get_model_config("tiny", layer_norm_epsilon=np.float32(1e-5))
+    assert type(config.layer_norm_epsilon) is float
+    assert config.layer_norm_epsilon == pytest.approx(1e-5)
 
 
 def test_a_dtype_as_flax_takes_it_is_stored_by_its_name():

@@ -9,12 +9,14 @@ import sys
 
 import numpy as np
 
-from transformer_jax.argument_checks import DEFAULT_BITS, DROPOUT_BITS, checked_rate, positive_int
+from transformer_jax.argument_checks import (DEFAULT_BITS, DROPOUT_BITS, checked_rate,
+                                             finite_number, positive_int)
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none")
 DTYPES = ("float32", "bfloat16", "float16")
 # The implementations defined in attention.py and layer_norm.py, named here for the checks.
 BUILT_IN_ATTENTION = ("reference", "xla", "cudnn")
+NO_ATTENTION_DROPOUT = ("xla", "cudnn")  # jax.nn's kernels: only "reference" implements it
 LAYER_NORM_IMPLEMENTATIONS = ("xla", "pallas", "tokamax")
 
 
@@ -59,8 +61,8 @@ class ModelConfig:
             f"must be divisible by num_heads={self.num_heads}",
             self.d_model,
         )
-        _require(self.layer_norm_epsilon > 0, "layer_norm_epsilon", "must be positive",
-                 self.layer_norm_epsilon)
+        object.__setattr__(self, "layer_norm_epsilon", finite_number(
+            "ModelConfig.layer_norm_epsilon", self.layer_norm_epsilon, strict=True))
         _require_choice(self.dropout_bits, "dropout_bits", DROPOUT_BITS)
         # Attention dropout takes the `dropout` function's default bits (the attention
         # implementations' signature, as jax.nn's, has no place for them).
@@ -74,6 +76,11 @@ class ModelConfig:
         _require_choice(self.positional_encoding, "positional_encoding", POSITIONAL_ENCODINGS)
         _require_choice(self.attention_implementation, "attention_implementation",
                         _attention_choices())
+        _require(not (self.attention_dropout_rate and self.attention_implementation in
+                      NO_ATTENTION_DROPOUT), "attention_implementation",
+                 f"must be 'reference' or 'auto' with attention_dropout_rate="
+                 f"{self.attention_dropout_rate} (only 'reference' implements it)",
+                 self.attention_implementation)
         object.__setattr__(self, "dtype", _dtype_name(self.dtype))
         _require_choice(self.dtype, "dtype", DTYPES)
         _require_choice(self.layer_norm_implementation, "layer_norm_implementation",
