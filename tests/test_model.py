@@ -158,6 +158,26 @@ def test_learned_positions(variables, apply):
     assert np.abs(np.asarray(learned_BTV) - np.asarray(sinusoidal_BTV)).max() > 1e-2
 
 
+def test_a_cache_longer_than_the_learned_table_is_refused():
+    """A search past the learned table's rows read NaN positions inside its loop (where
+    nothing can raise) and wrote a false EOS; the cache that would hold them is refused
+    when it is made. One as long as the table is made, and sinusoids take any length."""
+    learned = Transformer(get_model_config("tiny", positional_encoding="learned",
+                                           max_length=4))
+    inputs_BS = jnp.array([[5, 6, 7, 0]])
+    variables = learned.init(jax.random.key(0), inputs_BS, inputs_BS)
+    memory_BSD = learned.apply(variables, inputs_BS, method=Transformer.encode)
+    with pytest.raises(ValueError) as error:
+        learned.apply(variables, memory_BSD, inputs_BS, 5, method=Transformer.init_cache)
+    assert str(error.value) == ("max_length=5 exceeds the learned position table "
+                                "(ModelConfig.max_length=4)")
+    cache = learned.apply(variables, memory_BSD, inputs_BS, 4, method=Transformer.init_cache)
+    assert cache.cache_length == 4
+    sinusoidal = Transformer(get_model_config("tiny", max_length=4))
+    cache = sinusoidal.apply(variables, memory_BSD, inputs_BS, 5, method=Transformer.init_cache)
+    assert cache.cache_length == 5
+
+
 # --- embeddings ---------------------------------------------------------------------------
 
 

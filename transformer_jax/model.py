@@ -226,6 +226,11 @@ class Decoder(nn.Module):
     def init_cache(self, encoded, inputs, max_length: int) -> DecodingCache:
         """An empty cache of C = `max_length` positions, with the keys and values of the
         memory `encoded` `(B, S, D)` and the padding of its token ids `inputs` `(B, S)`."""
+        c = self.config
+        if c.positional_encoding == "learned" and max_length > c.max_length:
+            # Inside a search's loop, a position past the table would give NaN logits.
+            raise ValueError(f"max_length={max_length} exceeds the learned position table "
+                             f"(ModelConfig.max_length={c.max_length})")
         batch_size = encoded.shape[0]
         memory_BSD = encoded.astype(self.config.compute_dtype)
         return DecodingCache(
@@ -344,9 +349,12 @@ class Transformer(nn.Module):
 
         Start from `init_cache` and ids of `DECODER_START_ID` (0). This is
         the `tokens_to_logits(ids, cache)` that `decoding.py`'s searches call.
+        The logits are `__call__`'s at this position but for the padding id's
+        (`PAD_ID`, column 0), the lowest float32, so that no search emits it:
+        training never scores that id, so its logit means nothing. A log-softmax
+        over them is the one over the others alone.
         """
         logits_B1V, cache = self.decoder.step(ids, cache)
-        # The padding id: training never scores it, so its logit means nothing; never emit it.
         return logits_B1V[:, 0].at[:, PAD_ID].set(jnp.finfo(jnp.float32).min), cache
 
     def __call__(self, inputs, targets, *, inputs_positions=None, targets_positions=None,
