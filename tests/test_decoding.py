@@ -474,3 +474,54 @@ def test_beam_size_larger_than_the_vocabulary_is_refused():
     with pytest.raises(ValueError, match="beam_size 4 is larger than the vocabulary"):
         beam_search(markov_fn(tables), markov_cache([0]), batch_size=1, beam_size=4,
                     max_length=5, alpha=0.6)
+
+
+def _run(search, tokens_to_logits, batch_size=2):
+    if search == "greedy":
+        return greedy_search(tokens_to_logits, jnp.zeros((batch_size,)), batch_size=batch_size,
+                             max_length=3)
+    return beam_search(tokens_to_logits, jnp.zeros((batch_size,)), batch_size=batch_size,
+                       beam_size=2, max_length=3, alpha=0.6)[0]
+
+
+@pytest.mark.parametrize("search, rows", [("greedy", 2), ("beam", 4)])
+@pytest.mark.parametrize("shape, why", [
+    (lambda r: (r, 2, 5), "a length axis of 2: its 10 logits were read as one row of 10 ids"),
+    (lambda r: (5, r), "(V, R): R·V elements, but another row's logits in each"),
+    (lambda r: (1, r * 5), "one row: reshaped to (R, V), each row took others' logits"),
+])
+def test_logits_of_another_shape_are_refused_in_one_line(search, rows, shape, why):
+    """The searches reshaped whatever came back to (R, V): logits of (R, 2, V) gave ids
+    past the vocabulary ("8" with V = 5) without an error. Now any shape but (R, V) and
+    (R, 1, V) is named, with the R the search expected."""
+    def logits(ids, cache):
+        return jnp.zeros(shape(ids.shape[0])), cache
+
+    with pytest.raises(ValueError) as error:
+        _run(search, logits)
+    assert str(error.value) == (f"tokens_to_logits must return logits of shape (R, V) or "
+                                f"(R, 1, V) with R = {rows} rows, one per row of ids; got "
+                                f"{shape(rows)}"), why
+
+
+@pytest.mark.parametrize("search, rows", [("greedy", 2), ("beam", 4)])
+def test_a_callback_that_returns_its_logits_alone_is_refused(search, rows):
+    """Forgetting the cache: beam search unpacked a (R, 2) array into two rows and ran on."""
+    with pytest.raises(TypeError) as error:
+        _run(search, lambda ids, cache: jnp.zeros((ids.shape[0], 2)))
+    assert str(error.value) == ("tokens_to_logits must return (logits, cache), got an array "
+                                f"of shape ({rows}, 2)")
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_logits_with_or_without_a_length_axis_search_alike(search):
+    """(R, V) and (R, 1, V) are the two shapes the module docstring allows, and give one
+    search; token 3 is the best at every step, EOS (1) never."""
+    def logits_RV(ids, cache):
+        return jnp.zeros((ids.shape[0], 5)).at[:, 3].set(2.0), cache
+
+    def logits_R1V(ids, cache):
+        return logits_RV(ids, cache)[0][:, None], cache
+
+    assert_array_equal(_run(search, logits_RV), [[3, 3, 3], [3, 3, 3]])
+    assert_array_equal(_run(search, logits_R1V), [[3, 3, 3], [3, 3, 3]])

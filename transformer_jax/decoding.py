@@ -98,6 +98,24 @@ def _unless_traced(check, name: str, value):
     return value if isinstance(value, jax.core.Tracer) else check(name, value)
 
 
+def _next_logits(tokens_to_logits: TokensToLogits, ids_R1, cache):
+    """`tokens_to_logits(ids_R1, cache)` as `(logits_RV, cache)`, or a one-line error where
+    it returns no (logits, cache) pair or logits of another shape than `(R, V)` or
+    `(R, 1, V)`: the searches' reshapes would take any array of R·V elements, and give
+    ids past the vocabulary or another row's tokens."""
+    returned = tokens_to_logits(ids_R1, cache)
+    if not (isinstance(returned, tuple | list) and len(returned) == 2):
+        got = (f"an array of shape {returned.shape}" if hasattr(returned, "shape")
+               else type(returned).__name__)
+        raise TypeError(f"tokens_to_logits must return (logits, cache), got {got}")
+    logits, cache = returned
+    rows, shape = ids_R1.shape[0], jnp.shape(logits)
+    if not (len(shape) in (2, 3) and shape[0] == rows and (len(shape) == 2 or shape[1] == 1)):
+        raise ValueError(f"tokens_to_logits must return logits of shape (R, V) or (R, 1, V) "
+                         f"with R = {rows} rows, one per row of ids; got {shape}")
+    return jnp.reshape(logits, (rows, shape[-1])), cache
+
+
 def _previous_tokens(seqs, step):
     """The token generated at `step - 1` (last axis), or the decoder's start symbol at step 0."""
     last = lax.dynamic_index_in_dim(seqs, jnp.maximum(step - 1, 0), axis=-1, keepdims=False)
@@ -128,8 +146,8 @@ def greedy_search(
     def advance(state):
         step, seqs_BT, ended_B, cache = state
         ids_B1 = _previous_tokens(seqs_BT, step)[:, None]
-        logits, cache = tokens_to_logits(ids_B1, cache)
-        next_B = jnp.argmax(logits.reshape(batch_size, -1), axis=-1).astype(jnp.int32)
+        logits_BV, cache = _next_logits(tokens_to_logits, ids_B1, cache)
+        next_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
         next_B = jnp.where(ended_B, PAD_ID, next_B)
         seqs_BT = seqs_BT.at[:, step].set(next_B)
         return step + 1, seqs_BT, ended_B | (next_B == eos_id), cache
@@ -290,9 +308,9 @@ def _beam_step(tokens_to_logits, state: _BeamState, *, alpha, eos_id) -> _BeamSt
     """Extend the live hypotheses by one token; update the live and finished sets."""
     batch, k = state.live_logp_BK.shape
     ids_BK = _previous_tokens(state.live_seqs_BKT, state.step)
-    logits, cache = tokens_to_logits(ids_BK.reshape(batch * k, 1), state.cache)
+    logits_RV, cache = _next_logits(tokens_to_logits, ids_BK.reshape(batch * k, 1), state.cache)
     top_logp_BK, parent_BK, token_BK = _best_extensions(
-        state.live_logp_BK, logits.reshape(batch, k, -1))
+        state.live_logp_BK, logits_RV.reshape(batch, k, -1))
     seqs_BKT = jnp.take_along_axis(state.live_seqs_BKT, parent_BK[:, :, None], axis=1)
     seqs_BKT = seqs_BKT.at[:, :, state.step].set(token_BK)
     rows = (jnp.arange(batch)[:, None] * k + parent_BK).reshape(-1)
