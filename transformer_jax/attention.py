@@ -25,7 +25,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.argument_checks import fraction
+from transformer_jax.argument_checks import fraction, value_kind
 from transformer_jax.dropout import dropout
 from transformer_jax.masks import causal_mask, combine_masks
 
@@ -75,11 +75,23 @@ def attention_weights(query, key, bias=None, mask=None, *, scale=None, is_causal
     """
     query_BTNH, key_BSNH, _, bias_BNTS, mask_B1TS, batched = _inputs(query, key, key, bias,
                                                                       mask)
+    scale, is_causal = _options(scale, is_causal)
     if is_causal:
         _check_causal(query_BTNH.shape[1], key_BSNH.shape[1])
         mask_B1TS = combine_masks(mask_B1TS, causal_mask(query_BTNH.shape[1]))
     weights_BNTS = _weights(query_BTNH, key_BSNH, bias_BNTS, mask_B1TS, scale)
     return weights_BNTS if batched else weights_BNTS[0]
+
+
+def _options(scale, is_causal) -> tuple:
+    """`scale` (None, or a number: an array of one, traced or not, too) and `is_causal` (a
+    bool) as given, or a TypeError: text was read as its number and "no" as True."""
+    if scale is not None and (value_kind(scale) not in "iuf" or jnp.ndim(scale) != 0):
+        raise TypeError(f"scale must be a number or None, got {scale!r}")
+    if (value_kind(is_causal) != "b" or jnp.ndim(is_causal) != 0
+            or isinstance(is_causal, jax.core.Tracer)):
+        raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
+    return scale, bool(is_causal)
 
 
 def _check_causal(t: int, s: int) -> None:
@@ -328,6 +340,7 @@ def dot_product_attention(
     query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS, batched = _inputs(
         query, key, value, bias, mask)
     (_, t, _, h), s = query_BTNH.shape, key_BSNH.shape[1]
+    scale, is_causal = _options(scale, is_causal)
     if is_causal:
         _check_causal(t, s)
     implementation = "auto" if implementation is None else implementation  # jax.nn's None
@@ -380,6 +393,9 @@ def _check_inputs(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS, batche
     if not all(jnp.issubdtype(dtype, jnp.floating) for dtype in dtypes):
         # jax.nn.dot_product_attention takes integers and returns a meaningless int array.
         raise TypeError(f"query, key and value must be floating point, got "
+                        f"{', '.join(map(str, dtypes))}")
+    if len(set(dtypes)) > 1:  # jax.nn's rule: "reference" alone would promote them
+        raise TypeError(f"query, key and value must have one dtype, got "
                         f"{', '.join(map(str, dtypes))}")
     b, t, n, h = q
     if (k[0], k[2], k[3]) != (b, n, h):
