@@ -4,6 +4,7 @@ tests/test_translation.py, through translate.py and evaluate.py)."""
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -125,6 +126,10 @@ def test_a_step_may_be_an_int(trained_run):
     by_str, by_int = (load_trained_params(workdir, which) for which in ("2", 2))
     assert by_int.steps == by_str.steps == [2]
     jax.tree.map(np.testing.assert_array_equal, by_int.params, by_str.params)
+    for which in (np.int64(2), jnp.int32(2)):  # a step read from an array, as sizes may be
+        assert load_trained_params(workdir, which).steps == [2]
+    with pytest.raises(TypeError, match=r"got True$"):  # no step, though Python's int
+        load_trained_params(workdir, True)
     with pytest.raises(TypeError, match=r"^checkpoint must be latest, a step or average:N, "
                                         r"got 2\.0$"):
         load_trained_params(workdir, 2.0)

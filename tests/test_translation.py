@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import sacrebleu
@@ -243,6 +244,13 @@ def test_a_setting_of_no_number_type_is_a_type_error_naming_what_it_must_be():
             check_setting(name, value)
         assert str(error.value) == expected
     assert check_setting("beam_size", np.int64(3)) == 3 and check_setting("alpha", 1) == 1.0
+    # JAX's concrete scalars count as their number too; one of no integer, by its number's type.
+    assert check_setting("beam_size", jnp.int32(3)) == 3
+    assert check_setting("alpha", jnp.float32(0.5)) == 0.5
+    for value, kind in ((jnp.float32(2.5), "float"), (jnp.bool_(True), "bool")):
+        with pytest.raises(TypeError) as error:
+            check_setting("beam_size", value)
+        assert str(error.value) == f"beam_size={value!r}: must be a positive integer, not a {kind}"
 
 
 def refusal(name: str, value) -> str:
@@ -410,6 +418,12 @@ def test_average_of_the_last_two_checkpoints(workdir):
     assert averaged.steps == [2, 4] and latest.steps == [4]
     jax.tree.map(lambda a, x, y: np.testing.assert_allclose(a, (x + y) / 2, rtol=1e-6, atol=1e-7),
                  averaged.params, latest.params, earlier.params)
+    # A notebook cell showing the translator shows what it is, not its parameters' arrays.
+    shown = repr(averaged)
+    assert len(shown) < 1_000 and "Array(" not in shown and "steps=[2, 4]" in shown
+    assert (f"Tokenizer(vocab_size={averaged.tokenizer.vocab_size}, "
+            f"sha256={averaged.tokenizer.sha256[:12]}...)") in shown
+    assert f"d_model={averaged.model.config.d_model}," in shown
 
 
 def test_attention_maps_are_the_weights_of_the_layers_own_queries_and_keys(workdir):

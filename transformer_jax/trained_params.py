@@ -12,11 +12,14 @@ whose optimizer or optim config this version cannot build still translates.
 
 import dataclasses
 import json
+import operator
 import os
 from typing import NamedTuple
 
 import jax
+import numpy as np
 
+from transformer_jax.argument_checks import value_kind
 from transformer_jax.checkpoint import Checkpointer, DamagedCheckpointError
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import ModelConfig
@@ -94,8 +97,8 @@ def _read(checkpointer: Checkpointer, step: int) -> TrainedParams:
 def load_trained_params(workdir: str, which: str | int = "latest") -> TrainedParams:
     """The parameters of `workdir`'s checkpoints that `which` names (see above; a step may
     be an int)."""
-    if isinstance(which, int) and not isinstance(which, bool):
-        which = str(which)
+    if value_kind(which) in "iu" and np.ndim(which) == 0:  # NumPy's and JAX's too, no bool
+        which = str(operator.index(which))
     elif not isinstance(which, str):
         raise TypeError(f"checkpoint must be latest, a step or average:N, got {which!r}")
     if not workdir:  # os.path.abspath("") is the current directory

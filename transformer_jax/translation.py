@@ -41,9 +41,9 @@ class Translator:
     """A trained model, its tokenizer, and the search settings of §6.1."""
 
     model: Transformer
-    params: dict
+    params: dict = dataclasses.field(repr=False)  # its arrays would fill a notebook's cell
     tokenizer: Tokenizer
-    run_config: ml_collections.ConfigDict
+    run_config: ml_collections.ConfigDict = dataclasses.field(repr=False)
     steps: list[int]
 
     @classmethod
@@ -155,11 +155,14 @@ def check_setting(name: str, value):
     if value is None:
         return None
     parser = SEARCH_SETTINGS[name]
+    # NumPy's scalars and JAX's concrete ones as their number, as argument_checks takes them.
+    scalar = getattr(value, "dtype", None) is not None and np.ndim(value) == 0
+    number = value.item() if scalar else value
     try:
-        return parser.parse(value.item() if isinstance(value, np.generic) else value)
+        return parser.parse(number)
     except TypeError:  # absl's words ("Expect argument to be a string or int") are the flag's
         raise TypeError(f"{name}={value!r}: must be {parser.syntactic_help}, not a "
-                        f"{type(value).__name__}") from None
+                        f"{type(number).__name__}") from None
     except ValueError as error:
         raise ValueError(f"{name}={value!r}: {error}") from None
 

@@ -66,6 +66,9 @@ class Tokenizer:
     def __reduce__(self):
         return (Tokenizer, (self._model_proto,))
 
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, sha256={self.sha256[:12]}...)"
+
     @property
     def vocab_size(self) -> int:
         """Number of pieces, specials and byte pieces included: the model's V."""
