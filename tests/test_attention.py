@@ -626,6 +626,49 @@ def test_integer_inputs_are_refused():
                                 "float32, int32")
 
 
+@pytest.mark.parametrize("implementation", ["reference", "xla", None])
+def test_inputs_of_different_dtypes_are_refused_by_every_implementation(implementation):
+    """jax.nn refused a bfloat16 query with float32 keys ("query dtype should be float32")
+    where "reference" promoted it to a float32 output: now both refuse, in one line."""
+    q_BTNH, k_BSNH, v_BSNH = random_qkv()
+    with pytest.raises(TypeError) as error:
+        dot_product_attention(q_BTNH.astype(jnp.bfloat16), k_BSNH, v_BSNH,
+                              implementation=implementation)
+    assert str(error.value) == ("query, key and value must have one dtype, got bfloat16, "
+                                "float32, float32")
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(scale="0.5"), "scale must be a number or None, got '0.5'"),  # was read as 0.5
+    (dict(scale=True), "scale must be a number or None, got True"),
+    (dict(scale=[0.5]), "scale must be a number or None, got [0.5]"),
+    (dict(is_causal="no"), "is_causal must be True or False, got 'no'"),  # was True
+    (dict(is_causal=1), "is_causal must be True or False, got 1"),
+])
+def test_a_scale_or_is_causal_of_another_type_is_refused(given, message):
+    q_BTNH, k_BTNH, v_BTNH = (x[:, :T] for x in random_qkv())  # is_causal needs T = S
+    for attend in (lambda: dot_product_attention(q_BTNH, k_BTNH, v_BTNH, **given),
+                   lambda: attention_weights(q_BTNH, k_BTNH, **given)):
+        with pytest.raises(TypeError) as error:
+            attend()
+        assert str(error.value) == message
+
+
+def test_a_scale_may_be_an_array_and_traced():
+    """jnp.float32(0.37), or a scale traced by jax.jit, is the number 0.37 is; so is
+    jnp.bool_(True) for is_causal."""
+    q_BTNH, k_BSNH, v_BSNH = (x[:, :T] for x in random_qkv())  # is_causal needs T = S
+    expected = np_attention(q_BTNH, k_BSNH, v_BSNH, scale=0.37)
+    assert_allclose(np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH,
+                                                     scale=jnp.float32(0.37))),
+                    expected, rtol=1e-5, atol=1e-5)
+    traced = jax.jit(lambda scale: dot_product_attention(q_BTNH, k_BSNH, v_BSNH, scale=scale))
+    assert_allclose(np.asarray(traced(0.37)), expected, rtol=1e-5, atol=1e-5)
+    assert_allclose(np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH,
+                                                     is_causal=jnp.bool_(True))),
+                    np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH, is_causal=True)))
+
+
 def test_mask_as_nested_list():
     """A mask given as a Python list works like the same bool array."""
     q_BTNH, k_BSNH, v_BSNH = random_qkv(seed=14)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax.argument_checks import fraction, value_kind
 from transformer_jax.dropout import dropout
@@ -86,9 +87,9 @@ def attention_weights(query, key, bias=None, mask=None, *, scale=None, is_causal
 def _options(scale, is_causal) -> tuple:
     """`scale` (None, or a number: an array of one, traced or not, too) and `is_causal` (a
     bool) as given, or a TypeError: text was read as its number and "no" as True."""
-    if scale is not None and (value_kind(scale) not in "iuf" or jnp.ndim(scale) != 0):
+    if scale is not None and (value_kind(scale) not in "iuf" or np.ndim(scale) != 0):
         raise TypeError(f"scale must be a number or None, got {scale!r}")
-    if (value_kind(is_causal) != "b" or jnp.ndim(is_causal) != 0
+    if (value_kind(is_causal) != "b" or np.ndim(is_causal) != 0
             or isinstance(is_causal, jax.core.Tracer)):
         raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
     return scale, bool(is_causal)
