@@ -40,6 +40,26 @@ def test_timeline_counts_overlapping_operations_once(tmp_path):
     assert [r["ms"] for r in rows] == pytest.approx([0.025, 0.010])
 
 
+def test_a_cpu_trace_with_instruction_names_counts_only_the_instructions(tmp_path):
+    """XLA's CPU operations carry args["hlo_op"] (jax 0.10's traces); the host thread's
+    spans, such as the 1.35 s of "np.asarray(jax.Array)" in which train.py waited for a
+    logged loss, do not, and were counted as operations: a summary of 3 steps added up to
+    more than their wall time. Only the instructions count now."""
+    def instruction(name, start_us, duration_us, tid=1):
+        return dict(op(name, start_us, duration_us, tid=tid), args={"hlo_op": name})
+
+    write_trace(tmp_path, [instruction("ynn_fusion.1", 0, 10),
+                           instruction("copy_bitcast_fusion.2", 5, 15, tid=2),
+                           op("np.asarray(jax.Array)", 20, 1000, tid=3),
+                           op("ArrayImpl.copy_to_host_async", 20, 5, tid=3),
+                           instruction("ynn_fusion.3", 1030, 10)])
+    rows = profiling.summarize(str(tmp_path))
+    assert [(r["operation"], r["calls"]) for r in rows] == [("ynn_fusion", 2),
+                                                            ("copy_bitcast_fusion", 1)]
+    assert profiling.timeline(str(tmp_path)) == pytest.approx(
+        {"span_ms": 1.040, "busy_ms": 0.030, "idle_ms": 1.010, "idle_share": 1.010 / 1.040})
+
+
 def test_timeline_of_a_gpu_counts_only_its_kernels(tmp_path):
     """With a GPU in the trace, only its kernels count: the host's ops are not device time."""
     gpu = {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}}

@@ -52,8 +52,8 @@ _NOT_OPS = re.compile(r"^\$|^end: |Thunk|Pjit|PjRt|block_until_ready|ThreadPool|
 
 def _op_events(trace_dir: str) -> tuple[list[dict], bool]:
     """(the complete ("X") events of XLA's operations in every trace under `trace_dir`,
-    whether a GPU is in it): with a GPU, only the GPU's own (its kernels); otherwise every
-    host thread's ops."""
+    whether a GPU is in it): with a GPU, only the GPU's own (its kernels); otherwise the
+    XLA operations of every host thread, not the Python side's spans."""
     paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
     if not paths:
         raise FileNotFoundError(f"no *.trace.json.gz under {trace_dir}")
@@ -63,8 +63,15 @@ def _op_events(trace_dir: str) -> tuple[list[dict], bool]:
             events += json.load(f)["traceEvents"]
     gpus = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
             and "GPU" in str(e.get("args", {}).get("name", ""))}
-    return [e for e in events if e.get("ph") == "X" and (
-        e["pid"] in gpus if gpus else not _NOT_OPS.search(e["name"]))], bool(gpus)
+    spans = [e for e in events if e.get("ph") == "X"]
+    if gpus:
+        return [e for e in spans if e["pid"] in gpus], True
+    # XLA's CPU operations name their instruction in args (jax 0.10); the Python side's
+    # spans ("np.asarray(jax.Array)": a host waiting for a result) do not. A trace whose
+    # events have no such args is told by the names.
+    if any("hlo_op" in e.get("args", {}) for e in spans):
+        return [e for e in spans if "hlo_op" in e.get("args", {})], False
+    return [e for e in spans if not _NOT_OPS.search(e["name"])], False
 
 
 def summarize(trace_dir: str, top: int | None = 15) -> list[dict]:
