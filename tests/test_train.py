@@ -109,6 +109,26 @@ def test_the_last_line_gives_the_commands_with_this_interpreter_where_it_is_the_
            "python evaluate.py" in finished_line("/w", 800, "/w/checkpoints")
 
 
+def test_the_last_line_names_the_scripts_beside_the_train_py_that_ran(monkeypatch, tmp_path):
+    """`python path/to/train.py` from another folder: the scripts by the path to them (they
+    were named bare, and no translate.py was there); from the project's root, or a folder
+    above it, by the relative path; bare where no train.py runs (a notebook)."""
+    project = tmp_path / "project"
+    (project / "sub").mkdir(parents=True)
+    monkeypatch.setattr(sys, "executable", "/usr/bin/python3")
+    monkeypatch.setattr(sys, "argv", [str(project / "train.py"), "--workdir=/w"])
+    for folder, script in ((project / "sub", str(project / "translate.py")),
+                           (project, "translate.py"),
+                           (tmp_path, os.path.join("project", "translate.py"))):
+        monkeypatch.chdir(folder)
+        assert (f"translate with python {script} --workdir=/w, score the test split with "
+                f"python {script.replace('translate', 'evaluate')} --workdir=/w") in \
+            finished_line("/w", 800, "/w/checkpoints")
+    monkeypatch.setattr(sys, "argv", ["ipykernel_launcher.py"])
+    assert "translate with python translate.py --workdir=/w" in finished_line(
+        "/w", 800, "/w/checkpoints")
+
+
 def test_perplexity_is_the_exp_of_the_loss_and_inf_past_a_floats_range(tmp_path):
     """A diverged run's evaluation (loss 12,750) logs perplexity inf, not exp(50), and the
     record reaches metrics.jsonl, TensorBoard and curves.png."""

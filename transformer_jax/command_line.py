@@ -35,7 +35,8 @@ def define_search_flags():
             define_setting_flag("alpha", None, "length penalty exponent (default: the run's, "
                                 "0.6)"),
             define_setting_flag("max_extra_length", None, "output tokens beyond the input "
-                                "length (default: the run's, 50)"))
+                                "length: its batch's longest, rounded up to a multiple of "
+                                "8 (default: the run's, 50)"))
 
 
 def define_setting_flag(name: str, default, help: str) -> flags.FlagHolder:

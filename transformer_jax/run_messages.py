@@ -73,12 +73,25 @@ def opening_lines(config, model_config, *, rows: int, software: dict, first: int
 def finished_line(workdir: str, step: int, checkpoints: str) -> str:
     """The line after a run's last step: where its results are, and the commands that use
     them (with this interpreter where it lies under the working directory: make's
-    .venv/bin/python)."""
+    .venv/bin/python; the scripts beside the train.py that runs: `_script`)."""
     python = os.path.relpath(sys.executable) if sys.executable else os.pardir
     python = "python" if python.startswith(os.pardir) else python
     return (f"trained to step {step}: saved to {checkpoints}/{step}, curves in "
-            f"{workdir}/curves.png; translate with {python} translate.py --workdir={workdir}, "
-            f"score the test split with {python} evaluate.py --workdir={workdir}")
+            f"{workdir}/curves.png; translate with {python} {_script('translate.py')} "
+            f"--workdir={workdir}, score the test split with {python} "
+            f"{_script('evaluate.py')} --workdir={workdir}")
+
+
+def _script(name: str) -> str:
+    """The script `name` as the working directory reaches it: beside the train.py that
+    runs (`python path/to/train.py` from any folder: its path, relative where it lies under
+    the working directory); its bare name where no train.py runs (`tj.train` in a notebook)."""
+    main = sys.argv[0] if sys.argv else ""
+    if os.path.basename(main) != "train.py":
+        return name
+    path = os.path.join(os.path.dirname(os.path.abspath(main)), name)
+    relative = os.path.relpath(path)
+    return path if relative.startswith(os.pardir) else relative
 
 
 def first_step_line(step: int, starts: tuple, opened: float, built: float,
