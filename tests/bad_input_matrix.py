@@ -37,8 +37,9 @@ BAD_CONFIGS = [f"--config.{c}" for c in (
     "model.attention_implementation=cudnn", "model.attention_implementation=flash",
     "optim.warmup_steps=0", "num_train_stepz=5", "data.batching=sorted",
     "data.tokens_per_batch=25000", "data.tokens_per_batch=-1", "data.num_buckets=0",
-    "data.dataset=wmt14", "model.preset=tiny")] + [
+    "data.dataset=wmt14", "model.preset=tiny", "model.layer_norm_epsilon=0")] + [
     "--config.per_device_batch_size=0 --config.data.tokens_per_batch=20",
+    "--config.model.attention_dropout_rate=0.1 --config.model.attention_implementation=xla",
     "--config=configs/missing.py"]
 
 

@@ -5,6 +5,7 @@ log-probabilities, no search to hide a difference); searches on the shared train
 then the CLIs: python -m transformer_jax.export and translate.py --engine=ctranslate2.
 """
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+import sentencepiece
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -437,7 +439,24 @@ def test_another_or_a_damaged_tokenizer_is_refused(exported, trained_run, tmp_pa
     assert str(error.value) == (f"{swapped / 'tokenizer.model'} is not the tokenizer this "
                                 f"model was exported with (SHA-256 {sha[:12]}..., exported "
                                 f"000000000000...); export again")
-    (swapped / "tokenizer.model").write_bytes(b"junk")
+    # A whole SentencePiece model of other special ids was "damaged" here and "not the
+    # tokenizer this model was exported with" in the stablehlo engine: now both say the latter.
+    other = tmp_path / "other"
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(["eins zwei drei vier fünf sechs sieben acht neun zehn"] * 50),
+        model_prefix=str(other), vocab_size=30, model_type="char", hard_vocab_limit=False)
+    (swapped / "tokenizer.model").write_bytes((tmp_path / "other.model").read_bytes())
+    manifest["tokenizer_sha256"] = sha
+    (swapped / "export.json").write_text(json.dumps(manifest))
+    other_sha = hashlib.sha256((tmp_path / "other.model").read_bytes()).hexdigest()
+    with pytest.raises(ExportError) as error:
+        CTranslate2Translator.from_export(str(swapped))
+    assert str(error.value) == (f"{swapped / 'tokenizer.model'} is not the tokenizer this "
+                                f"model was exported with (SHA-256 {other_sha[:12]}..., "
+                                f"exported {sha[:12]}...); export again")
+    (swapped / "tokenizer.model").write_bytes(b"junk")  # in an export without a SHA-256
+    del manifest["tokenizer_sha256"]
+    (swapped / "export.json").write_text(json.dumps(manifest))
     with pytest.raises(ExportError) as error:
         CTranslate2Translator.from_export(str(swapped))
     assert str(error.value) == (f"{swapped / 'tokenizer.model'} is damaged (not the "

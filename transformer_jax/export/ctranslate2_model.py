@@ -29,6 +29,7 @@ SentencePiece pieces alone gets the translations we do.
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 
@@ -306,20 +307,23 @@ class CTranslate2Translator:
 def _exported_tokenizer(directory: str, manifest: dict):
     """The export's tokenizer.model, or an ExportError where it is missing, damaged or not
     the one exported (another model's ids would translate into nonsense, silently)."""
-    from transformer_jax.data.sources import DataError
     from transformer_jax.data.tokenizer import Tokenizer
     from transformer_jax.data.vocabulary import TOKENIZER_FILE
 
     path = os.path.join(directory, TOKENIZER_FILE)
     if not os.path.isfile(path):
         raise ExportError(f"{directory} has no {TOKENIZER_FILE}; export again")
+    with open(path, "rb") as f:
+        proto = f.read()
+    # The bytes first, as the stablehlo engine does: another model, whole or not, is named
+    # so; "damaged" where the export has no SHA-256 to compare (older exports).
+    sha256 = hashlib.sha256(proto).hexdigest()  # Tokenizer.sha256's
+    if manifest.get("tokenizer_sha256", sha256) != sha256:
+        raise ExportError(f"{path} is not the tokenizer this model was exported with "
+                          f"(SHA-256 {sha256[:12]}..., exported "
+                          f"{manifest['tokenizer_sha256'][:12]}...); export again")
     try:
-        tokenizer = Tokenizer.load(path)
-    except DataError:
+        return Tokenizer(proto)
+    except ValueError:
         raise ExportError(f"{path} is damaged (not the SentencePiece model exported); "
                           f"export again") from None
-    if manifest.get("tokenizer_sha256", tokenizer.sha256) != tokenizer.sha256:
-        raise ExportError(f"{path} is not the tokenizer this model was exported with "
-                          f"(SHA-256 {tokenizer.sha256[:12]}..., exported "
-                          f"{manifest['tokenizer_sha256'][:12]}...); export again")
-    return tokenizer
