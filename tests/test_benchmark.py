@@ -197,13 +197,15 @@ def test_cross_attention_segments_keep_the_examples_in_order():
         assert (source_sizes <= target_sizes).all()
 
 
-def test_decode_peers_time_ctranslate2_beside_ours_on_the_same_outputs(tmp_path):
+def test_decode_peers_time_ctranslate2_beside_ours_on_the_same_outputs(tmp_path, capsys):
     """decode --peers: each search by ours, CTranslate2 float32 and int8; tokens/s are the
     engine's own output tokens over its time, ratios are against CTranslate2 float32, and
-    CTranslate2 float32 writes our outputs (random tiny weights)."""
+    CTranslate2 float32 writes our outputs (random tiny weights). Its first line names it
+    as its JSON file does (it said "decode on ...", as the plain suite)."""
     pytest.importorskip("ctranslate2", reason="the peer is CTranslate2 ('.[serve]')")
     path = tmp_path / "peers.json"
     assert main(["decode", "--peers", "--quick", f"--json={path}"]) == 0
+    assert capsys.readouterr().out.startswith("decode --peers on ")
     result = json.loads(path.read_text())
     assert result["suite"] == "decode --peers" and result["machine"]["ctranslate2"]
     rows = {(r["search"], r["engine"]): r for r in result["results"]}

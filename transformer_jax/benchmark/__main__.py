@@ -109,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--loss-chunks", metavar="N1,N2",
                         help="model: time the step with each of these loss_chunk_size "
                              "values (target tokens per chunk of the output layer and loss; "
-                             "0: the whole logits; default 0 on CPUs, 0,4096 on accelerators)")
+                             "0: the whole logits; default 0 on CPUs, 0,4096 on accelerators, "
+                             "0,64 with --quick)")
     return parser
 
 
@@ -165,7 +166,7 @@ def _earlier_run(parser, args) -> dict:
             and isinstance(earlier.get("notes", []), list)):
         parser.error(f"--from-json {path} is not a benchmark's --json file (JSON with its "
                      f"suite, its results as rows and its notes)")
-    wanted = "decode --peers" if args.peers else args.suite
+    wanted = _name(args)
     if earlier.get("suite") != wanted:
         parser.error(f"--from-json {path} holds the rows of {earlier.get('suite')!r}, not "
                      f"of {wanted!r}")
@@ -274,9 +275,9 @@ def main(argv=None) -> int:
         # the backend starts, which is below).
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     about = machine.describe()
-    write_stdout_and_go_on(f"{args.suite} on {_machine(about, args.quick)}\n")
+    name = _name(args)
+    write_stdout_and_go_on(f"{name} on {_machine(about, args.quick)}\n")
     timing.trace_timed_calls(args.profile)
-    name = "decode --peers" if args.peers else args.suite
     with report.streaming(args.json, name, quick=args.quick, argv=argv) as streamed:
         try:
             rows, notes = _run_suite(args)
@@ -295,6 +296,11 @@ def main(argv=None) -> int:
     if args.profile:
         write_stdout_and_go_on(_profile_summary(args.profile))
     return 0
+
+
+def _name(args) -> str:
+    """What the command runs, as its --json file's "suite" names it: "decode --peers" too."""
+    return "decode --peers" if args.peers else args.suite
 
 
 def _show(args, earlier: dict) -> int:
@@ -333,7 +339,7 @@ def _draw(args, rows: list[dict], about: dict, quick: bool) -> None:
     """--plot's picture of `rows`, titled with the machine that measured them (if named)."""
     if args.plot:
         named = _devices(about) if about else ""
-        plot.save(args.suite, rows, args.plot,
+        plot.save(args.suite, rows, args.plot, name=_name(args),
                   where=" ".join(filter(None, [named, "[quick]" if quick else ""])))
         write_stdout_and_go_on(f"wrote {args.plot}\n")
 

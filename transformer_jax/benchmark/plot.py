@@ -105,10 +105,11 @@ HEADLINE = {"attention": "tflops", "model": "tokens_per_sec", "decode": "tokens_
             "pipeline": "examples_per_sec", "compare": "tflops", "loss": "tflops"}
 
 
-def save(suite: str, rows: list[dict], path: str, where: str = "") -> None:
-    """The suite's figure at `path` (a PNG), whole or not at all; `where` (the device, say)
-    goes into its title."""
-    title = f"{suite} benchmark" + (f" on {where}" if where else "")
+def save(suite: str, rows: list[dict], path: str, where: str = "",
+         name: str | None = None) -> None:
+    """The suite's figure at `path` (a PNG), whole or not at all; `name` (the suite's when
+    None: "decode --peers") and `where` (the device, say) go into its title."""
+    title = f"{name or suite} benchmark" + (f" on {where}" if where else "")
     if suite == "attention":
         fig = attention_figure(rows)
         fig.suptitle(title)
