@@ -151,6 +151,15 @@ def assert_compare_peers(result):
     assert ours[0]["batch"] * ours[0]["length"] == torch_rows[0]["batch"] * torch_rows[0]["length"]
     assert ours[0]["ratio"] == pytest.approx(torch_rows[0]["step_ms"] / ours[0]["step_ms"],
                                              rel=1e-6)
+    # Each attention row says what was timed: its TFLOP/s are eq. 1's FLOPs of its shape
+    # over its time (the CPU's rows had no heads, head_dim or pass to rebuild them from).
+    attention_rows = [row for row in rows if "head_dim" in row]
+    assert len(attention_rows) >= 2
+    for row in attention_rows:
+        work = flops.attention_flops(row["batch"], row["length"], row["length"], row["heads"],
+                                     row["head_dim"], causal=row["causal"],
+                                     backward=row["pass"] != "forward")
+        assert row["tflops"] == pytest.approx(work / (row["step_ms"] / 1e3) / 1e12, rel=1e-6)
 
 
 def test_attention_error_sees_a_wrong_mask_and_checks_the_pallas_peer():

@@ -94,7 +94,8 @@ def flax_attention_rows(quick: bool) -> list[dict]:
         ours, peer = (attention.time_case("auto", **shape),
                       attention.time_case("flax", attend=flax_attend, **shape))
         rows += [report.measured({"framework": framework, "batch": row["batch"],
-                                  "length": seq_len, "step_ms": row["ms"],
+                                  "length": seq_len, "heads": num_heads, "head_dim": head_dim,
+                                  "causal": False, "pass": row["pass"], "step_ms": row["ms"],
                                   "tflops": row["tflops"]})
                  for framework, row in (("transformer_jax attention (auto)", ours),
                                         ("flax nn.dot_product_attention", peer))]
@@ -117,8 +118,8 @@ def sdpa_rows(num_heads: int = 16, tokens: int = 32768, calls: int = 10) -> list
                                  iters=10) / calls
         peer_tflops = attention_flops(batch, seq_len, seq_len, num_heads, head_dim,
                                       causal=causal, backward=backward) / seconds / 1e12
-        common = {"batch": batch, "length": seq_len, "head_dim": head_dim, "causal": causal,
-                  "pass": ours["pass"]}
+        common = {"batch": batch, "length": seq_len, "heads": num_heads, "head_dim": head_dim,
+                  "causal": causal, "pass": ours["pass"]}
         rows += [report.measured({"framework": "transformer_jax attention (auto)", **common,
                                   "step_ms": ours["ms"], "tflops": ours["tflops"],
                                   "ratio": ours["tflops"] / peer_tflops}),
