@@ -78,6 +78,18 @@ def test_every_suite_reports_positive_figures(suite, tmp_path, capsys, monkeypat
     assert about["jax"] == jax.__version__ and about["cpu_count"] >= 1 and about["device_kind"]
     assert "commit" in about and about["transformer_jax"] == metadata.version("transformer_jax")
     assert result["results"], "no rows"
+    if suite in ("attention", "model", "compare"):  # the notes give the peak MFU divides by
+        peaks = {m[1]: float(m[2]) for note in result["notes"] if (m := re.match(
+            r"peak \((\w+), for mfu\): ([\d.e+]+) TFLOP/s, ", note))}
+        assert peaks, result["notes"]
+        for row in result["results"]:
+            share = row.get("mfu") or row.get("peak_fraction")
+            if share:
+                if "dtype" in row:
+                    peak = peaks[row["dtype"]]
+                else:  # compare's: one dtype, float32 on a CPU, bfloat16 on a GPU
+                    (peak,) = peaks.values()
+                assert share == pytest.approx(row["tflops"] / peak, rel=1e-3), row
     for row in result["results"]:
         for field in POSITIVE[suite]:
             if field in row:

@@ -37,7 +37,7 @@ import optax
 from transformer_jax import losses, optim
 from transformer_jax.benchmark import model as suite, report
 from transformer_jax.benchmark.flops import train_step_flops
-from transformer_jax.benchmark.machine import peak_tflops
+from transformer_jax.benchmark.machine import peak_note, peak_tflops
 from transformer_jax.benchmark.timing import median_seconds, memory_bytes
 
 
@@ -110,7 +110,7 @@ def main(path: str, quick: bool, rounds: int, names: list[str]) -> None:
         for name, (_, run, _, _) in built.items():
             times[name].append(median_seconds(run, warmup=1 if quick else 2,
                                               iters=3 if quick else 10) / queued)
-    peak, source = peak_tflops(dtype, quick=quick)
+    peak, _ = peak_tflops(dtype, quick=quick)
     rows = []
     for name, (config, _, compile_s, memory) in built.items():
         seconds = statistics.median(times[name])
@@ -121,8 +121,9 @@ def main(path: str, quick: bool, rounds: int, names: list[str]) -> None:
                      "vs_current": statistics.median(times["current"]) / seconds,
                      "mfu": flops / seconds / 1e12 / peak if peak else None,
                      "compile_s": compile_s, "memory_bytes": memory})
-    notes = [f"peak: {source}", "step_ms: the median of the rounds' medians; round_ms: each "
-             "round's; vs_current: the current code's step_ms over this variant's"]
+    notes = [peak_note(dtype, quick=quick), "step_ms: the median of the rounds' medians; "
+             "round_ms: each round's; vs_current: the current code's step_ms over this "
+             "variant's"]
     print(report.table([{k: v for k, v in row.items() if k != "round_ms"} for row in rows]))
     report.write_json(path, report.document("model", rows, quick=quick, notes=notes))
 

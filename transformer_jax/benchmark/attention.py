@@ -34,7 +34,7 @@ from transformer_jax.attention import (attention_implementations, available_impl
                                       resolve_implementation)
 from transformer_jax.benchmark import report
 from transformer_jax.benchmark.flops import attention_flops
-from transformer_jax.benchmark.machine import peak_tflops
+from transformer_jax.benchmark.machine import peak_note, peak_tflops
 from transformer_jax.benchmark.model import model_configs, packed_segments_BT
 from transformer_jax.benchmark.timing import (MEMORY_NOTE, SPREAD_NOTE, back_to_back,
                                               compile_seconds, memory_bytes, timed_seconds)
@@ -350,9 +350,9 @@ def run(quick: bool = False, **overrides) -> tuple[list[dict], list[str]]:
     slowest = compare_auto(rows)
     autos = [row for row in rows if "fastest" in row]
     picked = sum(row["runs"] == row["fastest"] for row in autos)
-    _, source = peak_tflops("float32", quick=quick)
+    peaks = [peak_note(dtype, quick=quick) for dtype in dict.fromkeys(r["dtype"] for r in rows)]
     auto = ", ".join(f"{d} -> {resolve_implementation('auto', jnp.dtype(d))}" for d in DTYPES)
-    return rows, [f"peak: {source}", f"auto: {auto} (where valid at the shape)",
+    return rows, [*peaks, f"auto: {auto} (where valid at the shape)",
                   f"vs_fastest: the fastest other implementation's ms over auto's; lowest "
                   f"{slowest:.3f}; auto runs the fastest at {picked} of {len(autos)} shapes"
                   if slowest else "vs_fastest: no other implementation",

@@ -22,7 +22,7 @@ import tqdm
 
 from transformer_jax.benchmark import attention, model, report, torch_peer
 from transformer_jax.benchmark.flops import attention_flops, train_step_flops
-from transformer_jax.benchmark.machine import peak_tflops
+from transformer_jax.benchmark.machine import peak_note, peak_tflops
 from transformer_jax.benchmark.timing import median_seconds
 from transformer_jax.masks import causal_mask
 
@@ -156,7 +156,7 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
     if missing:
         notes.append(f"no PyTorch rows: {missing}")
     for dtype in ("bfloat16",) if on_gpu() else ("float32",):
-        notes.append(f"peak ({dtype}, for mfu): {peak_tflops(dtype, quick=quick)[1]}")
+        notes.append(peak_note(dtype, quick=quick))
     if on_gpu() and not missing:
         return rows, notes
     return rows + flax_attention_rows(quick), notes

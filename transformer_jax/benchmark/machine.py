@@ -58,6 +58,13 @@ def peak_tflops(dtype: str, *, quick: bool = False) -> tuple[float | None, str]:
     return peak, ("datasheet" if peak else f"no peak listed for {device_kind()!r}")
 
 
+def peak_note(dtype: str, *, quick: bool = False) -> str:
+    """The notes' line of `dtype`'s peak (`peak_tflops`): its value, so that an MFU can be
+    checked as TFLOP/s over it, and where it comes from."""
+    peak, source = peak_tflops(dtype, quick=quick)
+    return f"peak ({dtype}, for mfu): " + (f"{peak:.4g} TFLOP/s, " if peak else "") + source
+
+
 def describe() -> dict:
     """The machine and software, for the JSON report."""
     return {

@@ -23,7 +23,7 @@ import numpy as np
 from transformer_jax import train_state
 from transformer_jax.benchmark import report
 from transformer_jax.benchmark.flops import train_step_flops
-from transformer_jax.benchmark.machine import peak_tflops
+from transformer_jax.benchmark.machine import peak_note, peak_tflops
 from transformer_jax.benchmark.timing import (MEMORY_NOTE, SPREAD_NOTE, back_to_back,
                                                compile_seconds, memory_bytes, timed_seconds,
                                                traced_as)
@@ -397,8 +397,8 @@ def run(quick: bool = False, *, models=None, dtypes=None, strategies=None,
                                             loss_chunk_size=chunk, fields=fields))
             for case, dtype, strategy, chunk, fields in tqdm.tqdm(grid, desc="model",
                                                                    disable=quick)]
-    _, source = peak_tflops("float32", quick=quick)
-    return rows, [f"peak: {source}", "tokens_per_sec: target tokens (B·T) per second",
+    peaks = [peak_note(dtype, quick=quick) for dtype in dict.fromkeys(r["dtype"] for r in rows)]
+    return rows, [*peaks, "tokens_per_sec: target tokens (B·T) per second",
                   "real_tokens_per_sec: non-padding target tokens per second",
                   "loss_chunk: target tokens per chunk of the output layer and loss "
                   "(output_loss.py); 0: the whole (B, T, V) logits",
