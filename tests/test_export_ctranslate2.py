@@ -93,6 +93,26 @@ def test_the_output_projection_is_the_embedding_stored_once(tmp_path):
     assert total + positions < size < total + positions + table_bytes  # + names, a bias
 
 
+def test_bfloat16_quantizing_is_quiet(tmp_path):
+    """The sinusoidal table was NumPy's read-only view of a JAX array, and CTranslate2's
+    bfloat16 quantizing gives its arrays to torch.from_numpy: two lines of PyTorch's
+    UserWarning before the export's own. Every array of the spec is writable now."""
+    import warnings
+
+    from transformer_jax.export.ctranslate2_model import _positions
+
+    config = get_model_config("tiny", vocab_size=61, d_model=24, d_ff=40, num_heads=3,
+                              max_length=32)
+    params = init_params(Transformer(config), jax.random.key(7))
+    assert _positions(config, params, 32).flags.writeable
+    pieces = ["<pad>", "</s>", "<s>", "<unk>"] + [f"p{i}" for i in range(4, 61)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save_model(transformer_spec(config, params, pieces, max_positions=32), str(tmp_path),
+                   "bfloat16")
+    assert (tmp_path / "model.bin").stat().st_size > 0
+
+
 def test_what_ctranslate2_cannot_hold_is_refused_by_name():
     learned = get_model_config("tiny", positional_encoding="learned", max_length=64)
     check_expressible(learned, max_positions=64)

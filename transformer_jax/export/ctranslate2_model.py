@@ -168,7 +168,9 @@ def _positions(config: ModelConfig, params: dict, max_positions: int) -> np.ndar
         return params["positions"]["table"][:max_positions]
     if config.positional_encoding == "none":
         return np.zeros((max_positions, config.d_model), np.float32)
-    return np.asarray(sinusoidal_encoding(np.arange(max_positions), config.d_model), np.float32)
+    # A copy: NumPy's view of a JAX array is read-only, and CTranslate2's bfloat16 quantizing
+    # passes it to torch.from_numpy, which warns about such arrays.
+    return np.array(sinusoidal_encoding(np.arange(max_positions), config.d_model), np.float32)
 
 
 def _linear(spec, kernel_in_out, bias_out) -> None:
