@@ -1277,6 +1277,13 @@ def test_the_decode_suite_times_each_search_once_per_variant_and_bfloat16_cast_t
     assert {r["vs_unroll_1"] for r in default if r["search"] == "beam4"} == {1.25}
     assert [r.get("vs_cast_each_step") for r in default] == [None] * 4 + [1.125] * 4
     assert any("vs_cast_each_step" in note for note in notes)
+    assert any("vs_unroll_1" in note for note in notes)
+    # Greedy search alone in float32: no vs_unroll_1 or vs_cast_each_step column, and no
+    # note explaining one.
+    rows, notes = decode.run(quick=True, dtypes=("float32",), searches=("greedy",))
+    assert not any(column in row for row in rows for column in ("vs_unroll_1",
+                                                                 "vs_cast_each_step"))
+    assert not any("vs_unroll_1" in note or "vs_cast_each_step" in note for note in notes)
 
 
 def test_dtypes_searches_and_strategies_choose_what_the_suites_time(monkeypatch, tmp_path):

@@ -188,7 +188,8 @@ def run(quick: bool = False, vary: dict | None = None, dtypes=None,
                   "(every sentence generates output_len tokens)",
                   "speedup: cached tokens/s over uncached, same model and search", SPREAD_NOTE,
                   "unroll: search steps per iteration of the loop (beam search's default: "
-                  f"{UNROLL}); vs_unroll_1: tokens/s over the same search at 1",
+                  f"{UNROLL})" + ("; vs_unroll_1: tokens/s over the same search at 1"
+                                 if any("vs_unroll_1" in row for row in rows) else ""),
                   "cast: the matrices cast to the compute dtype once, before the search's loop "
                   "(as translate.py), or at each step"
                   + ("; vs_cast_each_step: tokens/s over the same search cast at each step"
