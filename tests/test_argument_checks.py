@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -34,7 +35,9 @@ def test_callers_name_their_argument():
                                   sinusoidal_encoding(jnp.arange(3), 4))
 
 
-@pytest.mark.parametrize("value", [0.0, 0.5, np.float32(0.25), jnp.float32(0.1), 0])
+# bfloat16 and float8 are ml_dtypes' types, whose NumPy kind is "V", not "f": they were refused.
+@pytest.mark.parametrize("value", [0.0, 0.5, np.float32(0.25), jnp.float32(0.1), 0,
+                                   jnp.bfloat16(0.25), np.array(0.5, ml_dtypes.float8_e4m3fn)])
 def test_fractions_of_any_kind_are_python_floats(value):
     result = fraction("rate", value)
     assert result == float(value) and type(result) is float

@@ -664,6 +664,9 @@ def test_a_scale_may_be_an_array_and_traced():
                     expected, rtol=1e-5, atol=1e-5)
     traced = jax.jit(lambda scale: dot_product_attention(q_BTNH, k_BSNH, v_BSNH, scale=scale))
     assert_allclose(np.asarray(traced(0.37)), expected, rtol=1e-5, atol=1e-5)
+    half = jnp.asarray(0.375, jnp.bfloat16)  # a bfloat16 scale (NumPy's kind "V"): 0.375
+    assert_allclose(np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH, scale=half)),
+                    np_attention(q_BTNH, k_BSNH, v_BSNH, scale=0.375), rtol=1e-5, atol=1e-5)
     assert_allclose(np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH,
                                                      is_causal=jnp.bool_(True))),
                     np.asarray(dot_product_attention(q_BTNH, k_BSNH, v_BSNH, is_causal=True)))

@@ -1310,7 +1310,8 @@ def test_dtypes_searches_and_strategies_choose_what_the_suites_time(monkeypatch,
     strategies = len(model_suite.default_strategies())
     assert steps == ["float16"] * strategies + ["float32"] * strategies
     monkeypatch.setattr(model_suite, "time_train_step", lambda case, dtype, strategy, **kw: (
-        steps.append(strategy) or {"model": case.name, "strategy": strategy, "step_ms": 1.0}))
+        steps.append(strategy) or {"model": case.name, "dtype": dtype, "strategy": strategy,
+                                   "step_ms": 1.0}))
     steps.clear()
     assert main(["model", "--quick", "--strategies=sharded,pmap", "--loss-chunks=0"]) == 0
     assert steps == ["sharded", "pmap"]

@@ -408,6 +408,13 @@ def test_exports_lower_with_implementations_every_platform_has():
     for name in ("auto", "cudnn", "xla", "reference"):
         half = dataclasses.replace(trained, dtype="float16", attention_implementation=name)
         assert portable_config(half).attention_implementation == "reference"
+    # A run with attention dropout ("auto" trains it with the reference): the search has
+    # none, and XLA's attention, which cannot apply it, is the export's.
+    dropping = get_model_config("tiny", attention_dropout_rate=0.1)
+    portable = portable_config(dropping)
+    assert (portable.attention_implementation, portable.attention_dropout_rate) == ("xla", 0.0)
+    assert dataclasses.replace(portable, attention_implementation="auto",
+                               attention_dropout_rate=0.1) == dropping
 
 
 def test_a_learned_position_table_bounds_the_buckets_and_the_outputs(tmp_path):

@@ -16,6 +16,7 @@ import numbers
 import operator
 import sys
 
+import ml_dtypes
 import numpy as np
 
 DROPOUT_BITS = (8, 16, 32)  # random bits per dropout decision (dropout.py)
@@ -91,17 +92,29 @@ def _jax_errors(name: str) -> tuple[type, ...]:
     return (getattr(jax.errors, name),) if jax is not None else ()
 
 
+def _ml_dtypes_kind(dtype: np.dtype) -> str:
+    """"f" for ml_dtypes' floats (bfloat16, float8_*), which NumPy calls "V" (void), as it
+    does its other types; "V" for those."""
+    try:
+        ml_dtypes.finfo(dtype)
+    except (ValueError, TypeError):
+        return "V"
+    return "f"
+
+
 def value_kind(value) -> str:
     """NumPy's kind letter of `value`'s dtype ("b" bool, "i" int, "u" unsigned, "f" float,
     "c" complex, "U" text, "O" None, ...), read without converting an array (a traced one
-    included): "b", "i" or "f" for Python's bool, int and float, NumPy's for a list, "?"
-    for what NumPy cannot make an array of, or a PRNG key."""
+    included): "b", "i" or "f" for Python's bool, int and float, NumPy's for a list, "f"
+    for ml_dtypes' bfloat16 and float8 (NumPy's "V"), "?" for what NumPy cannot make an
+    array of, or a PRNG key."""
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
         try:
-            return np.dtype(dtype).kind
+            dtype = np.dtype(dtype)
         except TypeError:  # a PRNG key's dtype
             return "?"
+        return _ml_dtypes_kind(dtype) if dtype.kind == "V" else dtype.kind
     if isinstance(value, bool):
         return "b"
     if isinstance(value, numbers.Integral):  # any size, where NumPy's would overflow

@@ -83,7 +83,7 @@ class Tokenizer:
     def sha256(self) -> str:
         """The SHA-256 of `model_proto` (hex): the model's identity in the records of the
         vocabulary and of the ids prepared with it."""
-        return hashlib.sha256(self._model_proto).hexdigest()
+        return proto_sha256(self._model_proto)
 
     def id_to_piece(self, i: int) -> str:
         """The piece of id `i`, e.g. "▁the", "<0xF0>" or "</s>"; for inspection."""
@@ -147,6 +147,12 @@ class Tokenizer:
                 f"{os.fspath(path)} is damaged ({error}): restore it from a copy, or run python "
                 "-m transformer_jax.data prepare with its run's config and workdir, which "
                 "trains it again if its record shows that the same model comes out") from None
+
+
+def proto_sha256(model_proto: bytes) -> str:
+    """The SHA-256 (hex) of a SentencePiece model's bytes: a tokenizer's identity
+    (`Tokenizer.sha256`), readable before the bytes are parsed."""
+    return hashlib.sha256(model_proto).hexdigest()
 
 
 def _processor(model_proto: bytes) -> spm.SentencePieceProcessor:

@@ -29,7 +29,6 @@ SentencePiece pieces alone gets the translations we do.
 """
 
 import dataclasses
-import hashlib
 import json
 import os
 
@@ -309,7 +308,7 @@ class CTranslate2Translator:
 def _exported_tokenizer(directory: str, manifest: dict):
     """The export's tokenizer.model, or an ExportError where it is missing, damaged or not
     the one exported (another model's ids would translate into nonsense, silently)."""
-    from transformer_jax.data.tokenizer import Tokenizer
+    from transformer_jax.data.tokenizer import Tokenizer, proto_sha256
     from transformer_jax.data.vocabulary import TOKENIZER_FILE
 
     path = os.path.join(directory, TOKENIZER_FILE)
@@ -319,7 +318,7 @@ def _exported_tokenizer(directory: str, manifest: dict):
         proto = f.read()
     # The bytes first, as the stablehlo engine does: another model, whole or not, is named
     # so; "damaged" where the export has no SHA-256 to compare (older exports).
-    sha256 = hashlib.sha256(proto).hexdigest()  # Tokenizer.sha256's
+    sha256 = proto_sha256(proto)
     if manifest.get("tokenizer_sha256", sha256) != sha256:
         raise ExportError(f"{path} is not the tokenizer this model was exported with "
                           f"(SHA-256 {sha256[:12]}..., exported "

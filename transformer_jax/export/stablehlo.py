@@ -105,12 +105,12 @@ def export_stablehlo(trained, directory: str, *, search: dict, batch_sizes=(1, 8
 
 def portable_config(config):
     """`config` with attention and layer norm implementations that lower on every platform
-    (above)."""
+    (above), and no attention dropout: a search never applies it, and XLA's has none."""
     attention = config.attention_implementation
     if attention in ("auto", "cudnn", "xla"):  # XLA's, unless the CPU cannot compile it
         attention = "reference" if xla_unsupported(config.compute_dtype, backend="cpu") else "xla"
     return dataclasses.replace(config, attention_implementation=attention,
-                               layer_norm_implementation="xla")
+                               attention_dropout_rate=0.0, layer_norm_implementation="xla")
 
 
 def _translate_fn(model, treedef, *, beam_size: int, alpha: float, max_length: int):
