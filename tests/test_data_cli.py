@@ -213,3 +213,19 @@ def test_helpshort_names_the_config_default_or_that_it_is_required():
     assert shown["train.py"] == "a config file (configs/*.py)\n    (default: 'configs/default.py')"
     assert "(required)" in shown["transformer_jax.data"]
     assert "default" not in shown["transformer_jax.data"].replace("configs/default.py", "")
+
+
+def test_percentiles_are_lengths_some_sentence_has():
+    """p50 of lengths 2 and 10 is 2 (half the sentences are no longer), p90 10: NumPy's
+    default interpolated them to 6.0 and 9.2, which int() printed as 6 and 9, lengths no
+    sentence had. The mean is the mean."""
+    import numpy as np
+
+    from transformer_jax.data.report import SplitStatistics, format_statistics
+
+    stats = SplitStatistics(pairs=2, split_pairs=2, skipped_empty=0,
+                            source_lengths=np.array([2, 10]), target_lengths=np.array([3, 3]),
+                            max_source_length=8, max_target_length=8, too_long="truncate")
+    lines = format_statistics(stats).splitlines()
+    assert lines[2].split() == ["source", "2", "10", "10", "10", "6.00"]
+    assert lines[3].split() == ["target", "3", "3", "3", "3", "3.00"]

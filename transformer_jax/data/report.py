@@ -59,7 +59,10 @@ def format_statistics(stats: SplitStatistics) -> str:
     lines = [f"{scanned}; {stats.skipped_empty:,} skipped (an empty side)", header]
     for name, lengths in (("source", stats.source_lengths), ("target", stats.target_lengths)):
         if len(lengths):
-            values = " ".join(f"{int(np.percentile(lengths, p)):>6}" for p in PERCENTILES)
+            # A length some sentence has: the least that p % of them do not exceed (NumPy's
+            # default interpolates between two, and int() cut 16.6 to 16).
+            values = " ".join(f"{int(np.percentile(lengths, p, method='inverted_cdf')):>6}"
+                              for p in PERCENTILES)
             lines.append(f"  {name:<8} {values} {lengths.mean():>7.2f}")
     if stats.pairs:
         tokens = (stats.source_lengths.sum() + stats.target_lengths.sum()) / stats.pairs
