@@ -78,6 +78,13 @@ def test_a_corpus_that_is_not_there_is_one_line_and_makes_no_workdir(tmp_path):
                          f"--config.data.dataset=folder:{folder}")
         assert result.returncode == 1 and result.stderr.startswith(f"error: {says}"), result
         assert not (tmp_path / "run").exists()
+    # Showing a split checks the files of the two it reads before the tokenizer trains on
+    # the train split (it trained, then named the missing validation files).
+    result = run_cli(f"--config.data.dataset=folder:{corpus}", "--show=0")
+    assert result.returncode == 1, result
+    assert result.stderr == (f"error: missing {corpus}/validation.de, {corpus}/validation.en; "
+                             f"{corpus} holds: train.de, train.en (empty validation files "
+                             f"train a run without evaluation)\n")
 
 
 def test_unknown_config_key_is_rejected():

@@ -32,7 +32,8 @@ from ml_collections import config_flags
 from transformer_jax.config_checks import ConfigError, checked_copy
 from transformer_jax.output_paths import OutputPathError, writable_folder
 from transformer_jax.data import report
-from transformer_jax.data.prepared import PREPARED_SPLITS, made_workdir, prepare, prepared_dir
+from transformer_jax.data.prepared import (PREPARED_SPLITS, check_corpus_files, made_workdir,
+                                           prepare, prepared_dir)
 from transformer_jax.data.sources import DataError, load_split
 from transformer_jax.data.vocabulary import get_tokenizer, tokenizer_path
 from transformer_jax.command_line import parse_flags
@@ -72,6 +73,8 @@ def main(argv) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             given = _WORKDIR.value is not None  # "" is refused, as an unset variable
             workdir = writable_folder(_WORKDIR.value) if given else scratch
+            # The files of the two splits read, before the tokenizer trains on one of them.
+            check_corpus_files(config.data, dict.fromkeys(("train", _SPLIT.value)))
             tokenizer = get_tokenizer(config.data, workdir,
                                       log=lambda line: print(line, file=sys.stderr))
             split = load_split(config.data, _SPLIT.value)
