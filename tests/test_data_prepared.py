@@ -24,7 +24,7 @@ from num2words import num2words
 from process_table import still_running
 
 from transformer_jax.data import prepared as prepared_module
-from transformer_jax.data import prepared_writer
+from transformer_jax.data import prepared_writer, vocabulary
 from transformer_jax.data.parallel_encoding import encode_in_processes
 from transformer_jax.data.pipeline import CHUNK, train_dataset
 from transformer_jax.data.prepared import open_split, prepare
@@ -538,6 +538,54 @@ def test_a_moved_corpus_is_the_same_dataset_until_a_file_changes(tmp_path, monke
                      rf"{re.escape(str(tmp_path / 'again'))}'; {re.escape(str(path))}: "
                      r"prepared from [\d,]+ bytes of [^,]+, now [\d,]+ bytes of [^,]+\)\. ",
                      str(error.value)), str(error.value)
+
+
+def test_a_copy_of_a_corpus_still_in_place_is_the_same_dataset_and_rewrites_no_record(
+        tmp_path, monkeypatch):
+    """A corpus copied without its times while the original stays as recorded (the copy
+    given once, say to show a split with the run's tokenizer): its files equal the
+    original's byte for byte, so the tokenizer and the prepared ids are used as they are,
+    no text is read or tokenized, and the run's records still name the original. Before,
+    the tokenizer was trained again and its record rewritten to name the copy, and the
+    next start from the original trained it again. A copied file of the same size but
+    other text, or an original touched since, and the copy is not taken for the same."""
+    config = write_corpus(tmp_path / "corpus")
+    workdir = tmp_path / "run"
+    tokenizer, _ = prepare(config, str(workdir), **QUIET)
+    records = [workdir / "tokenizer.model.json",
+               *(workdir / "prepared" / split / "manifest.json" for split in ("train",
+                                                                           "validation"))]
+    before = [path.read_bytes() for path in records]
+    shutil.copytree(tmp_path / "corpus", tmp_path / "copy", copy_function=shutil.copyfile)
+    for path in (tmp_path / "copy").iterdir():
+        touch(path, seconds=5)  # the copy's times are not the original's
+    copy = data_fields(**{**config, "dataset": f"folder:{tmp_path / 'copy'}"})
+    read = count_calls(monkeypatch, prepared_module, "load_split")
+    trained = count_calls(monkeypatch, vocabulary, "train_tokenizer")
+    lines = []
+    again, splits = prepare(copy, str(workdir), log=lines.append)
+    assert again.sha256 == tokenizer.sha256 and read == trained == []
+    assert [path.read_bytes() for path in records] == before
+    assert lines == []  # not "tokenizing it again to compare the ids"
+    assert splits["validation"][0]["targets"].tolist() == tokenizer.encode(
+        VALIDATION[0]["target"], add_eos=True)
+    # Other text in a copied file of the same size: the validation ids are compared, and
+    # refused as stale (the training files are still a copy: no tokenizer trained).
+    path = tmp_path / "copy" / "validation.en"
+    text = path.read_text()
+    path.write_text(text.replace("one", "two", 1))
+    with pytest.raises(DataError, match=r"validation is stale \(dataset: prepared from "):
+        prepare(copy, str(workdir), log=lines.append)
+    assert trained == [] and lines[-1] == "prepared validation: other ids: the text changed"
+    path.write_text(text)
+    touch(tmp_path / "copy" / "validation.en", seconds=10)
+    # The original touched: the copy is no longer of a folder as recorded, and is taken
+    # for the folder moved (the ids compared and kept, the records taking the copy).
+    touch(tmp_path / "corpus" / "train.de")
+    with pytest.warns(UserWarning, match="the training data changed since"):
+        prepare(copy, str(workdir), **QUIET)
+    assert len(trained) == 1
+    assert json.loads(records[0].read_text())["dataset"] == f"folder:{tmp_path / 'copy'}"
 
 
 def test_another_tokenizer_or_direction_makes_a_split_stale(corpus, run, tmp_path):

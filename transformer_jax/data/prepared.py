@@ -38,8 +38,9 @@ from transformer_jax.data.prepared_split import (
     read_manifest,
 )
 from transformer_jax.data.prepared_writer import write_json, write_split
-from transformer_jax.data.sources import (DataError, dataset_kind, describe_split, load_split,
-                                         moved_folder, read_folder_split, split_files)
+from transformer_jax.data.sources import (DataError, copied_folder, dataset_kind,
+                                         describe_split, load_split, moved_folder,
+                                         read_folder_split, split_files)
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.vocabulary import (TOKENIZER_FILE, describe_changes, get_tokenizer,
                                              tokenizer_path)
@@ -195,14 +196,16 @@ def _remove_comparison(again: str) -> None:
 def _times_only(recorded: dict, now: dict) -> bool:
     """Whether two `made_from` records differ in their files' modification times alone, or
     in those and their folder (`moved_folder`): the same names and sizes, all else equal.
-    (A folder moved with its times is the same dataset: nothing to compare.)"""
+    (A folder moved with its times, or copied while it is still as recorded
+    (`copied_folder`), is the same dataset: nothing to compare.)"""
     def without_times(record: dict) -> dict:
         return {**record, "files": [list(entry[:2]) for entry in record["files"]]}
 
+    if recorded == now or moved_folder(recorded, now) or copied_folder(recorded, now):
+        return False
     try:
-        return recorded != now and not moved_folder(recorded, now) and (
-            without_times(recorded) == without_times(now)
-            or moved_folder(recorded, now, times=False))
+        return (without_times(recorded) == without_times(now)
+                or moved_folder(recorded, now, times=False))
     except (KeyError, TypeError):  # not a folder's files (or a record edited by hand)
         return False
 

@@ -11,6 +11,7 @@ Problems a user can fix raise `DataError` with a message that says how.
 """
 
 import dataclasses
+import filecmp
 import importlib
 import inspect
 import os
@@ -251,6 +252,25 @@ def moved_folder(recorded: dict, now: dict, *, times: bool = True) -> bool:
                 not times or abs(mtime - mtime_now) < MOVED_MTIME_TOLERANCE_NS)
                 for (name, size, mtime), (name_now, size_now, mtime_now)
                 in zip(files, files_now)))
+
+
+def copied_folder(recorded: dict, now: dict) -> bool:
+    """Whether `now` describes a copy of the recorded folder's split while that folder is
+    still as recorded: its files in place with their recorded sizes and times, and the
+    copy's files of the same names equal to them byte for byte (compared only then). Such
+    a copy is the same data, so records of the original stay true of it and stay as they
+    are: a second folder used once (say, to look at it) does not rewrite a run's records."""
+    if not moved_folder(recorded, now, times=False):
+        return False
+    try:
+        for (path, size, mtime_ns), (path_now, _, _) in zip(recorded["files"], now["files"]):
+            about = os.stat(path)
+            if (about.st_size, about.st_mtime_ns) != (size, mtime_ns) or not filecmp.cmp(
+                    path, path_now, shallow=False):
+                return False
+    except OSError:  # the recorded folder moved or went away: not a copy
+        return False
+    return True
 
 
 def read_folder_split(folder: str, split: str, source_lang: str, target_lang: str) -> list[dict]:

@@ -39,8 +39,9 @@ import warnings
 from collections.abc import Callable
 
 from transformer_jax.atomic_file import atomic_write
-from transformer_jax.data.sources import (DataError, dataset_kind, describe_split, load_split,
-                                         moved_folder, same_dataset)
+from transformer_jax.data.sources import (DataError, copied_folder, dataset_kind,
+                                         describe_split, load_split, moved_folder,
+                                         same_dataset)
 from transformer_jax.data.tokenizer import Tokenizer, train_tokenizer
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -255,10 +256,10 @@ def _doubt(path: str, model: Tokenizer | None, model_damage: str | None, record:
 
 def describe_changes(recorded: dict, now: dict, *, was: str = "") -> str:
     """How the description `now` of the training data differs from `recorded` ("" if not,
-    nor for a folder moved: `moved_folder`), each change as "KEY: {was}OLD, now NEW"; of a
-    folder's files, only those whose size or time differ, as
+    nor for a folder moved or copied: `moved_folder`, `copied_folder`), each change as
+    "KEY: {was}OLD, now NEW"; of a folder's files, only those whose size or time differ, as
     "PATH: {was}SIZE bytes of TIME, now ..."."""
-    if moved_folder(recorded, now):
+    if moved_folder(recorded, now) or copied_folder(recorded, now):
         return ""
     changes = []
     for key in sorted(k for k in recorded.keys() | now.keys() if recorded.get(k) != now.get(k)
