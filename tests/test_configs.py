@@ -292,7 +292,8 @@ RUN = ["--config=configs/default.py", "--workdir={workdir}"]
     (["train.py", *RUN, "--config.num_train_steps"],
      "error in the command line: --config.num_train_steps needs a value: "
      "--config.num_train_steps=VALUE"),
-    (["transformer_jax.data", "preapre"], "error: unknown command 'preapre': use prepare, or none"),
+    (["transformer_jax.data", "preapre"],
+     "error: unknown command 'preapre': use prepare, or show (the same as no command)"),
     (["transformer_jax.data", *RUN, "--config.data.tokenizer_type=wordpiece"],
      "error: config.data.tokenizer_type must be one of 'bpe', 'unigram', got 'wordpiece'"),
     (["translate.py", "--workdir={workdir}", "--output="],

@@ -49,7 +49,9 @@ def test_shows_examples_ids_and_statistics(tmp_path):
                      "--config.data.max_source_length=6", "--split=validation", "--show=0",
                      "--max_pairs=7", f"--workdir={tmp_path / 'run'}")
     assert result.returncode == 0, result.stderr
-    assert "the first 7 pairs of 150 (--max_pairs); 30 skipped" in result.stdout
+    # The 30 skipped are the split's: they are not among the 7 scanned.
+    assert ("150 pairs; 30 skipped (an empty side); statistics of the first 7 (--max_pairs)"
+            in result.stdout)
     first_7 = ([s for s in GERMAN if s] * 2)[:7]  # the validation split repeats them
     long_sources = sum(len(tokenizer.encode(s, add_eos=True)) > 6 for s in first_7)
     assert re.search(rf"max_target_length=32: {long_sources} \(", result.stdout)
@@ -108,7 +110,8 @@ def test_a_misused_command_line_is_one_line(tmp_path):
     """A misspelt command, prepare without --workdir, no --config, and a --workdir that is a
     file or cannot be made: one line each (absl's usage errors printed the whole help)."""
     (tmp_path / "a_file").write_text("")
-    cases = [(["preapre"], "error: unknown command 'preapre': use prepare, or none"),
+    cases = [(["preapre"], "error: unknown command 'preapre': use prepare, or show "
+              "(the same as no command)"),
              (["prepare"], "error: prepare needs --workdir: the run's directory, where the "
                            "tokenizer and the prepared ids are kept"),
              ([f"--workdir={tmp_path / 'a_file'}"],
@@ -236,3 +239,30 @@ def test_percentiles_are_lengths_some_sentence_has():
     lines = format_statistics(stats).splitlines()
     assert lines[2].split() == ["source", "2", "10", "10", "10", "6.00"]
     assert lines[3].split() == ["target", "3", "3", "3", "3", "3.00"]
+
+
+def test_an_empty_split_has_counts_and_no_table_and_control_characters_are_shown_escaped():
+    """A split with no pairs left (every pair had an empty side) says so without a table
+    header over no rows; an example's tab and escape are written as \\t and \\x1b, so that
+    the terminal does not act on them."""
+    import numpy as np
+
+    from transformer_jax.data.report import SplitStatistics, format_example, format_statistics
+
+    empty = SplitStatistics(pairs=0, split_pairs=0, skipped_empty=3,
+                            source_lengths=np.array([], int), target_lengths=np.array([], int),
+                            max_source_length=8, max_target_length=8, too_long="truncate")
+    assert format_statistics(empty) == "0 pairs; 3 skipped (an empty side)"
+
+    class Pieces:  # a tokenizer of one piece per character
+        def encode(self, text, add_eos):
+            return [ord(c) for c in text] + [EOS_ID] * add_eos
+
+        def id_to_piece(self, i):
+            return chr(i) if i != EOS_ID else "</s>"
+
+    shown = format_example(1, {"source": "a\tb\x1b[2J", "target": "ü"}, Pieces())
+    assert shown.splitlines()[1:4] == ["  source  a\\tb\\x1b[2J",
+                                       f"  ids     {[97, 9, 98, 27, 91, 50, 74, EOS_ID]}",
+                                       "  pieces  a \\t b \\x1b [ 2 J </s>"]
+    assert shown.splitlines()[4] == "  target  ü"

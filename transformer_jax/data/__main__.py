@@ -59,7 +59,8 @@ def main(argv) -> None:
     logging.set_verbosity(logging.WARNING)  # TFDS reports every file at INFO
     command = argv[1:] or ["show"]
     if command not in (["show"], ["prepare"]):
-        sys.exit(f"error: unknown command {' '.join(command)!r}: use prepare, or none")
+        sys.exit(f"error: unknown command {' '.join(command)!r}: use prepare, or show "
+                 "(the same as no command)")
     config = _CONFIG.value
     if config is None:
         sys.exit("error: --config is required, e.g. --config=configs/default.py")

@@ -1,6 +1,7 @@
 """What the model sees: examples as text and ids, and length statistics of a split."""
 
 import dataclasses
+import unicodedata
 
 import numpy as np
 import tqdm
@@ -47,16 +48,23 @@ def format_example(number: int, pair, tokenizer: Tokenizer) -> str:
     for side in ("source", "target"):
         ids = tokenizer.encode(pair[side], add_eos=True)
         pieces = " ".join(tokenizer.id_to_piece(i) for i in ids)
-        lines += [f"  {side:<7} {pair[side]}", f"  {'ids':<7} {ids}", f"  {'pieces':<7} {pieces}"]
+        lines += [f"  {side:<7} {_visible(pair[side])}", f"  {'ids':<7} {ids}",
+                  f"  {'pieces':<7} {_visible(pieces)}"]
     return "\n".join(lines)
+
+
+def _visible(text: str) -> str:
+    """`text` with its control characters (a tab, a carriage return, an escape) written as
+    Python writes them, \\t or \\x1b: in the corpus, not acted on by the terminal."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) == "Cc" else c for c in text)
 
 
 def format_statistics(stats: SplitStatistics) -> str:
     header = "  tokens   " + " ".join(f"{f'p{p}':>6}" for p in PERCENTILES) + "    mean"
-    scanned = f"{stats.pairs:,} pairs"
+    counted = f"{stats.split_pairs:,} pairs; {stats.skipped_empty:,} skipped (an empty side)"
     if stats.pairs < stats.split_pairs:
-        scanned = f"the first {scanned} of {stats.split_pairs:,} (--max_pairs)"
-    lines = [f"{scanned}; {stats.skipped_empty:,} skipped (an empty side)", header]
+        counted += f"; statistics of the first {stats.pairs:,} (--max_pairs)"
+    lines = [counted] + [header] * bool(stats.pairs)
     for name, lengths in (("source", stats.source_lengths), ("target", stats.target_lengths)):
         if len(lengths):
             # A length some sentence has: the least that p % of them do not exceed (NumPy's

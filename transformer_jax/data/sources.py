@@ -278,8 +278,9 @@ def read_folder_split(folder: str, split: str, source_lang: str, target_lang: st
     paths = split_files(folder, split, (source_lang, target_lang))
     sources, targets = (read_lines(p) for p in paths)
     if len(sources) != len(targets):
-        raise DataError(f"{paths[0]} has {len(sources)} lines but {paths[1]} has "
-                        f"{len(targets)}: the files of a split must be aligned line by line")
+        raise DataError(f"{paths[0]} has {len(sources):,} line{'s' * (len(sources) != 1)} "
+                        f"but {paths[1]} has {len(targets):,}: the files of a split must be "
+                        "aligned line by line")
     return [{"source": s, "target": t} for s, t in zip(sources, targets)]
 
 

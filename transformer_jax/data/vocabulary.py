@@ -120,7 +120,8 @@ def get_tokenizer(data_config, workdir: str, train_pairs=None, *,
                             f"tokenizer is trained on it")
         sentences = list(training_sentences(pairs, data_config.tokenizer_sentences))
         log(f"training the tokenizer: {data_config.vocab_size:,} "
-            f"{data_config.tokenizer_type} pieces from {len(sentences):,} sentences")
+            f"{data_config.tokenizer_type} pieces from {len(sentences):,} "
+            f"sentence{'s' * (len(sentences) != 1)}")
         start = time.perf_counter()
         tokenizer = train_tokenizer(sentences, data_config.vocab_size,
                                     model_type=data_config.tokenizer_type)
