@@ -511,7 +511,7 @@ def test_output_files_are_checked_before_anything_runs(tmp_path, capsys):
             (["attention", f"--plot={blocker}/x.png"],
              f"--plot's folder {blocker} is a file, not a folder"),
             (["attention", "--json=/proc/x.json"],
-             "--json's folder /proc is not a writable folder: "),
+             "--json's folder /proc is not a writable folder: a file cannot be made there ("),
             (["attention", f"--json={tmp_path}"], f"--json={tmp_path} is a folder; give a "
                                                   f"file name"),
             (["attention", "--json="], "--json is empty (an unset shell variable?); name a file"),
@@ -1350,3 +1350,27 @@ def test_a_decode_search_is_built_and_compiled_with_its_fields(monkeypatch):
     assert {key: row[key] for key in (*fields, "cast", "dtype")} == {
         **fields, "cast": "each step", "dtype": "bfloat16"}
     assert row["tokens_per_sec"] > 0
+
+
+def test_json_to_a_pipe_is_one_document_and_the_pipe_stays(tmp_path):
+    """--json=/dev/stdout or a named pipe: the rows measured are not streamed into it (a
+    reader would get a document per row), and the whole report is written straight to it
+    once. Before, each write went to a temporary file renamed over the path: the pipe was
+    replaced by a regular file, and its reader got nothing (as root, /dev/stdout too)."""
+    import stat
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    with report.streaming(str(fifo), "attention", quick=True, argv=["attention"]):
+        report.measured({"implementation": "xla", "ms": 1.0})
+        report.measured({"implementation": "reference", "ms": 2.0})
+    whole = report.document("attention", [{"implementation": "xla", "ms": 1.0}], quick=True,
+                            notes=["a note"], argv=["attention"])
+    report.write_json(str(fifo), whole)
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert len(got) == 1 and json.loads(got[0]) == whole

@@ -27,11 +27,15 @@ def writable_folder(path: str, what: str = "--workdir") -> str:
         raise OutputPathError(f"{what} {path} is a file, not a folder")
     try:
         os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
     except OSError as error:
         raise OutputPathError(f"{what} {path} is not a writable folder: "
                               f"{error.strerror or error}") from None
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:  # /proc says "No such file or directory": say what failed
+        raise OutputPathError(f"{what} {path} is not a writable folder: a file cannot be made "
+                              f"there ({error.strerror or error})") from None
     return path
 
 

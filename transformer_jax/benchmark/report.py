@@ -4,9 +4,10 @@ suite measures them (`streaming`, `measured`)."""
 import contextlib
 import datetime
 import json
+import os
 
-from transformer_jax.atomic_file import atomic_write
 from transformer_jax.benchmark import machine
+from transformer_jax.commands import write_whole
 
 
 def format_value(value) -> str:
@@ -89,10 +90,9 @@ def document(suite: str, rows: list[dict], *, quick: bool, notes: list[str],
 
 
 def write_json(path: str, report: dict) -> None:
-    """The report as JSON at `path`, whole or not at all (`atomic_write`)."""
-    with atomic_write(path, "w") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
+    """The report as JSON at `path`, whole or not at all (`commands.write_whole`: a path
+    that is not a regular file, /dev/stdout or a pipe, is written straight to)."""
+    write_whole({path: json.dumps(report, indent=2) + "\n"})
 
 
 _stream: tuple[str, dict] | None = None  # (--json's path, its document) inside `streaming`
@@ -106,7 +106,10 @@ def streaming(path: str | None, suite: str, *, quick: bool, argv: list[str]):
     list of those rows; the caller writes the whole document when the suite returns."""
     global _stream
     partial = document(suite, [], quick=quick, notes=[], argv=argv, complete=False)
-    outer, _stream = _stream, (path, partial) if path is not None else None
+    # A stream (/dev/stdout, a pipe) takes the whole document once: rows written as they
+    # come would be read as several documents.
+    rewritable = path is not None and (os.path.isfile(path) or not os.path.exists(path))
+    outer, _stream = _stream, (path, partial) if rewritable else None
     try:
         yield partial["results"]
     finally:
