@@ -322,3 +322,29 @@ def test_an_output_that_is_a_link_writes_its_target(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "link.png").is_symlink()
     assert png_size(tmp_path / "pictures" / "curves.png") == (1500, 420)
+
+
+def test_a_png_to_a_pipe_is_written_to_it_and_the_pipe_stays(tmp_path):
+    """`--output=/dev/stdout` (or a named pipe, or the benchmark's --plot): the PNG goes
+    straight into it; a temporary file renamed over the path replaced the pipe with a
+    regular file, and its reader got nothing."""
+    import stat
+    import threading
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    figure = plt.figure(figsize=(2, 1))
+    plot.save_png(figure, str(fifo), dpi=50)
+    plt.close(figure)
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert len(got) == 1 and got[0][:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", got[0][16:24])  # the IHDR chunk: 2 x 1 inches
+    assert (width, height) == (100, 50)

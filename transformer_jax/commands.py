@@ -38,20 +38,23 @@ def write_whole(texts: dict[str, str]) -> None:
     a pipe) is written straight to. An OutputError names the path it could not write."""
     with contextlib.ExitStack() as stack:
         for path, text in texts.items():
-            f = stack.enter_context(_whole(path))
+            f = stack.enter_context(output_file(path))
             f.write(text)
             f.flush()
 
 
 @contextlib.contextmanager
-def _whole(path: str):
-    """An `atomic_write` file for `path` (a link keeps its target), or `path` itself where it
-    is not a regular file; an OSError becomes an OutputError naming `path`."""
+def output_file(path: str, mode: str = "w"):
+    """A file a user named for a result, open for writing (`mode` "w", UTF-8, or "wb"): an
+    `atomic_write` file for `path` (a link keeps its target), or `path` itself where it is
+    not a regular file (/dev/stdout, a pipe), which renaming a file over would replace. An
+    OSError becomes an OutputError naming `path`."""
+    encoding = {"encoding": "utf-8"} if mode == "w" else {}
     try:
         if os.path.exists(path) and not os.path.isfile(path):
-            opened = open(path, "w", encoding="utf-8")
+            opened = open(path, mode, **encoding)
         else:
-            opened = atomic_write(os.path.realpath(path), "w", encoding="utf-8")
+            opened = atomic_write(os.path.realpath(path), mode, **encoding)
         with opened as f:
             yield f
     except OutputError:

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from transformer_jax.atomic_file import atomic_write
-from transformer_jax.commands import interrupt_in_one_line
+from transformer_jax.commands import interrupt_in_one_line, output_file
 from transformer_jax.output_paths import OutputPathError, writable_file
 
 METRICS = "metrics.jsonl"
@@ -322,8 +321,9 @@ def _title(figure, runs: Sequence[Run]) -> None:
 
 def save_png(figure, path: str, dpi: float | None = None) -> None:
     """Writes the figure as a PNG (at `dpi`; None: the figure's), whole or not at all
-    (`atomic_write`): a reader never sees half a file."""
-    with atomic_write(path, "wb") as f:
+    (`commands.output_file`: a reader never sees half a file; /dev/stdout or a pipe is
+    written straight to)."""
+    with output_file(path, "wb") as f:
         figure.savefig(f, format="png", dpi=dpi)
 
 
