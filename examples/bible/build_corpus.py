@@ -25,6 +25,7 @@ Three stages, each a few pure functions (they import without pysword, for the te
 import argparse
 import collections
 import functools
+import glob
 import html
 import json
 import math
@@ -248,17 +249,13 @@ def split_chapters(chapter_sizes: dict, *, seed: int, sizes: dict = SPLIT_SIZES)
 
 def read_modules(sword_path: str) -> tuple[dict, dict]:
     """{lang: [(ref, OSIS markup)]} over the KJV versification, and {lang: module info}."""
-    try:
-        from pysword.canons import canons
-        from pysword.modules import SwordModules
-    except ImportError:
-        sys.exit("error: pysword is not installed; install it with: pip install pysword")
+    if missing := _missing(sword_path):
+        sys.exit(f"error: {'; '.join(missing)}")
+    from pysword.canons import canons
+    from pysword.modules import SwordModules
+
     modules = SwordModules(sword_path)
-    found = modules.parse_modules() if os.path.isdir(os.path.join(sword_path, "mods.d")) else {}
-    for name, package in MODULES.values():
-        if name not in found:
-            sys.exit(f"error: SWORD module {name} not found in {sword_path}; install it with: "
-                     f"apt-get install {package} (or give --sword_path)")
+    found = modules.parse_modules()
     books = [(name, osis, lengths) for testament in ("ot", "nt")
              for name, osis, _, lengths in canons["kjv"][testament]]
     verses, info = {}, {}
@@ -282,6 +279,26 @@ def read_modules(sword_path: str) -> tuple[dict, dict]:
                       "debian_package": package, "debian_version": _debian_version(package)}
         print(f"read {len(verses[lang]):,} verses of {name} {conf.get('version')}", flush=True)
     return verses, info
+
+
+def _missing(sword_path: str) -> list[str]:
+    """What to install before reading, all of it at once: pysword, and the modules that
+    no `mods.d/*.conf` of `sword_path` names (in a line "[ModuleName]", after comments)."""
+    missing = []
+    try:
+        import pysword  # noqa: F401
+    except ImportError:
+        missing.append("pysword is not installed; install it with: pip install pysword")
+    named = set()
+    for conf in glob.glob(os.path.join(sword_path, "mods.d", "*.conf")):
+        with open(conf, encoding="utf-8", errors="replace") as f:
+            named.update(re.findall(r"^\[([^\]]+)\]\s*$", f.read(), flags=re.MULTILINE))
+    if absent := [(name, package) for name, package in MODULES.values() if name not in named]:
+        missing.append(f"SWORD module{'s' * (len(absent) > 1)} "
+                       f"{' and '.join(name for name, _ in absent)} not found in {sword_path}; "
+                       f"install {'them' if len(absent) > 1 else 'it'} with: apt-get install "
+                       f"{' '.join(package for _, package in absent)} (or give --sword_path)")
+    return missing
 
 
 def _verse(bible, book: str, chapter: int, verse: int) -> str:

@@ -5,7 +5,7 @@ forward+backward, at a fixed number of tokens per call (B·T), so short and long
 sequences do comparable work per call. On accelerators: bfloat16 only (float32
 has no fused kernel), and each timed run queues 10 calls back to back. The
 "auto" rows carry `vs_fastest`: the fastest other implementation's time over
-auto's at that shape (1.0 when auto picked it).
+auto's at that shape (where auto runs the fastest, 1.0 but for the timing's noise).
 
 Then the masks of training, at the base and big models' heads on their rows
 (`model` names the model): `mask` "none", "packed" (self-attention on packed

@@ -30,6 +30,7 @@ Records are stored in TFDS's key-hash order, not in numeric order.
 import collections
 import concurrent.futures
 import multiprocessing
+import sys
 from collections.abc import Mapping
 
 import numpy as np
@@ -165,6 +166,19 @@ class Numbers(tfds.core.GeneratorBasedBuilder):
             homepage="https://github.com/savoirfairelinux/num2words",
             citation=None,
         )
+
+    # TFDS prints "Downloading and preparing dataset ..." and "... downloaded and prepared"
+    # to stdout, in the middle of a command's output (a benchmark's markdown table), for a
+    # dataset that downloads nothing: one line on stderr instead, as TFDS's progress bars.
+    def _log_download_bytes(self) -> None:
+        sizes = CONFIG_SIZES[self.builder_config.name]
+        print(f"building the numbers dataset ({self.builder_config.name}: "
+              f"{', '.join(f'{split} {sizes[split]:,}' for split in SPLITS)} pairs, "
+              f"spelled here, nothing downloaded) in {self.data_dir}", file=sys.stderr,
+              flush=True)
+
+    def _log_download_done(self) -> None:
+        pass  # the progress bars and the line above said it
 
     def _split_generators(self, dl_manager):
         del dl_manager  # nothing to download
