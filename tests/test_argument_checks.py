@@ -9,7 +9,7 @@ import pytest
 from transformer_jax.losses import label_smoothed_cross_entropy
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.positional import sinusoidal_encoding
-from transformer_jax.argument_checks import finite_number, fraction, positive_int
+from transformer_jax.argument_checks import finite_number, fraction, positive_int, shown
 
 
 @pytest.mark.parametrize("value", [np.int64(3), np.uint8(3), 3])
@@ -24,6 +24,24 @@ def test_everything_else_is_refused_by_name(value):
     with pytest.raises(ValueError) as error:
         positive_int("beam_size", value)
     assert str(error.value) == f"beam_size must be a positive integer, got {value!r}"
+
+
+def test_a_big_value_is_named_by_what_it_is_not_its_repr():
+    """A message shows a number, a word, a short list or a small array as its repr; a
+    parameter tree, a config or a big array as its type (an array's shape and dtype too):
+    their reprs made one-line errors of 1,500 lines."""
+    assert shown(2.5) == "2.5" and shown("base") == "'base'" and shown([1, 2]) == "[1, 2]"
+    assert shown(jnp.arange(3)) == "Array([0, 1, 2], dtype=int32)"
+    assert shown(np.zeros((64, 512), np.float32)) == (
+        "a ndarray of shape (64, 512) and dtype float32")
+    assert shown(jnp.zeros((9,), jnp.bfloat16)) == (
+        "an ArrayImpl of shape (9,) and dtype bfloat16")
+    assert shown({"params": {"w": np.zeros(3)}}) == "a dict"
+    assert shown("x" * 200) == "a str" and shown(list(range(20))) == "a list"
+    with pytest.raises(ValueError) as error:
+        positive_int("num_heads", np.ones((8, 8)))
+    assert str(error.value) == ("num_heads must be a positive integer, got a ndarray of shape "
+                                "(8, 8) and dtype float64")
 
 
 def test_callers_name_their_argument():

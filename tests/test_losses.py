@@ -277,6 +277,14 @@ def test_targets_outside_the_vocabulary_or_not_integers_raise():
             fn(logits_BTV, targets_BT.astype(jnp.float32))
         with pytest.raises(TypeError, match="^targets must be integer ids, got float32\n"):
             jax.jit(fn)(logits_BTV, targets_BT.astype(jnp.float32))
+        # optax's one-hot targets, and the arguments swapped: said, not a shape mismatch.
+        with pytest.raises(TypeError, match=r"^targets must be integer ids, got float32 "
+                                            r"\(one-hot targets\? pass their argmax\)$"):
+            fn(logits_BTV, jax.nn.one_hot(targets_BT, V))
+        with pytest.raises(TypeError, match=r"^targets must be integer ids, got float32 "
+                                            r"\(logits and targets swapped\? logits \(B, T, "
+                                            r"V\) first\)$"):
+            fn(targets_BT, logits_BTV)
         weight = jax.jit(fn)(logits_BTV, targets_BT.at[0, 0].set(V))[1]  # not known: no check
         assert float(weight) == np.sum(np.asarray(targets_BT) != 0)
 

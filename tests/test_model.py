@@ -6,6 +6,7 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import ml_collections
 import pytest
 
 from transformer_jax.model import DecodingCache, Transformer, count_parameters, shift_right
@@ -300,6 +301,17 @@ def test_parameter_count_of_a_preset_name_says_what_to_pass():
         count_parameters("base")
     assert str(error.value) == ("count_parameters takes a ModelConfig, e.g. "
                                 "get_model_config('base'), got 'base'")
+    # A Flax user's first try: the variables. Their repr, every weight, made the message
+    # 1,500 lines; a run config's model group printed as YAML.
+    cfg = get_model_config("tiny", vocab_size=100)
+    variables = Transformer(cfg).init(jax.random.key(0), jnp.ones((1, 4), int),
+                                      jnp.ones((1, 4), int))
+    for given, what in ((variables, "a dict"), (variables["params"], "a dict"),
+                        (ml_collections.ConfigDict({"d_model": 8}), "a ConfigDict")):
+        with pytest.raises(TypeError) as error:
+            count_parameters(given)
+        assert str(error.value) == ("count_parameters takes a ModelConfig, e.g. "
+                                    f"get_model_config('base'), got {what}")
 
 
 def test_parameter_count_deltas_of_variants():

@@ -30,13 +30,13 @@ def positive_int(name: str, value) -> int:
             number = operator.index(value)  # not 2.0: a float is no size
         except _jax_errors("TracerIntegerConversionError"):
             raise ValueError(f"{name} must be a Python integer (under jax.jit, a static "
-                             f"argument), got {value!r}") from None
+                             f"argument), got {shown(value)}") from None
         except TypeError:
             pass
         else:
             if number >= 1:
                 return number
-    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    raise ValueError(f"{name} must be a positive integer, got {shown(value)}")
 
 
 def fraction(name: str, value) -> float:
@@ -63,13 +63,13 @@ def _number(name: str, value, accepts, kind: str, condition: str) -> float:
         except _jax_errors("ConcretizationTypeError"):
             python = kind.replace("number", "Python number")  # "a finite Python number"
             raise ValueError(f"{name} must be a {python} {condition} (under jax.jit, a "
-                             f"static argument), got {value!r}") from None
+                             f"static argument), got {shown(value)}") from None
         except TypeError:  # a PRNG key, ...
             pass
         else:
             if accepts(number):  # NaN compares false
                 return number
-    raise ValueError(f"{name} must be a {kind} {condition}, got {value!r}")
+    raise ValueError(f"{name} must be a {kind} {condition}, got {shown(value)}")
 
 
 def checked_rate(name: str, rate, bits: int) -> float:
@@ -84,6 +84,38 @@ def checked_rate(name: str, rate, bits: int) -> float:
         raise ValueError(f"{name} {rate!r} rounds to 1 in {bits} random bits (the largest "
                          f"rate they draw is {1 - 2.0 ** -bits})")
     return rate
+
+
+def shown(value) -> str:
+    """`value` as a one-line message shows it: its repr where that is short (a number, a
+    word, a small array or list), else what it is ("a dict", "a ConfigDict", "an ArrayImpl
+    of shape (512, 64) and dtype float32"): a parameter tree or a config repr'd into a
+    message filled the screen, and a big array's repr copies it from the device."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    scalar = (type(None), bool, numbers.Number, str, bytes, np.generic)
+    items = (list(value.items()) if type(value) is dict else value
+             if type(value) in (list, tuple) else None)
+    small = isinstance(value, scalar) or (items is not None and len(items) <= 8 and all(
+        isinstance(part, scalar) for item in items
+        for part in (item if type(value) is dict else (item,))))
+    if shape is not None and dtype is not None:
+        small = _size(shape) <= 8
+    if small:
+        text = repr(value)
+        if len(text) <= 100 and "\n" not in text:
+            return text
+    what = type(value).__name__
+    article = "an" if what[:1].lower() in "aeiou" else "a"
+    if shape is not None and dtype is not None:
+        return f"{article} {what} of shape {tuple(shape)} and dtype {dtype}"
+    return f"{article} {what}"
+
+
+def _size(shape) -> int:
+    size = 1
+    for n in shape:
+        size *= n
+    return size
 
 
 def _jax_errors(name: str) -> tuple[type, ...]:

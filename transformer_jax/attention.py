@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.argument_checks import fraction, value_kind
+from transformer_jax.argument_checks import fraction, shown, value_kind
 from transformer_jax.dropout import dropout
 from transformer_jax.masks import causal_mask, combine_masks
 
@@ -88,10 +88,10 @@ def _options(scale, is_causal) -> tuple:
     """`scale` (None, or a number: an array of one, traced or not, too) and `is_causal` (a
     bool) as given, or a TypeError: text was read as its number and "no" as True."""
     if scale is not None and (value_kind(scale) not in "iuf" or np.ndim(scale) != 0):
-        raise TypeError(f"scale must be a number or None, got {scale!r}")
+        raise TypeError(f"scale must be a number or None, got {shown(scale)}")
     if (value_kind(is_causal) != "b" or np.ndim(is_causal) != 0
             or isinstance(is_causal, jax.core.Tracer)):
-        raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
+        raise TypeError(f"is_causal must be True or False, got {shown(is_causal)}")
     return scale, bool(is_causal)
 
 

@@ -213,6 +213,12 @@ def _checked(logits_BTV, targets_BT, weights_BT):
     """Arrays with agreeing shapes, integer targets in [0, V) (`check_ids`); weights
     float32, `targets_BT != 0` by default."""
     logits_BTV, targets_BT = jnp.asarray(logits_BTV), jnp.asarray(targets_BT)
+    if not jnp.issubdtype(targets_BT.dtype, jnp.integer):  # before the shapes: say why
+        hint = (" (logits and targets swapped? logits (B, T, V) first)"
+                if jnp.issubdtype(logits_BTV.dtype, jnp.integer) else
+                " (one-hot targets? pass their argmax)"
+                if targets_BT.shape == logits_BTV.shape else "")
+        raise TypeError(f"targets must be integer ids, got {targets_BT.dtype}{hint}")
     if logits_BTV.shape[:-1] != targets_BT.shape:  # first: without V, the ids' check misleads
         raise ValueError(
             f"logits shape {logits_BTV.shape} must be targets shape {targets_BT.shape} + (V,)"

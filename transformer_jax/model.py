@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.argument_checks import shown
 from transformer_jax.decoding import PerExample
 from transformer_jax.layer_norm import LayerNorm
 from transformer_jax.layers import CachedKeyValue, DecoderLayer, Dropout, EncoderLayer
@@ -314,7 +315,7 @@ class Transformer(nn.Module):
     def setup(self):
         if not isinstance(self.config, ModelConfig):
             raise TypeError(f"Transformer takes a ModelConfig, e.g. Transformer(get_model_"
-                            f"config('tiny', vocab_size=100)), got {self.config!r}")
+                            f"config('tiny', vocab_size=100)), got {shown(self.config)}")
         self.embedder = Embedder(self.config)
         self.encoder = Encoder(self.config, self.embedder)
         self.decoder = Decoder(self.config, self.embedder)
@@ -394,7 +395,7 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
     """Parameter counts per top-level part and in total, without allocating them."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"count_parameters takes a ModelConfig, e.g. "
-                        f"get_model_config('base'), got {config!r}")
+                        f"get_model_config('base'), got {shown(config)}")
     counts = {name: sum(x.size for x in jax.tree.leaves(tree))
               for name, tree in abstract_params(Transformer(config)).items()}
     counts["total"] = sum(counts.values())

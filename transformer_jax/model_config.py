@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from transformer_jax.argument_checks import (DEFAULT_BITS, DROPOUT_BITS, checked_rate,
-                                             finite_number, positive_int)
+                                             finite_number, positive_int, shown)
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -122,7 +122,7 @@ def _dtype_name(value):
 
 def _require(ok: bool, field: str, rule: str, value) -> None:
     if not ok:
-        raise ValueError(f"ModelConfig.{field} {rule}, got {value!r}")
+        raise ValueError(f"ModelConfig.{field} {rule}, got {shown(value)}")
 
 
 def _require_choice(value, field: str, choices) -> None:
