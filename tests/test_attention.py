@@ -14,6 +14,7 @@ from transformer_jax.attention import (
     attention_implementations,
     attention_weights,
     available_implementations,
+    choose_implementation,
     dot_product_attention,
     register_attention,
     resolve_implementation,
@@ -870,3 +871,21 @@ def test_attention_weights_take_is_causal_and_implementation_none_is_auto():
                                                      implementation=None)),
                     np_attention(q_BTNH, k_BTNH, v_BTNH, lower_SS[None, None]), rtol=1e-5,
                     atol=1e-5)
+
+
+def test_none_is_auto_in_the_registry_functions_and_with_return_weights():
+    """api.md: `implementation=None` is "auto", as jax.nn's None; resolve_implementation and
+    choose_implementation refused it as an unknown name, and return_weights with it too.
+    The weights returned with attention dropout are softmax's, before the dropout."""
+    assert resolve_implementation(None, jnp.float32) == resolve_implementation("auto",
+                                                                               jnp.float32)
+    assert choose_implementation(None, jnp.float32, 0.1) == (
+        "reference", "attention dropout: only 'reference' implements it")
+    q_BTNH = jnp.asarray(np.random.default_rng(3).standard_normal((B, S, N, H)), jnp.float32)
+    out_BTNH, weights_BNTS = dot_product_attention(
+        q_BTNH, q_BTNH, q_BTNH, implementation=None, dropout_rate=0.5,
+        dropout_rng=jax.random.key(0), return_weights=True)
+    assert_allclose(np.asarray(weights_BNTS),
+                    np.asarray(attention_weights(q_BTNH, q_BTNH)), rtol=1e-6, atol=1e-7)
+    assert not np.allclose(np.asarray(out_BTNH), np.einsum(
+        "bnts,bsnh->btnh", np.asarray(weights_BNTS), np.asarray(q_BTNH)), atol=1e-3)

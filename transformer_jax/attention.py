@@ -249,7 +249,7 @@ def _compute_capability() -> tuple[int, ...]:
     return tuple(int(x) for x in str(version).split("."))
 
 
-def choose_implementation(name: str, dtype=jnp.float32, dropout_rate: float = 0.0, *,
+def choose_implementation(name: str | None, dtype=jnp.float32, dropout_rate: float = 0.0, *,
                           head_dim=None, query_len=None, key_len=None,
                           masked=False) -> tuple[str, str]:
     """(the registered implementation `name` stands for, why), "auto" resolved.
@@ -257,8 +257,10 @@ def choose_implementation(name: str, dtype=jnp.float32, dropout_rate: float = 0.
     "auto" takes cuDNN's fused kernel wherever it can run (on an H100 it was 1.7x
     faster than XLA's on the base model's packed rows, BENCHMARKS.md); otherwise
     XLA's, or "reference" when there is attention dropout, which only it implements,
-    or where XLA's cannot run (float16 on a CPU: `xla_unsupported`).
+    or where XLA's cannot run (float16 on a CPU: `xla_unsupported`). None is "auto", as
+    jax.nn's None.
     """
+    name = "auto" if name is None else name
     if name != "auto":
         if name not in _IMPLEMENTATIONS:
             raise ValueError(
@@ -277,7 +279,7 @@ def choose_implementation(name: str, dtype=jnp.float32, dropout_rate: float = 0.
     return "cudnn", "cuDNN's fused kernel"
 
 
-def resolve_implementation(name: str, dtype=jnp.float32, dropout_rate: float = 0.0,
+def resolve_implementation(name: str | None, dtype=jnp.float32, dropout_rate: float = 0.0,
                            **shape) -> str:
     """The registered implementation that `name` stands for ("auto" resolved); `shape`
     takes `choose_implementation`'s head_dim, query_len, key_len and masked."""
@@ -333,7 +335,9 @@ def dot_product_attention(
       dropout_rate: dropout on the attention weights (not in the paper).
       dropout_rng: PRNG key, needed when dropout_rate > 0.
       return_weights: also return the weights `(B, N, T, S)` (for notebooks);
-        only the "reference" implementation can.
+        only the "reference" implementation can. They are softmax's, before attention
+        dropout: the map the model attends with, where the output averages over what
+        dropout keeps of it (rescaled by 1 / (1 - dropout_rate)).
 
     Returns:
       `(B, T, N, H)` in value's dtype, or `(output, weights)`.
@@ -344,7 +348,6 @@ def dot_product_attention(
     scale, is_causal = _options(scale, is_causal)
     if is_causal:
         _check_causal(t, s)
-    implementation = "auto" if implementation is None else implementation  # jax.nn's None
     dropout_rate = fraction("dropout_rate", dropout_rate)
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
@@ -352,7 +355,7 @@ def dot_product_attention(
                                   head_dim=h, query_len=t, key_len=s,
                                   masked=mask_B1TS is not None or is_causal)
     if return_weights:
-        if implementation not in ("reference", "auto"):
+        if implementation not in (None, "reference", "auto"):
             raise ValueError(f"only 'reference' returns weights, not {implementation!r}")
         out_BTNH, weights_BNTS = _reference_with_weights(
             query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1TS, scale, is_causal,
