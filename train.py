@@ -56,7 +56,7 @@ def main(argv) -> None:
 def _train(config) -> None:
     """Joins the run's processes and trains, each failure one line: the imports of training."""
     from transformer_jax import profiling, trainer
-    from transformer_jax.checkpoint import CheckpointWriteError
+    from transformer_jax.checkpoint import CheckpointWriteError, NoCheckpointReadsError
     from transformer_jax.compilation_cache import use_compilation_cache
     from transformer_jax.data import DataError
     from transformer_jax.metrics_window import NonFiniteLossError
@@ -80,7 +80,8 @@ def _train(config) -> None:
     try:
         trainer.train(config, _WORKDIR.value, launched=launched)
     except (ConfigError, OutputPathError, DataError, NonFiniteLossError,
-            CheckpointWriteError, MetricsError, MetricsWriteError) as error:
+            CheckpointWriteError, NoCheckpointReadsError, MetricsError,
+            MetricsWriteError) as error:
         sys.exit(f"error: {error}")
     except StoppedAtOnce as error:
         # XLA looks for signals while it compiles, so the stop may have been raised inside a

@@ -34,6 +34,26 @@ def test_a_signal_before_training_or_a_second_one_stops_at_once(capsys):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_signal_once_the_loop_ended_waits_for_the_last_save(capsys):
+    """After the last step, while the final checkpoint is written and the run closes, a
+    first signal lets it finish (it said "before the first step" and exited 1 with every
+    step run and the checkpoint whole); a second stops at once."""
+    stop = StopSignal()
+    try:
+        stop.training = True
+        stop.closing = True  # as trainer.run's finally sets it
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert stop.requested and stop.stopped is None
+        assert ("SIGTERM: the run is ending, once its last checkpoint is written (send it "
+                "again to stop at once)") in capsys.readouterr().err
+        with pytest.raises(StoppedAtOnce, match="SIGINT a second time: stopped at once"):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    finally:
+        stop.restore()
+
+
 def test_a_stop_raised_inside_a_gc_callback_is_not_lost(capsys):
     """Python drops an error raised in a garbage-collector callback (jax has one) and prints
     "Exception ignored": a stop signal handled there is sent again, and raised in the

@@ -769,6 +769,35 @@ def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(work
     assert aside.name.startswith("4-")
 
 
+def test_every_checkpoint_damaged_stops_training_instead_of_starting_afresh(workdir_copy):
+    """Every step's arrays deleted: each step is moved aside with a warning (the earliest's
+    saying no earlier one is left), then one error says nothing is left to resume from and
+    what a rerun would do. Before, the run started afresh from step 1 without a word, and
+    replaced metrics.jsonl's records."""
+    from transformer_jax.checkpoint import NoCheckpointReadsError
+
+    copy = workdir_copy
+    steps = sorted(int(p.name) for p in (copy / "checkpoints").iterdir() if p.name.isdigit())
+    for step in steps:
+        for data_file in array_files(copy / "checkpoints" / str(step)):
+            data_file.unlink()
+    records = (copy / "metrics.jsonl").read_text()
+    with pytest.warns(UserWarning) as warned, pytest.raises(NoCheckpointReadsError) as error:
+        train(shared_run(num_train_steps=6), str(copy))
+    said = [str(w.message) for w in warned if "cannot be read" in str(w.message)]
+    assert [line.split(":")[0] for line in said] == [
+        f"checkpoint {step} cannot be read, using an earlier one" for step in steps[:0:-1]] + [
+        f"checkpoint {steps[0]} cannot be read, and it is the earliest"]
+    directory = copy / "checkpoints"
+    assert str(error.value) == (
+        f"no checkpoint of {directory} can be read (steps {', '.join(map(str, steps))}, moved "
+        f"to {directory}-damaged/; the warnings above say why): nothing to resume from. "
+        f"Restore one from a copy, or run again to train afresh from step 1, which replaces "
+        f"{copy / 'metrics.jsonl'}'s records")
+    assert (copy / "metrics.jsonl").read_text() == records
+    assert len(list((copy / "checkpoints-damaged").iterdir())) == len(steps)
+
+
 def test_translate_output_on_a_full_disk_is_one_line_and_no_file(workdir_copy, tmp_path):
     """Writes past 100 bytes fail (the translations of 200 lines are longer: a line each,
     even empty): one line naming the file and the OS error, exit 1, and neither the file nor

@@ -91,6 +91,11 @@ class CheckpointWriteError(Exception):
     """A checkpoint could not be written (a full disk, a folder that became unwritable)."""
 
 
+class NoCheckpointReadsError(Exception):
+    """A run's checkpoints, every one of them damaged (and moved aside): it has none to
+    resume from, and starting afresh is for the user to choose."""
+
+
 def _is_orbax_noise(error: BaseException | None, where: object = None) -> bool:
     """The errors orbax leaves behind once it has raised the one that matters: reads or
     writes still in flight that find their event loop closed, and the abandoned
@@ -308,7 +313,8 @@ class Checkpointer:
         DIR-damaged/ (not deleted) so that the run goes on from the step before it.
         A CheckpointMismatchError is raised as it is: nothing is moved, no earlier step tried.
         """
-        for step in reversed(self.all_steps()):
+        steps = self.all_steps()
+        for step in reversed(steps):
             try:
                 return step, self.read(step, read)
             except DamagedCheckpointError as error:
@@ -319,8 +325,8 @@ class Checkpointer:
                     shutil.move(f"{self.directory}/{step}", aside)
                     self._manager.reload()
                     where = where.replace(f"/{step}: ", f"/{step} (moved to {aside}): ", 1)
-                warnings.warn(f"checkpoint {step} cannot be read, using an earlier one: {where}",
-                              stacklevel=2)
+                then = "using an earlier one" if step != steps[0] else "and it is the earliest"
+                warnings.warn(f"checkpoint {step} cannot be read, {then}: {where}", stacklevel=2)
         return None
 
     def restore(self, step: int, abstract_state, data_iterator=None) -> tuple:

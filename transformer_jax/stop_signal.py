@@ -5,6 +5,7 @@
         stop.training = True        # the first signal from here on asks for a save
         if stop.requested: save and return
         stop.check()                # at every step: raises a stop Python dropped
+        stop.closing = True         # the loop ended: the first signal waits for the last save
 
 Kept apart from the loop (trainer.py), which only reads `requested`, `agreed()` and
 `check()`; train.py turns `StoppedAtOnce` into one line and exit status 1.
@@ -38,7 +39,7 @@ class StopSignal:
     nothing saved, and a restart resumes from the last checkpoint."""
 
     def __init__(self):
-        self.requested = self.training = False
+        self.requested = self.training = self.closing = False
         self.stopped: StoppedAtOnce | None = None
         self._previous = {s: signal.signal(s, self._handle)
                           for s in (signal.SIGTERM, signal.SIGINT)}
@@ -47,6 +48,11 @@ class StopSignal:
     def _handle(self, signum, frame):
         del frame
         name = signal.Signals(signum).name
+        if self.closing and not self.requested:  # training ended: its last save is written
+            self.requested = True
+            tqdm.tqdm.write(f"{name}: the run is ending, once its last checkpoint is written "
+                            f"(send it again to stop at once)", file=sys.stderr)
+            return
         if self.training and not self.requested:
             self.requested = True
             # Above the progress bar, not on its line (tqdm's lock is re-entrant: the handler

@@ -48,7 +48,8 @@ from typing import Any
 import jax
 
 from transformer_jax.bleu import score
-from transformer_jax.checkpoint import Checkpointer, DataPositionError, StateMismatchError
+from transformer_jax.checkpoint import (Checkpointer, DataPositionError, NoCheckpointReadsError,
+                                        StateMismatchError)
 from transformer_jax.config_checks import ConfigError, checked_copy
 from transformer_jax.data import eval_batches, load_split, prepare
 from transformer_jax.data.prepared import made_workdir
@@ -228,7 +229,7 @@ class _Loop:
         one is moved aside); returns its metadata (None: no checkpoint). A state of another
         tree is a ConfigError. A data position the iterator cannot take restores the state
         alone: see `_new_shuffle`."""
-        restore = self.checkpointer.restore
+        restore, steps = self.checkpointer.restore, self.checkpointer.all_steps()
         try:
             try:
                 found = self.checkpointer.newest(lambda s: restore(s, self.state, self.data))
@@ -239,6 +240,13 @@ class _Loop:
         except StateMismatchError as error:
             raise ConfigError(f"{error}; resume with the config it was written with, or "
                               f"train in a new --workdir") from None
+        if found is None and steps:  # it started afresh, replacing metrics.jsonl's records
+            directory = self.checkpointer.directory
+            raise NoCheckpointReadsError(
+                f"no checkpoint of {directory} can be read (steps {', '.join(map(str, steps))}, "
+                f"moved to {directory}-damaged/; the warnings above say why): nothing to resume "
+                f"from. Restore one from a copy, or run again to train afresh from step 1, "
+                f"which replaces {os.path.join(self.workdir, 'metrics.jsonl')}'s records")
         if found is None:
             return None
         self.state, metadata = found[1]
@@ -310,11 +318,13 @@ class _Loop:
                 first_line=lambda step: first_step_line(step, starts, opened, built,
                                                         self.drawing_s))
         finally:
-            stop.training = False
-            trace.close()
-            self.checkpointer.wait()
-            getattr(self.data, "close", lambda: None)()  # grain's worker processes, if any
-            log.close()
+            stop.closing = True  # a first signal from here waits for the last save
+            try:
+                trace.close()
+                self.checkpointer.wait()
+                getattr(self.data, "close", lambda: None)()  # grain's worker processes
+            finally:
+                log.close()  # the progress bar's line ended: an error starts its own
         if step == self.config.num_train_steps > first and jax.process_index() == 0:
             print(finished_line(self.workdir, step, self.checkpointer.directory), flush=True)
         return TrainResult(step, records, stopped)
@@ -434,7 +444,7 @@ class _Loop:
 
     def _evaluate(self, placed) -> dict[str, float]:
         """Loss (no label smoothing), accuracy and perplexity on the validation split."""
-        d, totals = self.config.data, []
+        d, sums, queued = self.config.data, [], collections.deque()
         batches = eval_batches(self.validation, batch_size=self.rows,
                                max_source_length=d.max_source_length,
                                max_target_length=d.max_target_length,
@@ -443,8 +453,13 @@ class _Loop:
             if i == self.config.num_eval_batches:
                 break
             inputs = {"inputs": batch["inputs"], "targets": batch["targets"]}
-            totals.append(self.p_eval(placed.params, self.parallel.put_batch(inputs)))
-        sums = [self.parallel.to_host(t) for t in totals]
+            queued.append(self.p_eval(placed.params, self.parallel.put_batch(inputs)))
+            # As the training loop: at most STEPS_AHEAD queued. On CPU devices, 125 pmapped
+            # batches queued at once left a cross-device sum waiting for a device's thread
+            # until XLA's rendezvous timeout aborted the process.
+            if len(queued) > STEPS_AHEAD:
+                sums.append(self.parallel.to_host(queued.popleft()))
+        sums += [self.parallel.to_host(t) for t in queued]
         tokens = max(sum(s["weight_sum"] for s in sums), 1.0)
         loss = sum(s["loss_sum"] for s in sums) / tokens
         return {"eval_loss": loss, "eval_accuracy": sum(s["correct_sum"] for s in sums) / tokens,
