@@ -7,6 +7,19 @@ and --process_id, or with --cluster where the cluster started them (SLURM, Open 
 Cloud TPU) and JAX reads them from its environment.
 """
 
+import signal
+
+from transformer_jax.stop_signal import stop_while_starting
+
+# SIGTERM and Ctrl-C from here until the trainer's handlers take over: one line and exit
+# status 1 (stop_signal.stop_while_starting), not a traceback from inside an import. Not in
+# grain's worker processes, which import this file as __mp_main__: they end with the run.
+if __name__ == "__main__":
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where ignored
+        signal.signal(signal.SIGINT, stop_while_starting)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, stop_while_starting)
+
 import functools
 import os
 import sys

@@ -12,14 +12,31 @@ Kept apart from the loop (trainer.py), which only reads `requested`, `agreed()` 
 """
 
 import _thread
+import os
 import signal
 import sys
 import threading
 
-import jax
-import numpy as np
 import tqdm
-from jax.experimental import multihost_utils
+
+
+def stopped_at_once(signum: int, *, again: bool = False) -> str:
+    """What a stop at once says: before the first step, or a second signal (`again`)."""
+    when = "a second time" if again else "before the first step"
+    return (f"{signal.Signals(signum).name} {when}: stopped at once; nothing saved since the "
+            f"last checkpoint: a restart resumes from it (or starts afresh if none was written "
+            f"yet)")
+
+
+def stop_while_starting(signum, frame) -> None:
+    """A handler for SIGTERM and Ctrl-C while a run starts, before `StopSignal` takes over
+    (train.py sets it first): one line and exit status 1, wherever Python is. Python's
+    KeyboardInterrupt printed a traceback from inside an import, or was dropped inside
+    JAX's garbage-collector callback while the run trained on; SIGTERM ended it without a
+    word."""
+    del frame
+    os.write(2, f"error: {stopped_at_once(signum)}\n".encode())
+    os._exit(1)
 
 
 class StoppedAtOnce(BaseException):
@@ -60,10 +77,7 @@ class StopSignal:
             tqdm.tqdm.write(f"{name}: saving after the current step (send it again to stop "
                             f"at once)", file=sys.stderr)
             return
-        when = "a second time" if self.requested else "before the first step"
-        self.stopped = StoppedAtOnce(f"{name} {when}: stopped at once; nothing saved since the "
-                                     f"last checkpoint: a restart resumes from it (or starts "
-                                     f"afresh if none was written yet)", signum)
+        self.stopped = StoppedAtOnce(stopped_at_once(signum, again=self.requested), signum)
         raise self.stopped
 
     def _unraisable(self, unraisable):
@@ -84,6 +98,10 @@ class StopSignal:
 
     def agreed(self) -> bool:
         """True if any process was asked to stop (all must save together)."""
+        import jax  # here: train.py reads `stopped_at_once` before JAX loads
+        import numpy as np
+        from jax.experimental import multihost_utils
+
         if jax.process_count() == 1:
             return self.requested
         return bool(multihost_utils.process_allgather(np.array(self.requested)).any())
