@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from run_configs import biggest_array_file
 from transformer_jax.checkpoint import (
     Checkpointer,
+    CheckpointWriteError,
     DamagedCheckpointError,
     DataPositionError,
     StateMismatchError,
@@ -406,6 +407,31 @@ def test_a_failed_write_is_one_line_and_loses_nothing_saved(tmp_path, open_check
     assert checkpointer.all_steps() == [1]
     state, _ = checkpointer.restore(1, {f"w{i}": jnp.zeros(100_000) for i in range(8)})
     np.testing.assert_array_equal(np.asarray(state["w3"]), np.arange(100_000.0) + 3)
+
+
+def test_a_checkpoints_folder_made_read_only_is_one_error_at_once(tmp_path, open_checkpointer):
+    """The folder remounted read-only mid-run (ext4 after a disk error does so; here a
+    read-only bind mount): the next save is a CheckpointWriteError naming the step and
+    the OS error at once. orbax's thread failed to make the step's folder while the save
+    waited 300 s for it, then named no OS error. Needs mount(8) and the right to mount."""
+    checkpointer = open_checkpointer(directory=tmp_path / "ckpt")
+    save_small(checkpointer, 1)
+    checkpointer.wait()
+    folder = str(tmp_path / "ckpt")
+    mounted = subprocess.run(f"mount --bind {folder} {folder} && "
+                             f"mount -o remount,ro,bind {folder}", shell=True,
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        subprocess.run(["umount", folder], capture_output=True)
+        pytest.skip(f"cannot mount a read-only folder here: {mounted.stderr.strip()}")
+    try:
+        with pytest.raises(CheckpointWriteError) as error:
+            save_small(checkpointer, 2)
+        assert str(error.value).startswith(f"checkpoint 2 could not be written to {folder}: ")
+        assert "Read-only file system" in str(error.value)
+    finally:
+        subprocess.run(["umount", folder], check=True)
+    assert checkpointer.all_steps() == [1]
 
 
 def test_a_state_of_another_optimizer_is_a_mismatch_found_before_any_array_is_read(

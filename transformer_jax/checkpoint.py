@@ -47,6 +47,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -278,6 +279,12 @@ class Checkpointer:
         with self._writes():
             self.wait()  # an earlier async save's failure is reported under its own step
             self._writing = step
+            # A folder that became unwritable (a disk remounted read-only): orbax's thread
+            # fails to make the step's folder, and its caller waits 300 s for it, then names
+            # no OS error. A file made and removed first says it at once.
+            os.makedirs(self.directory, exist_ok=True)  # deleted meanwhile: as orbax would
+            with tempfile.TemporaryFile(dir=self.directory):
+                pass
             try:
                 # force: save steps below the latest too (orbax would skip them silently).
                 self._manager.save(step, args=args, force=True)
