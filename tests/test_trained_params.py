@@ -133,3 +133,37 @@ def test_a_step_may_be_an_int(trained_run):
     with pytest.raises(TypeError, match=r"^checkpoint must be latest, a step or average:N, "
                                         r"got 2\.0$"):
         load_trained_params(workdir, 2.0)
+
+
+def test_an_average_read_while_training_saves_and_removes_steps_chooses_them_again(
+        trained_run, tmp_path, monkeypatch):
+    """translate.py --checkpoint=average:2 beside a run that saves: its newest step is
+    saved and its oldest removed (checkpoints_to_keep) between the listing and the read.
+    The steps are chosen again; before, the removed step was called damaged and the
+    command stopped. A step that is there and fails to read is still named as damaged."""
+    import shutil
+
+    from transformer_jax import trained_params
+
+    workdir = tmp_path / "run"
+    shutil.copytree(trained_run.workdir, workdir)
+    checkpoints = workdir / "checkpoints"
+    read, calls = trained_params._read, []
+
+    def saved_meanwhile(checkpointer, step):
+        if not calls:  # as the run's save of step 6 and its removal of step 2
+            shutil.copytree(checkpoints / "4", checkpoints / "6")
+            shutil.rmtree(checkpoints / "2")
+        calls.append(step)
+        return read(checkpointer, step)
+
+    monkeypatch.setattr(trained_params, "_read", saved_meanwhile)
+    averaged = load_trained_params(str(workdir), "average:2")
+    assert averaged.steps == [4, 6] and calls == [2, 4, 6]
+    step_4 = load_trained_params(str(workdir), "4")
+    jax.tree.map(np.testing.assert_array_equal, averaged.params, step_4.params)  # 6 is 4
+    for data_file in (checkpoints / "6").glob("state/ocdbt.process_0/d/*"):
+        data_file.unlink()
+    with pytest.raises(CheckpointChoiceError, match=r"^checkpoint 6 cannot be read: .*"
+                                                    r"; --checkpoint=latest falls back"):
+        load_trained_params(str(workdir), "average:2")

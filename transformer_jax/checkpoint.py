@@ -294,7 +294,11 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def all_steps(self) -> list[int]:
+    def all_steps(self, *, reload: bool = False) -> list[int]:
+        """The steps saved, oldest first; with `reload`, read from the folder again (a run
+        saving beside this process may have added and removed some)."""
+        if reload:
+            self._manager.reload()
         return sorted(self._manager.all_steps())
 
     def read(self, step: int, read: Callable[[int], T]) -> T:

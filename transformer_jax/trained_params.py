@@ -146,11 +146,17 @@ def load_trained_params(workdir: str, which: str | int = "latest") -> TrainedPar
             if found is None:
                 raise CheckpointChoiceError(f"no checkpoint in {directory} can be read")
             return found[1]
-        try:
-            reads = [checkpointer.read(s, lambda s: _read(checkpointer, s)) for s in steps]
-        except DamagedCheckpointError as error:
-            raise CheckpointChoiceError(f"{error}; --checkpoint=latest falls back to the "
-                                        f"newest that restores") from None
+        for attempt in range(3):
+            try:
+                reads = [checkpointer.read(s, lambda s: _read(checkpointer, s)) for s in steps]
+                break
+            except DamagedCheckpointError as error:
+                # A run training beside this read saved a step and removed its oldest
+                # (checkpoints_to_keep): the steps are chosen again, not called damaged.
+                if os.path.isdir(os.path.join(directory, str(error.step))) or attempt == 2:
+                    raise CheckpointChoiceError(f"{error}; --checkpoint=latest falls back to "
+                                                f"the newest that restores") from None
+                steps = chosen_steps(checkpointer.all_steps(reload=True), which)
     return reads[-1]._replace(steps=steps, params=average_params([r.params for r in reads]))
 
 
