@@ -192,3 +192,22 @@ def test_prepare_again_is_a_no_op(small):
 def test_prepare_rejects_unknown_config(tmp_path):
     with pytest.raises(ValueError, match="full, small"):
         prepare_numbers(str(tmp_path), config="tiny")
+
+
+def test_two_first_builds_at_once_both_succeed(tmp_path):
+    """Two first runs at once on one TFDS folder: both read the dataset that one of them
+    built. TFDS builds into a folder of its own and renames it into place; the second
+    rename failed ("Destination ... already exists"), which train.py reported as a disk
+    or permission problem."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from transformer_jax.data.numbers import prepare_numbers; "
+            "b = prepare_numbers(sys.argv[1], config='small'); "
+            "print(len(b.as_data_source(split='train')))")
+    runs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    results = [(run.wait(timeout=300), *run.communicate()) for run in runs]
+    assert [(rc, out) for rc, out, _ in results] == [(0, f"{SMALL_SIZES['train']}\n")] * 2, [
+        err[-500:] for _, _, err in results]
+    assert sum("building the numbers dataset" in err for _, _, err in results) == 1

@@ -29,7 +29,9 @@ Records are stored in TFDS's key-hash order, not in numeric order.
 
 import collections
 import concurrent.futures
+import fcntl
 import multiprocessing
+import os
 import sys
 from collections.abc import Mapping
 
@@ -210,5 +212,14 @@ def prepare_numbers(data_dir: str | None = None, config: str = "full") -> tfds.c
         raise ValueError(f"unknown numbers config {config!r}; choose one of "
                          f"{', '.join(CONFIG_SIZES)}")
     builder = Numbers(data_dir=data_dir, config=config, file_format="array_record")
-    builder.download_and_prepare(file_format="array_record")
-    return builder
+    if builder.is_prepared():
+        return builder
+    # Two first runs at once (two workdirs, one TFDS folder): TFDS builds into a folder of
+    # its own and renames it into place, and the second rename failed ("Destination ...
+    # already exists"). One builds while the other waits, then reads what it built.
+    lock = f"{builder.data_dir}.lock"
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        builder.download_and_prepare(file_format="array_record")  # a no-op if built meanwhile
+    return Numbers(data_dir=data_dir, config=config, file_format="array_record")
