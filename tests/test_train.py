@@ -257,21 +257,24 @@ def test_a_model_field_newer_than_the_checkpoint_counts_as_its_default():
 def test_how_the_steps_compute_may_change_on_resume(trained_run, tmp_path, capsys):
     """dtype, dropout and the attention and layer norm implementations leave the parameters
     as they are: the run resumes with one line naming them, and one naming the optim
-    settings changed; with them a changed d_ff is still refused."""
+    settings and row lengths changed (a row length was not named); with them a changed d_ff
+    is still refused."""
     shutil.copytree(trained_run.workdir, tmp_path / "run")
     saved = trained_run.config.model
     changes = {"model.dtype": "bfloat16", "model.dropout_rate": saved.dropout_rate / 2,
                "model.attention_implementation": "reference",
                "model.layer_norm_implementation": "pallas"}
-    learning = {"optim.warmup_steps": 20, "optim.learning_rate_scale": 0.5}
+    longer = trained_run.config.data.max_target_length + 8  # what the rows hold
+    learning = {"optim.warmup_steps": 20, "optim.learning_rate_scale": 0.5,
+                "data.max_target_length": longer}
     config = shared_run(num_train_steps=trained_run.config.num_train_steps, **changes,
                         **learning)
     assert train(config, str(tmp_path / "run")).step == trained_run.config.num_train_steps
     line = capsys.readouterr().err
     saved_optim = trained_run.config.optim  # named too: they change what the steps learn
     assert (f"with optim.learning_rate_scale={saved_optim.learning_rate_scale!r}, now 0.5; "
-            f"optim.warmup_steps={saved_optim.warmup_steps!r}, now 20 (the steps from here "
-            f"learn with the new values)") in line
+            f"optim.warmup_steps={saved_optim.warmup_steps!r}, now 20; data.max_target_length="
+            f"{longer - 8}, now {longer} (the steps from here learn with the new values)") in line
     assert (f"model.attention_implementation: saved {saved.attention_implementation!r}, now "
             f"'reference'; model.dropout_rate: saved {saved.dropout_rate!r}, now "
             f"{saved.dropout_rate / 2!r}; model.dtype: saved 'float32', now 'bfloat16'; "

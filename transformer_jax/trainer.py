@@ -83,6 +83,7 @@ from transformer_jax.workdir_lock import workdir_lock
 STEPS_AHEAD = 2
 # Settings outside optim that change what a resumed run's steps learn from.
 _LEARNING_SETTINGS = ("seed", "per_device_batch_size", "accumulation_steps")
+_LEARNING_DATA = ("max_source_length", "max_target_length", "too_long")  # the rows' contents
 
 
 def _due(step: int, every: int, last_step: int) -> bool:
@@ -266,7 +267,9 @@ class _Loop:
         saved, now = metadata.get("config", {}), self.config.to_dict()
         learning = (changed_settings("optim", saved.get("optim", {}), now["optim"],
                                      now["optim"])
-                    + changed_settings("config", saved, now, _LEARNING_SETTINGS))
+                    + changed_settings("config", saved, now, _LEARNING_SETTINGS)
+                    + changed_settings("data", saved.get("data", {}), now["data"],
+                                       _LEARNING_DATA))
         if learning and jax.process_index() == 0:
             print(f"resuming {self.checkpointer.directory}/{step} with {'; '.join(learning)} "
                   f"(the steps from here learn with the new values)", file=sys.stderr)
