@@ -769,18 +769,23 @@ def test_a_damaged_latest_checkpoint_falls_back_in_translation_and_training(work
     assert aside.name.startswith("4-")
 
 
-def test_every_checkpoint_damaged_stops_training_instead_of_starting_afresh(workdir_copy):
-    """Every step's arrays deleted: each step is moved aside with a warning (the earliest's
-    saying no earlier one is left), then one error says nothing is left to resume from and
-    what a rerun would do. Before, the run started afresh from step 1 without a word, and
+@pytest.mark.parametrize("damage", ["arrays deleted", "folders emptied"])
+def test_every_checkpoint_damaged_stops_training_instead_of_starting_afresh(workdir_copy,
+                                                                            damage, capfd):
+    """Every step's arrays deleted (found as the state restores), or every step's folder
+    emptied (found as its metadata is read): each step is moved aside with a warning (the
+    earliest's saying no earlier one is left), then one error says nothing is left to
+    resume from and what a rerun would do, and orbax's own "Metadata file does not exist"
+    is not printed. Before, the run started afresh from step 1 without a word, and
     replaced metrics.jsonl's records."""
     from transformer_jax.checkpoint import NoCheckpointReadsError
 
     copy = workdir_copy
     steps = sorted(int(p.name) for p in (copy / "checkpoints").iterdir() if p.name.isdigit())
     for step in steps:
-        for data_file in array_files(copy / "checkpoints" / str(step)):
-            data_file.unlink()
+        folder = copy / "checkpoints" / str(step)
+        for path in (array_files(folder) if damage == "arrays deleted" else folder.iterdir()):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
     records = (copy / "metrics.jsonl").read_text()
     with pytest.warns(UserWarning) as warned, pytest.raises(NoCheckpointReadsError) as error:
         train(shared_run(num_train_steps=6), str(copy))
@@ -796,6 +801,7 @@ def test_every_checkpoint_damaged_stops_training_instead_of_starting_afresh(work
         f"{copy / 'metrics.jsonl'}'s records")
     assert (copy / "metrics.jsonl").read_text() == records
     assert len(list((copy / "checkpoints-damaged").iterdir())) == len(steps)
+    assert "Metadata file does not exist" not in capfd.readouterr().err
 
 
 def test_translate_output_on_a_full_disk_is_one_line_and_no_file(workdir_copy, tmp_path):

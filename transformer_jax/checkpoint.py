@@ -108,12 +108,15 @@ def _is_orbax_noise(error: BaseException | None, where: object = None) -> bool:
 
 class _OrbaxNoiseFilter(logging.Filter):
     """Drops orbax's own tracebacks of a failed background save (the error reaches the
-    caller as one CheckpointWriteError) and asyncio's "Task exception was never retrieved"
-    of the array reads a failed restore abandoned (one DamagedCheckpointError names them)."""
+    caller as one CheckpointWriteError), asyncio's "Task exception was never retrieved"
+    of the array reads a failed restore abandoned (one DamagedCheckpointError names them),
+    and orbax's "Metadata file does not exist" of an emptied step (the step's warning says
+    it cannot be read)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.exc_info:
-            return True
+            return not ("orbax" in record.pathname
+                        and str(record.msg).startswith("Metadata file does not exist"))
         return not ("orbax" in record.pathname or _is_orbax_noise(record.exc_info[1]))
 
 
@@ -238,11 +241,15 @@ class Checkpointer:
             # The trainer decides when to save; orbax's interval policy must not skip steps.
             save_interval_steps=1,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                              handler_registry=_handlers())
+        _QuietOrbax.enter()  # first: the manager reads each step's metadata as it opens
+        try:
+            self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                                  handler_registry=_handlers())
+        except BaseException:
+            _QuietOrbax.exit()
+            raise
         self._writing: int | None = None  # the step of the last save started
         self._failed = self._failed_reads = False
-        _QuietOrbax.enter()
 
     @contextlib.contextmanager
     def _writes(self):

@@ -156,7 +156,10 @@ def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult
     try:
         # The newest checkpoint whose metadata reads (damaged ones are moved aside) must be
         # of this run; the settings that changed are named once the state is restored.
+        steps = checkpointer.all_steps()
         found = checkpointer.newest(checkpointer.metadata)
+        if found is None and steps:
+            raise _none_restores(checkpointer.directory, steps, workdir)
         if found is not None:
             refuse_other_run(found[1], model_config, config.optim, tokenizer,
                              workdir=workdir, where=f"{checkpointer.directory}/{found[0]}")
@@ -164,6 +167,16 @@ def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult
         return loop.run(stop, starts, opened)
     finally:
         checkpointer.close()
+
+
+def _none_restores(directory: str, steps: list[int], workdir: str) -> NoCheckpointReadsError:
+    """The error for a run whose every checkpoint (`steps`) was damaged and moved aside: it
+    started afresh without a word, replacing metrics.jsonl's records."""
+    return NoCheckpointReadsError(
+        f"no checkpoint of {directory} can be read (steps {', '.join(map(str, steps))}, moved "
+        f"to {directory}-damaged/; the warnings above say why): nothing to resume from. "
+        f"Restore one from a copy, or run again to train afresh from step 1, which replaces "
+        f"{os.path.join(workdir, 'metrics.jsonl')}'s records")
 
 
 def _perplexity(loss: float) -> float:
@@ -241,13 +254,8 @@ class _Loop:
         except StateMismatchError as error:
             raise ConfigError(f"{error}; resume with the config it was written with, or "
                               f"train in a new --workdir") from None
-        if found is None and steps:  # it started afresh, replacing metrics.jsonl's records
-            directory = self.checkpointer.directory
-            raise NoCheckpointReadsError(
-                f"no checkpoint of {directory} can be read (steps {', '.join(map(str, steps))}, "
-                f"moved to {directory}-damaged/; the warnings above say why): nothing to resume "
-                f"from. Restore one from a copy, or run again to train afresh from step 1, "
-                f"which replaces {os.path.join(self.workdir, 'metrics.jsonl')}'s records")
+        if found is None and steps:
+            raise _none_restores(self.checkpointer.directory, steps, self.workdir)
         if found is None:
             return None
         self.state, metadata = found[1]
