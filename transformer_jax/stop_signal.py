@@ -51,7 +51,8 @@ class StoppedAtOnce(BaseException):
 
 class StopSignal:
     """SIGTERM and Ctrl-C. Once training runs, the first sets a flag: the loop finishes the
-    current step, saves and stops. One before the first step (data, tokenizer, compiling),
+    current step, saves and stops (once the loop has ended, `closing`: the last save is
+    finished first). One before the first step (data, tokenizer, compiling),
     or a second one (a save or a data wait taking too long), stops at once: StoppedAtOnce,
     nothing saved, and a restart resumes from the last checkpoint."""
 
