@@ -798,7 +798,7 @@ def test_every_checkpoint_damaged_stops_training_instead_of_starting_afresh(work
         f"no checkpoint of {directory} can be read (steps {', '.join(map(str, steps))}, moved "
         f"to {directory}-damaged/; the warnings above say why): nothing to resume from. "
         f"Restore one from a copy, or run again to train afresh from step 1, which replaces "
-        f"{copy / 'metrics.jsonl'}'s records")
+        f"the run's metrics.jsonl records")
     assert (copy / "metrics.jsonl").read_text() == records
     assert len(list((copy / "checkpoints-damaged").iterdir())) == len(steps)
     assert "Metadata file does not exist" not in capfd.readouterr().err

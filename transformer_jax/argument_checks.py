@@ -12,6 +12,7 @@ No JAX here: `ModelConfig` and the run config's checks use these rules, and a co
 with a bad value answers before JAX is imported (a value can only be traced once it is).
 """
 
+import math
 import numbers
 import operator
 import sys
@@ -99,7 +100,7 @@ def shown(value) -> str:
         isinstance(part, scalar) for item in items
         for part in (item if type(value) is dict else (item,))))
     if shape is not None and dtype is not None:
-        small = _size(shape) <= 8
+        small = math.prod(shape) <= 8
     if small:
         text = repr(value)
         if len(text) <= 100 and "\n" not in text:
@@ -109,13 +110,6 @@ def shown(value) -> str:
     if shape is not None and dtype is not None:
         return f"{article} {what} of shape {tuple(shape)} and dtype {dtype}"
     return f"{article} {what}"
-
-
-def _size(shape) -> int:
-    size = 1
-    for n in shape:
-        size *= n
-    return size
 
 
 def _jax_errors(name: str) -> tuple[type, ...]:

@@ -40,15 +40,11 @@ orbax 0.12 notes: `reached_preemption` is always False without
 """
 
 import contextlib
-import gc
 import json
-import logging
 import os
 import re
 import shutil
-import sys
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -57,6 +53,8 @@ from typing import TypeVar
 import grain
 import jax
 import orbax.checkpoint as ocp
+
+from transformer_jax.orbax_noise import QuietOrbax, error_line, settled_on_failure
 
 T = TypeVar("T")
 
@@ -95,90 +93,6 @@ class CheckpointWriteError(Exception):
 class NoCheckpointReadsError(Exception):
     """A run's checkpoints, every one of them damaged (and moved aside): it has none to
     resume from, and starting afresh is for the user to choose."""
-
-
-def _is_orbax_noise(error: BaseException | None, where: object = None) -> bool:
-    """The errors orbax leaves behind once it has raised the one that matters: reads or
-    writes still in flight that find their event loop closed, and the abandoned
-    coroutines of a failed read."""
-    text = f"{error} {where}"
-    return ("Event loop is closed" in text or "Encountered error while reading array" in text
-            or "in OCDBT database" in text or "orbax" in repr(where))
-
-
-class _OrbaxNoiseFilter(logging.Filter):
-    """Drops orbax's own tracebacks of a failed background save (the error reaches the
-    caller as one CheckpointWriteError), asyncio's "Task exception was never retrieved"
-    of the array reads a failed restore abandoned (one DamagedCheckpointError names them),
-    and orbax's "Metadata file does not exist" of an emptied step (the step's warning says
-    it cannot be read)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not record.exc_info:
-            return not ("orbax" in record.pathname
-                        and str(record.msg).startswith("Metadata file does not exist"))
-        return not ("orbax" in record.pathname or _is_orbax_noise(record.exc_info[1]))
-
-
-_NOISY_LOGGERS = ("absl", "asyncio")
-
-
-class _QuietOrbax:
-    """While any Checkpointer is open, Python's hooks skip the noise above (each failed
-    checkpoint read or write otherwise prints dozens of tracebacks) and pass on all else."""
-
-    users = 0
-    saved: tuple = ()
-    log_filter = _OrbaxNoiseFilter()
-
-    @classmethod
-    def enter(cls) -> None:
-        cls.users += 1
-        if cls.users > 1:
-            return
-        cls.saved = sys.excepthook, threading.excepthook, sys.unraisablehook
-        hook, thread_hook, unraisable_hook = cls.saved
-        sys.excepthook = lambda kind, error, tb: (
-            None if _is_orbax_noise(error) else hook(kind, error, tb))
-        threading.excepthook = lambda args: (
-            None if _is_orbax_noise(args.exc_value) else thread_hook(args))
-        sys.unraisablehook = lambda u: (
-            None if _is_orbax_noise(u.exc_value, u.object) else unraisable_hook(u))
-        for name in _NOISY_LOGGERS:
-            logging.getLogger(name).addFilter(cls.log_filter)
-
-    @classmethod
-    def exit(cls) -> None:
-        cls.users -= 1
-        if cls.users == 0:
-            sys.excepthook, threading.excepthook, sys.unraisablehook = cls.saved
-            for name in _NOISY_LOGGERS:
-                logging.getLogger(name).removeFilter(cls.log_filter)
-
-
-@contextlib.contextmanager
-def _settled_on_failure(grace_s: float = 0.5):
-    """When one array fails, orbax raises at once while the other arrays' reads or writes
-    are still in flight (they end within milliseconds): on a failure, wait `grace_s` and
-    collect their coroutines, so their noise ends while it is still filtered."""
-    try:
-        yield
-    except BaseException:
-        time.sleep(grace_s)
-        gc.collect()
-        raise
-
-
-def _cause(error: BaseException) -> str:
-    """One line: the start of the message and, in a long one, the OS error it names
-    (tensorstore's messages end with pages of JSON spec)."""
-    text = " ".join(f"{type(error).__name__}: {error}".split())
-    text = text.split(" See full TensorStore details")[0]
-    if len(text) <= 300:
-        return text
-    code = re.search(r"\[os_error_code='?(\d+)'?\]", text)
-    tail = f"{os.strerror(int(code.group(1)))} (OS error {code.group(1)})" if code else text[-150:]
-    return f"{text[:200]} ... {tail}"
 
 
 def _array_shapes(tree) -> dict[str, tuple]:
@@ -241,12 +155,12 @@ class Checkpointer:
             # The trainer decides when to save; orbax's interval policy must not skip steps.
             save_interval_steps=1,
         )
-        _QuietOrbax.enter()  # first: the manager reads each step's metadata as it opens
+        QuietOrbax.enter()  # first: the manager reads each step's metadata as it opens
         try:
             self._manager = ocp.CheckpointManager(self.directory, options=options,
                                                   handler_registry=_handlers())
         except BaseException:
-            _QuietOrbax.exit()
+            QuietOrbax.exit()
             raise
         self._writing: int | None = None  # the step of the last save started
         self._failed = self._failed_reads = False
@@ -255,7 +169,7 @@ class Checkpointer:
     def _writes(self):
         """A failed write (this one's, or an earlier async save's) as one CheckpointWriteError."""
         try:
-            with _settled_on_failure():
+            with settled_on_failure():
                 yield
         except CheckpointWriteError:  # from a nested wait()
             raise
@@ -265,7 +179,7 @@ class Checkpointer:
             self._failed = True
             raise CheckpointWriteError(
                 f"checkpoint {self._writing} could not be written to {self.directory}: "
-                f"{_cause(error)}") from None
+                f"{error_line(error)}") from None
 
     def save(self, step: int, state, *, data_iterator, metadata: dict) -> None:
         """Starts writing checkpoint `step`; returns once arrays are copied off device.
@@ -313,7 +227,7 @@ class Checkpointer:
         file, an emptied folder) raised as one DamagedCheckpointError naming the step.
         A CheckpointMismatchError (whole files that do not fit) passes as it is."""
         try:
-            with _settled_on_failure():
+            with settled_on_failure():
                 return read(step)
         except (RuntimeError, CheckpointMismatchError):  # the device's errors (out of
             raise  # memory, ...) and whole files that do not fit: not the files' damage
@@ -322,13 +236,14 @@ class Checkpointer:
         except Exception as error:  # noqa: BLE001
             self._failed_reads = True
             raise DamagedCheckpointError(
-                step, f"{self.directory}/{step}: {_cause(error)}") from None
+                step, f"{self.directory}/{step}: {error_line(error)}") from None
 
     def newest(self, read: Callable[[int], T], *, move_aside: bool = True) -> tuple[int, T] | None:
         """(step, read(step)) for the newest step that `read` can read, or None if none.
 
         A step that fails to read is named in a warning and, with `move_aside`, moved to
-        DIR-damaged/ (not deleted) so that the run goes on from the step before it.
+        DIR-damaged/ (not deleted) so that the run goes on from the step before it; every
+        step moved so is a NoCheckpointReadsError, not None (a run would start afresh).
         A CheckpointMismatchError is raised as it is: nothing is moved, no earlier step tried.
         """
         steps = self.all_steps()
@@ -345,6 +260,13 @@ class Checkpointer:
                     where = where.replace(f"/{step}: ", f"/{step} (moved to {aside}): ", 1)
                 then = "using an earlier one" if step != steps[0] else "and it is the earliest"
                 warnings.warn(f"checkpoint {step} cannot be read, {then}: {where}", stacklevel=2)
+        if steps and move_aside:
+            raise NoCheckpointReadsError(
+                f"no checkpoint of {self.directory} can be read (steps "
+                f"{', '.join(map(str, steps))}, moved to {self.directory}-damaged/; the "
+                f"warnings above say why): nothing to resume from. Restore one from a copy, or "
+                f"run again to train afresh from step 1, which replaces the run's "
+                f"metrics.jsonl records")
         return None
 
     def restore(self, step: int, abstract_state, data_iterator=None) -> tuple:
@@ -401,7 +323,7 @@ class Checkpointer:
             if not _is_whole_json(self._position_file(step)):
                 raise
             raise DataPositionError(step, where, f"the data iterator cannot take its saved "
-                                                 f"position ({_cause(error)})") from None
+                                                 f"position ({error_line(error)})") from None
 
     def _other_process_counts(self, step: int) -> list[int]:
         """The process counts of `step`'s data-position files when none is this run's
@@ -459,7 +381,7 @@ class Checkpointer:
             # After a failure, orbax's abandoned reads or writes may end later still (later
             # on a loaded machine): their noise stays filtered for the rest of the process.
             if not (self._failed or self._failed_reads):
-                _QuietOrbax.exit()
+                QuietOrbax.exit()
 
     def __enter__(self):
         return self

@@ -48,8 +48,7 @@ from typing import Any
 import jax
 
 from transformer_jax.bleu import score
-from transformer_jax.checkpoint import (Checkpointer, DataPositionError, NoCheckpointReadsError,
-                                        StateMismatchError)
+from transformer_jax.checkpoint import Checkpointer, DataPositionError, StateMismatchError
 from transformer_jax.config_checks import ConfigError, checked_copy
 from transformer_jax.data import eval_batches, load_split, prepare
 from transformer_jax.data.prepared import made_workdir
@@ -156,10 +155,7 @@ def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult
     try:
         # The newest checkpoint whose metadata reads (damaged ones are moved aside) must be
         # of this run; the settings that changed are named once the state is restored.
-        steps = checkpointer.all_steps()
         found = checkpointer.newest(checkpointer.metadata)
-        if found is None and steps:
-            raise _none_restores(checkpointer.directory, steps, workdir)
         if found is not None:
             refuse_other_run(found[1], model_config, config.optim, tokenizer,
                              workdir=workdir, where=f"{checkpointer.directory}/{found[0]}")
@@ -167,16 +163,6 @@ def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult
         return loop.run(stop, starts, opened)
     finally:
         checkpointer.close()
-
-
-def _none_restores(directory: str, steps: list[int], workdir: str) -> NoCheckpointReadsError:
-    """The error for a run whose every checkpoint (`steps`) was damaged and moved aside: it
-    started afresh without a word, replacing metrics.jsonl's records."""
-    return NoCheckpointReadsError(
-        f"no checkpoint of {directory} can be read (steps {', '.join(map(str, steps))}, moved "
-        f"to {directory}-damaged/; the warnings above say why): nothing to resume from. "
-        f"Restore one from a copy, or run again to train afresh from step 1, which replaces "
-        f"{os.path.join(workdir, 'metrics.jsonl')}'s records")
 
 
 def _perplexity(loss: float) -> float:
@@ -243,7 +229,7 @@ class _Loop:
         one is moved aside); returns its metadata (None: no checkpoint). A state of another
         tree is a ConfigError. A data position the iterator cannot take restores the state
         alone: see `_new_shuffle`."""
-        restore, steps = self.checkpointer.restore, self.checkpointer.all_steps()
+        restore = self.checkpointer.restore
         try:
             try:
                 found = self.checkpointer.newest(lambda s: restore(s, self.state, self.data))
@@ -254,8 +240,6 @@ class _Loop:
         except StateMismatchError as error:
             raise ConfigError(f"{error}; resume with the config it was written with, or "
                               f"train in a new --workdir") from None
-        if found is None and steps:
-            raise _none_restores(self.checkpointer.directory, steps, self.workdir)
         if found is None:
             return None
         self.state, metadata = found[1]
