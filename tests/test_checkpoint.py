@@ -25,6 +25,7 @@ from transformer_jax.checkpoint import (
     DamagedCheckpointError,
     DataPositionError,
     StateMismatchError,
+    saved_metadata,
 )
 
 DATA_POSITION = 7  # the training-data iterator has given this many elements
@@ -90,6 +91,20 @@ def data_iterator(position: int = 0):
 def save_small(checkpointer, step, state=None):
     state = make_state() if state is None else state
     checkpointer.save(step, state, data_iterator=data_iterator(DATA_POSITION), metadata=METADATA)
+
+
+def test_saved_metadata_is_the_newest_step_whose_metadata_reads(open_checkpointer, tmp_path):
+    """Read without orbax, as orbax wrote it: the newest step's metadata, or the step
+    before it when the newest's file is damaged; None with no step, or no folder."""
+    assert saved_metadata(str(tmp_path / "ckpt")) is None
+    checkpointer = open_checkpointer(async_save=False)
+    assert saved_metadata(checkpointer.directory) is None
+    save_small(checkpointer, 2)
+    checkpointer.save(4, make_state(), data_iterator=data_iterator(),
+                      metadata={**METADATA, "step": 4})
+    assert saved_metadata(checkpointer.directory) == (4, {**METADATA, "step": 4})
+    (tmp_path / "ckpt" / "4" / "metadata" / "metadata").write_text('{"config": {"lr"')
+    assert saved_metadata(checkpointer.directory) == (2, METADATA)
 
 
 def test_train_state_round_trip(open_checkpointer):

@@ -307,6 +307,28 @@ def test_a_resume_with_another_optimizer_stops_in_one_line_and_changes_nothing(
     assert files(workdir) == before
 
 
+def test_a_resume_with_another_vocabulary_is_refused_before_a_tokenizer_is_trained(
+        trained_run, tmp_path):
+    """The tokenizer and the prepared data deleted, and the run resumed with another
+    tokenizer_type: the checkpoint's settings refuse it in one ConfigError before a unigram
+    tokenizer is trained and the data prepared with it, only for its SHA-256 to be refused
+    after; nothing is written."""
+    workdir = tmp_path / "run"
+    shutil.copytree(trained_run.workdir, workdir)
+    for name in ("tokenizer.model", "tokenizer.model.json"):
+        (workdir / name).unlink()
+    shutil.rmtree(workdir / "prepared")
+    before = files(workdir)
+    assert trained_run.config.data.tokenizer_type == "bpe"
+    with pytest.raises(ConfigError) as caught:
+        train(shared_run(num_train_steps=6, **{"data.tokenizer_type": "unigram"}), str(workdir))
+    assert str(caught.value) == (
+        f"{workdir}/checkpoints/4 was trained with data.tokenizer_type='bpe', now 'unigram', "
+        f"which changes the vocabulary; resume with the saved value, or train in a new "
+        f"--workdir")
+    assert files(workdir) == before
+
+
 def test_only_optimizer_settings_that_change_its_state_are_refused():
     """Saved with clipping at 1.0: clipping at 0.5 and another learning_rate_scale keep the
     optimizer state's tree (they resume); no clipping drops a stage, and only that setting

@@ -140,6 +140,29 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     return registry
 
 
+def saved_metadata(directory: str) -> tuple[int, dict] | None:
+    """(step, metadata) of the newest step under `directory` whose metadata reads, from its
+    JSON file, without orbax: its manager syncs a run's processes as it opens, and this is
+    read before they meet, for a check that spares work (`refuse_other_vocabulary` before a
+    tokenizer is trained). None if there is none. `Checkpointer.newest` is the check that
+    counts: it reads through orbax, and moves damaged steps aside."""
+    try:
+        steps = sorted((int(name) for name in os.listdir(directory) if name.isdigit()),
+                       reverse=True)
+    except OSError:  # no folder yet, or not one
+        return None
+    for step in steps:
+        try:
+            with open(os.path.join(directory, str(step), _METADATA, "metadata"),
+                      encoding="utf-8") as f:
+                metadata = json.load(f)
+        except (OSError, ValueError):  # damaged: Checkpointer.newest says so
+            continue
+        if isinstance(metadata, dict):
+            return step, metadata
+    return None
+
+
 class Checkpointer:
     """Saves and restores (state, data iterator, metadata) per training step."""
 

@@ -1,8 +1,10 @@
 """What a checkpoint must agree with before a run resumes from it, checked before anything
-compiles: its model, its tokenizer, and the optimizer state's tree.
+compiles: its vocabulary's settings (before the data is prepared), then its model, its
+tokenizer, and the optimizer state's tree.
 
+    refuse_other_vocabulary(metadata, config.data, where="W/checkpoints/40")
     refuse_other_run(metadata, model_config, config.optim, tokenizer, workdir=W,
-                     where="W/checkpoints/40")  # or a ConfigError
+                     where="W/checkpoints/40")  # each a ConfigError, or None
 
 Settings that keep the state (learning_rate_scale, num_train_steps, intervals...) resume,
 and so do the model settings that change how a step computes but not the parameters
@@ -16,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.config_checks import ConfigError
-from transformer_jax.data.vocabulary import other_tokenizer
+from transformer_jax.data.vocabulary import other_tokenizer, vocabulary_settings
 from transformer_jax.optim import optimizer_from_config
 
 # ModelConfig fields that leave the parameters' tree, shapes and meaning as they are.
@@ -35,6 +37,23 @@ def refuse_other_run(metadata: dict, model_config, optim, tokenizer, *, workdir:
         raise ConfigError(f"{where} {why}, or train in a new --workdir")
     refuse_other_optimizer(metadata.get("config", {}).get("optim") or {}, optim,
                            model_config.d_model, where)
+
+
+def refuse_other_vocabulary(metadata: dict, data_config, where: str) -> None:
+    """A ConfigError naming each setting of the vocabulary (`vocabulary_settings`) but the
+    dataset that `where`'s checkpoint (its `metadata`) was trained with another value of:
+    checked before the data is prepared, so that a workdir whose tokenizer was deleted is
+    refused at once rather than after a tokenizer is trained that `refuse_other_run` then
+    refuses. (The dataset is left to the tokenizer's SHA-256: a folder moved or copied is the
+    same data under another name.)"""
+    saved = metadata.get("config", {}).get("data") or {}
+    now = vocabulary_settings(data_config)
+    changed = changed_settings("data", saved, now, [k for k in now if k != "dataset"])
+    if changed:
+        raise ConfigError(f"{where} was trained with {' and '.join(changed)}, which change"
+                          f"{'s' if len(changed) == 1 else ''} the vocabulary; resume with "
+                          f"the saved value{'' if len(changed) == 1 else 's'}, or train in a "
+                          f"new --workdir")
 
 
 def refuse_other_model(saved: dict, model_config, workdir: str) -> list[str]:

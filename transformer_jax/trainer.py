@@ -14,9 +14,10 @@ run off the same workdir.
 
 A config changed between two starts never costs the run its checkpoints (they
 are only moved aside when their files are damaged):
-  - another model, or an optim setting that changes the optimizer state's tree
-    (grad_clip_norm 0 <-> > 0): a ConfigError names the settings, saved and new,
-    before anything compiles; nothing is moved, metrics.jsonl is untouched.
+  - another model, a setting of the vocabulary (checked before the data is prepared),
+    or an optim setting that changes the optimizer state's tree (grad_clip_norm 0 <-> > 0):
+    a ConfigError names the settings, saved and new, before anything compiles; nothing
+    is moved, metrics.jsonl is untouched.
     Other settings (learning_rate_scale, num_train_steps, intervals...) resume, and so
     do the model's dtype, dropout and attention implementation, named in one line.
   - another kind of data iterator (data.batching, data.num_workers), or a
@@ -48,7 +49,8 @@ from typing import Any
 import jax
 
 from transformer_jax.bleu import score
-from transformer_jax.checkpoint import Checkpointer, DataPositionError, StateMismatchError
+from transformer_jax.checkpoint import (Checkpointer, DataPositionError, StateMismatchError,
+                                       saved_metadata)
 from transformer_jax.config_checks import ConfigError, checked_copy
 from transformer_jax.data import eval_batches, load_split, prepare
 from transformer_jax.data.prepared import made_workdir
@@ -61,7 +63,8 @@ from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
 from transformer_jax import processes, provenance
 from transformer_jax.profiling import TRACEABLE, ProfileError, StepTrace
-from transformer_jax.resume_checks import changed_settings, refuse_other_model, refuse_other_run
+from transformer_jax.resume_checks import (changed_settings, refuse_other_model, refuse_other_run,
+                                           refuse_other_vocabulary)
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
 from transformer_jax.run_messages import (finished_line, first_step_line, opening_lines,
@@ -144,14 +147,16 @@ def _train(config, workdir: str, stop: StopSignal, starts: tuple) -> TrainResult
                           f"device's rows; with parallelism='sharded' over {parallel.mesh.size} "
                           f"devices use parallelism='pmap' or layer_norm_implementation='xla'")
     batch_rows(config, parallel.num_local_devices)  # a budget too small: said before the data
+    directory = os.path.join(workdir, "checkpoints")
+    if (saved := saved_metadata(directory)) is not None:  # before a tokenizer is trained
+        refuse_other_vocabulary(saved[1], config.data, f"{directory}/{saved[0]}")
     # Process 0 trains the tokenizer and prepares the splits; the others wait for it, as long
     # as it takes, then open them.
     tokenizer, splits = processes.first_then_others(lambda: prepare(config.data, workdir),
                                                     "prepare the data")
     opened = time.monotonic()  # the data; then the state, then the first step
     model_config = build_model_config(config.model, tokenizer.vocab_size)
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
-                                keep=config.checkpoints_to_keep)
+    checkpointer = Checkpointer(directory, keep=config.checkpoints_to_keep)
     try:
         # The newest checkpoint whose metadata reads (damaged ones are moved aside) must be
         # of this run; the settings that changed are named once the state is restored.
