@@ -18,7 +18,8 @@ Greedy search traces its step once, beam search `unroll` times (2 by default,
 to spare XLA a copy of the cache every step): wrap the call in `jax.jit` (sizes
 static) and it compiles once per input shape. The paper's setting is
 `beam_search(..., beam_size=4, alpha=0.6)` with `max_length` = input length
-+ 50. Sequences hold generated tokens only: EOS included, 0 (padding) after.
++ 50 (`predict` takes a batch's padded length for all its rows, as tensor2tensor
+does). Sequences hold generated tokens only: EOS included, 0 (padding) after.
 """
 
 from collections.abc import Callable

@@ -351,9 +351,9 @@ class Transformer(nn.Module):
         Start from `init_cache` and ids of `DECODER_START_ID` (0). This is
         the `tokens_to_logits(ids, cache)` that `decoding.py`'s searches call.
         The logits are `__call__`'s at this position but for the padding id's
-        (`PAD_ID`, column 0), the lowest float32, so that no search emits it:
-        training never scores that id, so its logit means nothing. A log-softmax
-        over them is the one over the others alone.
+        (`PAD_ID`, column 0), the lowest float32, so that no search emits it: no
+        target token is padding (label smoothing gives it only its share of ε). A
+        log-softmax over them is the one over the others alone.
         """
         logits_B1V, cache = self.decoder.step(ids, cache)
         return logits_B1V[:, 0].at[:, PAD_ID].set(jnp.finfo(jnp.float32).min), cache

@@ -5,7 +5,8 @@
     translator.attention_maps("dreihundertzweiundvierzig", "three hundred and forty-two")
 
 Beam search as in §6.1 unless the run's `config.decode` says otherwise: beam 4,
-length penalty α = 0.6, outputs up to the input length + 50 tokens. The parts:
+length penalty α = 0.6, outputs up to the input length + 50 tokens (its batch's padded
+length: `predict`). The parts:
 `trained_params.py` chooses and restores the parameters, `predict.py` searches in
 batches, `bleu.py` scores. An empty line translates to an empty line, unsearched.
 """
