@@ -1,5 +1,8 @@
 """Flax layers (§3.1–§3.3) against Flax's own attention and NumPy float64 references."""
 
+import itertools
+from collections.abc import Callable
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -204,6 +207,49 @@ def test_residual_post_and_pre_layer_norm(pre_layer_norm, implementation):
     else:
         expected_BTD = np_layer_norm(norm, 3.0 * x_BTD)
     np.testing.assert_allclose(out_BTD, expected_BTD, atol=1e-5, rtol=1e-5)
+
+
+class _DroppedResidual(nn.Module):
+    """residual() around `sublayer`, dropout 0.5 on."""
+
+    pre_layer_norm: bool
+    sublayer: Callable
+
+    @nn.compact
+    def __call__(self, x):
+        return residual(x, self.sublayer, LayerNorm(name="norm"), Dropout(0.5),
+                        pre_layer_norm=self.pre_layer_norm, deterministic=False)
+
+
+@pytest.mark.parametrize("pre_layer_norm", [False, True])
+def test_residual_dropout_is_on_the_sublayers_output_alone(pre_layer_norm):
+    """§5.4: dropout on each sub-layer's output before it is added to its input, never on
+    the residual stream. With y -> 0 the output is LN(x) or x, as without dropout. With
+    y -> 2y each element of the dropped output is 0 or 2·2y (kept, scaled by 1/(1 - 0.5)):
+    pre-LN, each is x or x + 4 LN(x); post-LN, each row is LN(x ⊙ (1 + 4m)) for a mask m
+    of 0s and 1s, found among all 2^8 of them (NumPy, float64). Both 0s and 1s are seen."""
+    x_BTD = _inputs(8)[0] * 3.0 + 1.0
+    norm = {"scale": jnp.ones(8), "bias": jnp.zeros(8)}  # LayerNorm's own initial values
+
+    def run(sublayer):
+        return np.asarray(_DroppedResidual(pre_layer_norm, sublayer).apply(
+            {"params": {"norm": norm}}, x_BTD, rngs={"dropout": jax.random.key(1)}))
+
+    x_RD = np.float64(x_BTD).reshape(-1, 8)
+    zero_RD = run(lambda y: 0.0 * y).reshape(-1, 8)
+    np.testing.assert_allclose(zero_RD, x_RD if pre_layer_norm else np_layer_norm(norm, x_RD),
+                               atol=1e-5)
+    out_RD = run(lambda y: 2.0 * y).reshape(-1, 8)
+    if pre_layer_norm:
+        kept_RD = np.isclose(out_RD, x_RD + 4.0 * np_layer_norm(norm, x_RD), atol=1e-4)
+        assert np.all(kept_RD | np.isclose(out_RD, x_RD, atol=1e-5))
+    else:
+        masks_MD = np.array(list(itertools.product([0.0, 1.0], repeat=8)))
+        outs_RMD = np_layer_norm(norm, x_RD[:, None] * (1.0 + 4.0 * masks_MD))
+        error_RM = np.abs(outs_RMD - out_RD[:, None]).max(-1)
+        assert np.all(error_RM.min(-1) < 1e-4)
+        kept_RD = masks_MD[error_RM.argmin(-1)] == 1.0
+    assert 0 < kept_RD.mean() < 1
 
 
 # --- EncoderLayer -------------------------------------------------------------------------

@@ -9,7 +9,8 @@ import numpy as np
 import ml_collections
 import pytest
 
-from transformer_jax.model import DecodingCache, Transformer, count_parameters, shift_right
+from transformer_jax.model import (AddPositions, DecodingCache, Transformer, count_parameters,
+                                   shift_right)
 from transformer_jax.model_config import get_model_config
 from transformer_jax.positional import sinusoidal_encoding
 
@@ -221,6 +222,31 @@ def test_embeddings_are_scaled_by_sqrt_d_model(variables):
 
 
 # --- dropout, jit, dtypes, variants -------------------------------------------------------
+
+
+def test_dropout_is_on_the_sums_of_embeddings_and_positions():
+    """§5.4: dropout on the sums of the embeddings and the positional encodings: each
+    element of AddPositions(ones) is 0 or 2·(1 + PE) (kept, scaled by 1/(1 - 0.5)), PE from
+    NumPy's sines and cosines; about half are 0."""
+    config = get_model_config("tiny", dropout_rate=0.5)
+    ones_BTD = jnp.ones((2, 10, config.d_model))
+    out_BTD = np.asarray(AddPositions(config).apply({}, ones_BTD, deterministic=False,
+                                                    rngs={"dropout": jax.random.key(3)}))
+    positions_T1, i_D = np.arange(10)[:, None], np.arange(config.d_model)
+    angles_TD = positions_T1 / 10000.0 ** (2 * (i_D // 2) / config.d_model)
+    pe_TD = np.where(i_D % 2 == 0, np.sin(angles_TD), np.cos(angles_TD))
+    dropped_BTD = out_BTD == 0
+    assert np.all(dropped_BTD | np.isclose(out_BTD, 2 * (1 + pe_TD), atol=1e-5))
+    assert 0.4 < dropped_BTD.mean() < 0.6
+
+
+def test_embeddings_start_with_unit_variance(variables):
+    """The table is drawn from N(0, d_model^-1/2 squared), so that the embeddings, ×√d_model,
+    start with unit variance (tensor2tensor's choice): mean and std of its V·D draws."""
+    table_VD = np.asarray(variables["params"]["embedder"]["table"]["embedding"])
+    assert table_VD.size >= 4000  # a standard error of the std under 1.2 %
+    assert abs(table_VD.mean()) < 3 * TINY.d_model**-0.5 / np.sqrt(table_VD.size)
+    assert table_VD.std() == pytest.approx(TINY.d_model**-0.5, rel=0.05)
 
 
 def test_jit_and_eager_apply_agree(variables, apply):

@@ -167,3 +167,25 @@ def test_an_average_read_while_training_saves_and_removes_steps_chooses_them_aga
     with pytest.raises(CheckpointChoiceError, match=r"^checkpoint 6 cannot be read: .*"
                                                     r"; --checkpoint=latest falls back"):
         load_trained_params(str(workdir), "average:2")
+
+
+def test_an_average_has_the_newest_steps_metadata_and_model(trained_run, tmp_path):
+    """A run resumed with another dropout (resume allows it) saved step 4 with another
+    model config than step 2: average:2 is the mean of both steps' parameters, with the
+    metadata and the model of the newest."""
+    import json
+    import shutil
+
+    workdir = tmp_path / "run"
+    shutil.copytree(trained_run.workdir, workdir)
+    metadata_file = workdir / "checkpoints" / "4" / "metadata" / "metadata"
+    metadata = json.loads(metadata_file.read_text())
+    metadata["model"]["dropout_rate"] = 0.25
+    metadata_file.write_text(json.dumps(metadata))
+    step_2, step_4 = (load_trained_params(str(workdir), step) for step in ("2", "4"))
+    assert step_2.model.config != step_4.model.config
+    averaged = load_trained_params(str(workdir), "average:2")
+    assert averaged.metadata == step_4.metadata == metadata
+    assert averaged.model.config == step_4.model.config
+    jax.tree.map(lambda a, x, y: np.testing.assert_allclose(a, (x + y) / 2, rtol=1e-6),
+                 averaged.params, step_2.params, step_4.params)
