@@ -30,6 +30,7 @@ length): `x_KCD` is K chunks of C rows of D features.
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +52,10 @@ def output_loss(features, table, targets, weights=None, *, label_smoothing: floa
       targets: int `(...)`, token ids in [0, V).
       weights: `(...)`; default `targets != 0` (0 is padding).
       label_smoothing: ε of §5.4.
-      chunk_size: rows per chunk; the last chunk is padded with rows of weight 0.
+      chunk_size: about this many rows (target tokens) per chunk: ⌈L·T / chunk_size⌉
+        chunks (L rows of T tokens: targets' leading axes and last), each of the same Tc
+        positions of every row, T padded with tokens of weight 0 to a multiple of Tc. A
+        chunk has at most chunk_size + L rows (at least a token of each row).
       dtype: the matmuls' input dtype (the model's compute dtype; default: features').
         Products accumulate in float32 and the logits are rounded to `dtype`, as the
         whole-logits path's are (`Transformer.decode`); the softmax runs in float32.
@@ -68,14 +72,20 @@ def output_loss(features, table, targets, weights=None, *, label_smoothing: floa
         weights = (targets != PAD_ID).astype(jnp.float32)
     chunk_size = positive_int("chunk_size", chunk_size)
     smoothed_target(label_smoothing, table.shape[0])  # checks ε
-    rows = targets.size
-    chunk = min(chunk_size, rows)
-    pad = -rows % chunk
+    # Each chunk takes the same positions of every row (L rows of T tokens: the leading axes
+    # and the last), so that a batch split over devices by rows (`sharded`) is split so in
+    # every chunk. Chunks of consecutive tokens each lay on one device or two: XLA gathered
+    # them, and every device computed every chunk.
+    rows, length = (math.prod(targets.shape[:-1]), targets.shape[-1]) if targets.ndim else (1, 1)
+    per_row = -(-length // min(-(-rows * length // chunk_size), length))  # Tc
+    num_chunks = -(-length // per_row)  # K
 
-    def chunked(x, fill=0):  # (...) or (..., D) -> (K, C) or (K, C, D), padded
-        x = x.reshape((rows,) + x.shape[targets.ndim:])
-        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
-        return x.reshape((-1, chunk) + x.shape[1:])
+    def chunked(x, fill=0):  # (..., T) or (..., T, D) -> (K, L·Tc) or (K, L·Tc, D)
+        x = x.reshape((rows, length) + x.shape[targets.ndim:])
+        pad = [(0, 0), (0, num_chunks * per_row - length)] + [(0, 0)] * (x.ndim - 2)
+        x = jnp.pad(x, pad, constant_values=fill)
+        x = x.reshape((rows, num_chunks, per_row) + x.shape[2:]).swapaxes(0, 1)
+        return x.reshape((num_chunks, rows * per_row) + x.shape[3:])
 
     dtype = jnp.dtype(dtype or features.dtype)
     return _output_loss(chunked(features), table, chunked(targets, PAD_ID),

@@ -61,8 +61,8 @@ def train_step(state: TrainState, batch, *, model, seed: int, label_smoothing: f
     """One optimizer update on a batch of packed rows (B, L); returns (state, metrics).
 
     With `accumulation_steps` k > 1 the batch is split into k micro-batches of
-    B / k rows whose gradients are summed before the one update: the same
-    update as the whole batch at a k-th of the activation memory (how the
+    B / k rows (every k-th row) whose gradients are summed before the one update: the
+    same update as the whole batch at a k-th of the activation memory (how the
     paper's 25k-token batches fit fewer devices).
 
     With `loss_chunk_size` > 0 the output layer and the loss run that many target
@@ -82,8 +82,12 @@ def train_step(state: TrainState, batch, *, model, seed: int, label_smoothing: f
                                 dropout_key=jax.random.fold_in(key, index))
         return jax.tree.map(jnp.add, carry, (grads, counts)), None
 
+    # Micro-batch k holds rows k, k + A, k + 2A, ... (A = accumulation_steps): under
+    # `sharded` each device's rows are a contiguous block of the batch, and so each holds a
+    # share of every micro-batch. Contiguous micro-batches each lay on some devices: XLA
+    # gathered them, and every device ran each one whole (no memory saved, work repeated).
     micro_batches = jax.tree.map(
-        lambda x: x.reshape((accumulation_steps, -1) + x.shape[1:]), batch)
+        lambda x: x.reshape((-1, accumulation_steps) + x.shape[1:]).swapaxes(0, 1), batch)
     zeros = (jax.tree.map(jnp.zeros_like, state.params),
              {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0})
     (grads, counts), _ = jax.lax.scan(
