@@ -307,6 +307,28 @@ def test_model_suite_options_are_checked_before_anything_runs(argv, message, cap
     assert message in capsys.readouterr().err
 
 
+def test_the_model_suite_refuses_a_device_count_that_does_not_split_its_rows(monkeypatch,
+                                                                              capsys):
+    """3 devices and the tiny case's 8 rows: one usage error naming both and what to do,
+    before anything compiles (it was parallel.py's traceback after the state was drawn);
+    the compare suite times one device, as its peer, on any count."""
+    monkeypatch.setattr(jax, "local_device_count", lambda: 3)
+    with pytest.raises(SystemExit):
+        main(["model", "--quick"])
+    assert ("error: the model suite splits its rows over this process's 3 devices, and the "
+            "rows of tiny (8) do not split so; time on a count that divides them") in (
+        capsys.readouterr().err)
+    parse_args(["compare", "--quick"])
+
+
+def test_an_mfu_is_over_the_peak_of_every_device_that_shares_the_step(monkeypatch):
+    """4 accelerators of 100 TFLOP/s each: a step's MFU is over 400; a CPU's peak, the
+    host's measured matmul rate, is shared by its simulated devices and stays as it is."""
+    assert machine.summed_peak(100.0, 4) == 100.0  # this backend: the CPU
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert machine.summed_peak(100.0, 4) == 400.0 and machine.summed_peak(None, 4) is None
+
+
 def test_xla_options_in_vary_take_the_type_xla_gives_them(tmp_path):
     """XLA refuses "true" for a bool and 1 for a float: each value gets the type its option
     has, and text stays text."""

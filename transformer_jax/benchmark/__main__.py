@@ -197,9 +197,24 @@ def _parse_lists(parser, args) -> None:
         args.loss_chunks = _loss_chunks(parser, args.loss_chunks)
     try:
         args.vary = parse_vary(args.vary)
-        chosen_cases(args.quick, args.models, args.vary)
+        chosen, _ = chosen_cases(args.quick, args.models, args.vary)
     except ValueError as error:
         parser.error(str(error))
+    if args.suite == "model":
+        _check_devices(parser, chosen)
+
+
+def _check_devices(parser, chosen) -> None:
+    """The model suite splits each case's rows over every device: a count that does not
+    divide them is a usage error now, not a traceback after the first compile."""
+    import jax
+
+    devices = jax.local_device_count()
+    if split := [f"{case.name} ({case.batch})" for case in chosen if case.batch % devices]:
+        parser.error(f"the model suite splits its rows over this process's {devices} "
+                     f"devices, and the rows of {', '.join(split)} do not split so; time on a "
+                     f"count that divides them (CUDA_VISIBLE_DEVICES on GPUs, XLA_FLAGS="
+                     f"--xla_force_host_platform_device_count=N on CPUs)")
 
 
 def _check_outputs(parser, args) -> None:

@@ -66,11 +66,12 @@ def torch_row(case: model.Case, *, quick: bool, compile: bool = False) -> dict:
 
 
 def jax_row(case: model.Case, *, quick: bool) -> dict:
-    """Our train step on the same rows, unpacked as the peer's: `sharded`, the faster on
-    one device (on a 2-core CPU the base step 1.14-1.16 x pmap's, small 0.99-1.04 x), in
-    bfloat16 on a GPU and float32 on a CPU."""
+    """Our train step on the same rows, unpacked as the peer's, on one device as the peer
+    runs: `sharded`, the faster on one device (on a 2-core CPU the base step 1.14-1.16 x
+    pmap's, small 0.99-1.04 x), in bfloat16 on a GPU and float32 on a CPU."""
     dtype, strategy = ("bfloat16" if on_gpu() else "float32"), "sharded"
-    row = model.time_train_step(case, dtype, strategy, quick=quick, packed=False)
+    row = model.time_train_step(case, dtype, strategy, quick=quick, packed=False,
+                                devices=jax.devices()[:1])
     return {"framework": f"transformer_jax ({strategy}{', bf16' if on_gpu() else ''})",
             "model": case.name, "batch": case.batch,
             "length": case.length, "step_ms": row["step_ms"],

@@ -58,6 +58,13 @@ def peak_tflops(dtype: str, *, quick: bool = False) -> tuple[float | None, str]:
     return peak, ("datasheet" if peak else f"no peak listed for {device_kind()!r}")
 
 
+def summed_peak(peak: float | None, devices: int) -> float | None:
+    """The peak of `devices` devices that share a step (an MFU's denominator): each
+    accelerator's `peak` times their count; a CPU's, the host's matmul rate, as it is (its
+    devices share its cores)."""
+    return peak * devices if peak and jax.default_backend() != "cpu" else peak
+
+
 def peak_note(dtype: str, *, quick: bool = False) -> str:
     """The notes' line of `dtype`'s peak (`peak_tflops`): its value, so that an MFU can be
     checked as TFLOP/s over it, and where it comes from."""

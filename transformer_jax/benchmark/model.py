@@ -23,7 +23,7 @@ import numpy as np
 from transformer_jax import train_state
 from transformer_jax.benchmark import report
 from transformer_jax.benchmark.flops import train_step_flops
-from transformer_jax.benchmark.machine import peak_note, peak_tflops
+from transformer_jax.benchmark.machine import peak_note, peak_tflops, summed_peak
 from transformer_jax.benchmark.timing import (MEMORY_NOTE, SPREAD_NOTE, back_to_back,
                                                compile_seconds, memory_bytes, timed_seconds,
                                                traced_as)
@@ -113,10 +113,11 @@ def packed_batch(config: ModelConfig, batch: int, length: int, seed: int = 0) ->
 
 
 def train_setup(config: ModelConfig, strategy: str, batch: dict, loss_chunk_size: int = 0,
-                xla_options: dict | None = None):
+                xla_options: dict | None = None, devices=None):
     """(compiled step, placed state, placed batch, compile seconds, state seconds) as the
-    trainer runs them; `xla_options` are XLA's compiler options for this step alone."""
-    parallel = Parallel(strategy)
+    trainer runs them, on `devices` (default: every device); `xla_options` are XLA's
+    compiler options for this step alone."""
+    parallel = Parallel(strategy, devices)
     model = Transformer(config)
     optimizer = make_optimizer(d_model=config.d_model)
     state, state_s = fresh_state(parallel, model, optimizer.tx)
@@ -141,7 +142,7 @@ def fresh_state(parallel: Parallel, model: Transformer, tx) -> tuple:
 
 
 def compiled_step(case: Case, dtype: str, strategy: str, *, quick: bool, packed: bool,
-                  loss_chunk_size: int = 0, fields: dict | None = None):
+                  loss_chunk_size: int = 0, fields: dict | None = None, devices=None):
     """(config, batch, compiled step, compile seconds, state seconds, `run_once`):
     `run_once` queues `queued_steps(quick)` steps back to back, each on the state the last
     one left, and waits for the last (for `median_seconds`; divide by the steps). `fields`
@@ -151,7 +152,7 @@ def compiled_step(case: Case, dtype: str, strategy: str, *, quick: bool, packed:
     config = dataclasses.replace(case.config, dtype=dtype, **model_fields)
     batch = (packed_batch if packed else synthetic_batch)(config, case.batch, case.length)
     step, state, placed, compile_s, state_s = train_setup(config, strategy, batch,
-                                                          loss_chunk_size, xla_options)
+                                                          loss_chunk_size, xla_options, devices)
     holder = [state]
 
     def one_step():
@@ -164,7 +165,7 @@ def compiled_step(case: Case, dtype: str, strategy: str, *, quick: bool, packed:
 
 def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
                     packed: bool | None = None, loss_chunk_size: int = 0,
-                    fields: dict | None = None) -> dict:
+                    fields: dict | None = None, devices=None) -> dict:
     """One row; `packed` rows by default on accelerators, full rows on CPUs;
     `loss_chunk_size` as `train_step`'s (0: the whole logits); `fields` replace the case's
     `ModelConfig` fields, or set XLA's options where named `xla_...`, or JAX's where named
@@ -176,15 +177,17 @@ def time_train_step(case: Case, dtype: str, strategy: str, *, quick: bool,
     with jax_options(split_fields(fields)[2]):
         config, batch, step, compile_s, state_s, run_once = compiled_step(
             case, dtype, strategy, quick=quick, packed=packed,
-            loss_chunk_size=loss_chunk_size, fields=fields)
+            loss_chunk_size=loss_chunk_size, fields=fields, devices=devices)
         with traced_as(label, step):  # --profile: each case's trace beside its program
             timed = timed_seconds(run_once, warmup=1 if quick else 2, iters=3 if quick else 10)
     seconds = timed.median / queued_steps(quick)
     flops = train_step_flops(config, case.batch, case.length, case.length)
     matmuls = train_step_flops(config, case.batch, case.length, case.length, attention=False)
-    peak, _ = peak_tflops(dtype, quick=quick)
+    count = len(devices or jax.devices())
+    peak = summed_peak(peak_tflops(dtype, quick=quick)[0], count)
     tflops = flops / seconds / 1e12
-    return {"model": case.name, "dtype": dtype, "strategy": strategy, "batch": case.batch,
+    return {"model": case.name, "dtype": dtype, "strategy": strategy, "devices": count,
+            "batch": case.batch,
             "length": case.length, "rows": "packed" if packed else "full",
             "loss_chunk": loss_chunk_size, **fields,
             "step_ms": seconds * 1e3, **timed.columns(),
@@ -405,5 +408,7 @@ def run(quick: bool = False, *, models=None, dtypes=None, strategies=None,
                   "state_s: seconds building a fresh train.py's state: its parameters' "
                   "program compiled and run, the optimizer's state, placed on the devices",
                   "tflops, mfu: train_step_flops() in transformer_jax/benchmark/flops.py; "
-                  "mfu_no_attention leaves out softmax(Q Kᵀ) V",
+                  "mfu_no_attention leaves out softmax(Q Kᵀ) V; over the peak of every "
+                  "device on accelerators (devices: the rows split over them), the host's "
+                  "on CPUs (its devices share its cores)",
                   f"{MEMORY_NOTE} (per device)", SPREAD_NOTE]
