@@ -615,6 +615,32 @@ def test_a_records_rates_leave_out_the_paused_steps_and_their_time():
     assert record["loss"] == 2.0
 
 
+def test_work_between_two_records_leaves_the_rates():
+    """Steps of 10 tokens at 1 s, then 2 s, then a 5 s BLEU search or save (not a record),
+    then a step at 8 s, then the record: 3 steps in 3 s of training, not in 8 s. Inside a
+    pause (a trace), the block leaves the pause on."""
+    now = [0.0]
+    window = MetricsWindow(clock=lambda: now[0])
+    for ended in (1.0, 2.0):
+        now[0] = ended
+        window.pending.append(_step(10))
+    window.fetch(_Host, 2)
+    with window.left_out():
+        now[0] = 7.0
+    now[0] = 8.0
+    window.pending.append(_step(10))
+    window.fetch(_Host, 3)
+    record = window.summary()
+    assert (record["steps_per_sec"], record["tokens_per_sec"]) == (1.0, 10.0)
+    window.pause()
+    with window.left_out():
+        now[0] = 9.0
+    window.pending.append(_step(10))  # still traced
+    window.resume()
+    window.fetch(_Host, 4)
+    assert "steps_per_sec" not in window.summary()
+
+
 def test_a_pause_waits_for_the_steps_dispatched_before_it():
     """Dispatch runs ahead of the device: a step dispatched at 0 s that the device ends at
     5 s is timed 5 s, though the pause (a trace starting) comes at 1 s."""

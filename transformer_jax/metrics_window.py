@@ -7,9 +7,10 @@ to the host once, then their means and rates (what `metrics.jsonl` and the progr
     record = window.summary()         # loss, accuracy, ..., tokens_per_sec, steps_per_sec
 
 The rates leave out the steps between `pause` and `resume`: a run's first step, which waits
-for compiling, and profiled steps.
+for compiling, and profiled steps; and the time of work between steps (`left_out`).
 """
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -53,6 +54,20 @@ class MetricsWindow:
             self._left_out_seconds += self._clock() - since
             self._left_out.update(range(first, len(self.rows) + len(self.pending)))
             self._paused = None
+
+    @contextlib.contextmanager
+    def left_out(self):
+        """The time of the block is not training's: an evaluation, a BLEU search or a save
+        between two records leaves the rates, as its steps' time would (a pause around the
+        block goes on). A record written inside it opens the next window as it would."""
+        if self._paused is not None:
+            yield
+            return
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
 
     def fetch(self, parallel: Parallel, step: int) -> None:
         """Host values of the pending steps (waits for them); raises on a non-finite loss."""

@@ -379,12 +379,14 @@ class _Loop:
         then each runs in order (never saving a broken state); their time is not
         training's."""
         due = [w for w in work if w.due(step, self.config.num_train_steps, stopped)]
-        if due:
-            self._window.fetch(self.parallel, step)
-        for periodic in due:
-            periodic.run(step, placed)
+        if not due:
+            return
+        self._window.fetch(self.parallel, step)
+        with self._window.left_out():  # evaluating and saving are not training time
+            for periodic in due:
+                periodic.run(step, placed)
         if not self._window.rows and not self._window.pending:
-            self._window.start()  # evaluating and saving are not training time
+            self._window.start()
 
     @staticmethod
     def _watch(log: RunLog, call, *args, **kwargs):
