@@ -220,6 +220,23 @@ SCHEDULED = "\n".join([  # a scheduled GPU program: a layer norm, cuBLAS, top-K,
     "}"])
 
 
+def test_sums_across_devices_are_a_part_of_their_own(tmp_path):
+    """An all-reduce XLA adds under `sharded` takes its first operand's path (here a
+    backward layer norm's): it counts as the update's sums across devices, as its async
+    halves on a GPU do; the layer norm keeps its own time."""
+    program = PROGRAM.replace("  ROOT %while.2", "  %all-reduce.7 = f32[4]{0} all-reduce(%p), "
+                              f'metadata={{op_name="{LAYER_0.format("transpose(jvp", ")")}'
+                              'ffn_norm/LayerNorm_0/reduce_sum"}\n  ROOT %while.2')
+    events = [dict(op("all-reduce.7", 0, 30), args={"hlo_op": "all-reduce.7"}),
+              dict(op("loop_add_fusion.3", 31, 10), args={"hlo_op": "loop_add_fusion.3"}),
+              dict(op("all-reduce-start", 42, 5), args={"hlo_op": "all-reduce-start.2"})]
+    write_trace(tmp_path, events)
+    rows = profiling.summarize_parts(str(tmp_path), program)
+    assert [(r["pass"], r["part"], r["calls"], r["ms"]) for r in rows] == [
+        ("update", "sums across devices", 2, pytest.approx(0.035)),
+        ("backward", "layer norm", 1, pytest.approx(0.010))]
+
+
 def test_parts_of_a_gpu_trace_inside_a_command_buffer_are_not_guessed(tmp_path):
     """A kernel in a CUDA graph names the graph, not its instruction, even when its own
     name is an instruction's (XLA gives identical fusions one kernel): it counts as ("?",

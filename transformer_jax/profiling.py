@@ -108,8 +108,8 @@ def part_of(op_name: str, *, training: bool = True) -> tuple[str, str]:
     """(pass, part) of an operation from its `op_name`: pass "forward" (under `jvp`, or any
     operation of a program that is not `training`), "backward" (`transpose`) or "update"
     (neither, in a train step: the optimizer, the step's bookkeeping); part one of
-    `_PARTS`' names (dropout's keys count as dropout), or "other" (gradient sums, casts,
-    ...)."""
+    `_PARTS`' names (dropout's keys count as dropout), or "other" (casts, the step's
+    count, ...)."""
     where = "backward" if "transpose(" in op_name else "forward" \
         if "jvp(" in op_name or not training else "update"
     part = next((name for name, pattern in _PARTS if re.search(pattern, op_name)), "other")
@@ -118,6 +118,11 @@ def part_of(op_name: str, *, training: bool = True) -> tuple[str, str]:
 
 # Kinds of instructions whose spans enclose other operations' (a loop's body, a branch).
 _CONTROL_FLOW = ("while", "conditional", "call")
+# Instructions that move values between devices: pmap's psums keep their own path, but an
+# all-reduce XLA adds under `sharded` (several gradients combined) takes its first
+# operand's, which named a backward layer norm for the whole sum of the gradients.
+_COLLECTIVE = re.compile(r"(all-reduce|all-gather|reduce-scatter|all-to-all|"
+                         r"collective-permute)(-start|-done)?$")
 
 
 def op_names(hlo_text: str) -> dict[str, str]:
@@ -163,7 +168,9 @@ def summarize_parts(trace_dir: str, hlo_text: str) -> list[dict]:
     steps) as ("other program", its module), and a kernel inside a CUDA graph as ("?",
     "command buffer"): there `hlo_op` names only the graph, and XLA gives identical fusions
     one kernel, named for the first, so the program must be compiled with `TRACEABLE` for
-    its kernels to be told apart."""
+    its kernels to be told apart. Collectives (the gradients' and metrics' sums) count as
+    ("update", "sums across devices"), or ("forward", ...) in a program that is not
+    training."""
     names, kinds = op_names(hlo_text), _kinds(hlo_text)
     module = re.match(r"HloModule ([\w.-]+)", hlo_text)
     kernels = {re.sub(r"\W", "_", name): name for name in kinds}  # "." and "-" become "_"
@@ -178,6 +185,8 @@ def summarize_parts(trace_dir: str, hlo_text: str) -> list[dict]:
             continue  # a loop's span (any program's): its body's operations are counted
         if module and args.get("hlo_module") not in (None, module.group(1)):
             key = ("other program", args["hlo_module"])
+        elif _COLLECTIVE.match(kinds.get(op, kind)):
+            key = ("update" if training else "forward", "sums across devices")
         elif op in names:
             key = part_of(names[op], training=training)
         elif op in kinds:
