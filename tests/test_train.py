@@ -284,6 +284,26 @@ def test_how_the_steps_compute_may_change_on_resume(trained_run, tmp_path, capsy
         train(shared_run(num_train_steps=2, **changes, **{"model.d_ff": 48}), str(tmp_path / "run"))
 
 
+def test_a_resume_names_the_rows_per_update_and_who_draws_dropout(trained_run, tmp_path,
+                                                                  capsys):
+    """Twice the rows per device under `sharded`: one line names the rows per update (not
+    per_device_batch_size, which may change them or not: the same rows on twice the
+    devices would) and who draws the dropout masks (pmap draws each device's)."""
+    shutil.copytree(trained_run.workdir, tmp_path / "run")
+    saved = trained_run.config
+    assert (saved.parallelism, saved.model.dropout_rate > 0) == ("pmap", True)
+    devices = jax.device_count()
+    config = shared_run(num_train_steps=saved.num_train_steps + 1, parallelism="sharded",
+                        per_device_batch_size=2 * saved.per_device_batch_size)
+    assert train(config, str(tmp_path / "run")).step == saved.num_train_steps + 1
+    line = capsys.readouterr().err
+    rows = saved.per_device_batch_size * devices
+    assert (f"4 with layout.rows_per_update={rows}, now {2 * rows}; dropout drawn by pmap on "
+            f"{devices} devices, now sharded on {devices} (the steps from here learn with the "
+            f"new values)") in line
+    assert "per_device_batch_size" not in line
+
+
 def files(workdir) -> dict[str, bytes]:
     """Every file under `workdir` by its path, but train.lock (each start writes its pid)."""
     return {str(p.relative_to(workdir)): p.read_bytes() for p in sorted(workdir.rglob("*"))

@@ -80,6 +80,24 @@ def changed_settings(group: str, saved: dict, now: dict, keys) -> list[str]:
             if k in saved and saved[k] != now[k]]
 
 
+def changed_layout(saved: dict, now: dict, *, dropout: bool) -> list[str]:
+    """How the updates' rows changed from a checkpoint's layout (`saved`; {} where it was not
+    recorded) to the run's (`now`), each as `changed_settings` says a setting's: the rows
+    per update (not per_device_batch_size or tokens_per_batch, which may change them or
+    not), and, with `dropout`, who draws the masks: `pmap` folds each device's index into
+    its key, so its draws change with the device count and differ from `sharded`'s, which
+    draws the global batch's on any count."""
+    if not saved:
+        return []
+    changes = changed_settings("layout", saved, now, ["rows_per_update"])
+    same_draws = saved.get("parallelism") == now["parallelism"] and (
+        now["parallelism"] == "sharded" or saved.get("devices") == now["devices"])
+    if dropout and not same_draws:
+        changes.append(f"dropout drawn by {saved.get('parallelism')} on {saved.get('devices')} "
+                       f"devices, now {now['parallelism']} on {now['devices']}")
+    return changes
+
+
 def _optimizer_state_tree(optim: dict, d_model: int):
     """The tree structure of the optimizer state that `optim`'s settings build (over a
     one-array parameter tree: a setting changes it for every tree or for none)."""

@@ -63,8 +63,8 @@ from transformer_jax.parallel import Parallel
 from transformer_jax.predict import predict
 from transformer_jax import processes, provenance
 from transformer_jax.profiling import TRACEABLE, ProfileError, StepTrace
-from transformer_jax.resume_checks import (changed_settings, refuse_other_model, refuse_other_run,
-                                           refuse_other_vocabulary)
+from transformer_jax.resume_checks import (changed_layout, changed_settings, refuse_other_model,
+                                           refuse_other_run, refuse_other_vocabulary)
 from transformer_jax.run_config import build_model_config
 from transformer_jax.run_log import RunLog
 from transformer_jax.run_messages import (finished_line, first_step_line, opening_lines,
@@ -203,6 +203,9 @@ class _Loop:
         self.p_eval = parallel.compile_eval_step(functools.partial(
             eval_step, model=self.model, loss_chunk_size=config.loss_chunk_size))
         self.rows = batch_rows(config, parallel.num_local_devices)
+        self.metadata["layout"] = {"rows_per_update": self.rows * jax.process_count(),
+                                   "devices": jax.device_count(),
+                                   "parallelism": parallel.strategy}
         self.validation = splits["validation"]
         self.eval_pairs = load_split(config.data, "validation").pairs  # BLEU's text
         self._train_split = splits["train"]
@@ -262,11 +265,16 @@ class _Loop:
         # What the steps learn from: the schedule, Adam, the rows, the dropout draws. Taken
         # as given (a run may go on at another rate), but named: it had changed unannounced.
         saved, now = metadata.get("config", {}), self.config.to_dict()
+        layout = metadata.get("layout")  # None: written before it was recorded
+        dropout = max(self.model.config.dropout_rate,
+                      self.model.config.attention_dropout_rate) > 0
         learning = (changed_settings("optim", saved.get("optim", {}), now["optim"],
                                      now["optim"])
-                    + changed_settings("config", saved, now, _LEARNING_SETTINGS)
+                    + changed_settings("config", saved, now, _LEARNING_SETTINGS if layout is None
+                                       else ("seed", "accumulation_steps"))
                     + changed_settings("data", saved.get("data", {}), now["data"],
-                                       _LEARNING_DATA))
+                                       _LEARNING_DATA)
+                    + changed_layout(layout or {}, self.metadata["layout"], dropout=dropout))
         if learning and jax.process_index() == 0:
             print(f"resuming {self.checkpointer.directory}/{step} with {'; '.join(learning)} "
                   f"(the steps from here learn with the new values)", file=sys.stderr)
