@@ -95,7 +95,9 @@ def base_config(*, model: ml_collections.ConfigDict, data: ml_collections.Config
     config.parallelism = "pmap"  # "pmap" or "sharded" (jit on a device mesh)
     config.log_every_steps = 100  # metrics to metrics.jsonl, TensorBoard and the progress bar
     config.eval_every_steps = 1000  # loss and accuracy on the validation split
-    config.num_eval_batches = -1  # validation batches per evaluation; -1: the whole split
+    # Validation batches per evaluation (-1: the whole split), each of the update's rows: the
+    # pairs a number of them holds changes with the rows per device and the devices.
+    config.num_eval_batches = -1
     config.checkpoint_every_steps = 1000
     config.checkpoints_to_keep = 5
     config.model = model
