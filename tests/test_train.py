@@ -661,6 +661,28 @@ def test_work_between_two_records_leaves_the_rates():
     assert "steps_per_sec" not in window.summary()
 
 
+def test_a_record_weighs_each_step_by_its_tokens_and_keeps_the_last_rate_and_norm():
+    """Loss 10 over 10 tokens, then 90 over 30: 100 / 40 = 2.5 per token, not the mean of
+    1 and 3; accuracy 5 + 27 of 40. The learning rate and grad_norm are the last step's."""
+    window = MetricsWindow()
+    window.pending += [{"loss_sum": 10.0, "correct_sum": 5.0, "weight_sum": 10.0,
+                        "learning_rate": 1e-3, "grad_norm": 4.0},
+                       {"loss_sum": 90.0, "correct_sum": 27.0, "weight_sum": 30.0,
+                        "learning_rate": 2e-3, "grad_norm": 3.0}]
+    window.fetch(_Host, 2)
+    record = window.summary()
+    assert (record["loss"], record["accuracy"]) == (2.5, 0.8)
+    assert (record["learning_rate"], record["grad_norm"]) == (2e-3, 3.0)
+
+
+def test_a_non_finite_loss_names_its_step():
+    """Steps 6 and 7 fetched at step 7, the second's loss NaN: "at step 7"."""
+    window = MetricsWindow()
+    window.pending += [_step(10), {**_step(10), "loss_sum": math.nan}]
+    with pytest.raises(NonFiniteLossError, match=r"^the loss is nan at step 7; "):
+        window.fetch(_Host, 7)
+
+
 def test_a_pause_waits_for_the_steps_dispatched_before_it():
     """Dispatch runs ahead of the device: a step dispatched at 0 s that the device ends at
     5 s is timed 5 s, though the pause (a trace starting) comes at 1 s."""

@@ -26,6 +26,24 @@ def test_the_papers_budget_in_rows_of_256(devices, accumulation, processes, rows
     assert rows * 256 * processes <= BUDGET
 
 
+def test_bucketed_batches_take_the_processes_share_of_the_budget(monkeypatch):
+    """Bucketed batches in 2 processes: each builds its batches on half the tokens, with
+    whole micro-batches on each of its 4 devices (each process spending the whole budget
+    made the update twice §5.1's)."""
+    from transformer_jax import train_batches as module
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(module, "too_long_line", lambda *args: None)
+    built = {}
+    monkeypatch.setattr(module, "bucketed_dataset",
+                        lambda source, **kwargs: built.update(kwargs) or "batches")
+    config = tiny_run(per_device_batch_size=0, accumulation_steps=2)
+    config.data.update(batching="bucketed", tokens_per_batch=BUDGET)
+    assert module.train_batches(config, None, 0, 4, seed=0, announce=False) == "batches"
+    assert (built["tokens_per_batch"], built["rows_multiple"]) == (12_500, 8)
+    assert (built["shard_index"], built["shard_count"]) == (0, 2)
+
+
 def test_a_new_shuffle_does_not_replay_the_first_batches():
     """The seed of a resume without its data position is drawn from (seed, step): the
     first pairs it packs are neither those of the run's start nor of another step's."""
