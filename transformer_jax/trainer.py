@@ -83,8 +83,9 @@ from transformer_jax.workdir_lock import workdir_lock
 # 2.7-3.0 s after. Steps/s unchanged there (8.8 both, medians of 12 records, alternated).
 # Two steps queued keep an accelerator busy while the host reads the next batch.
 STEPS_AHEAD = 2
-# Settings outside optim that change what a resumed run's steps learn from.
-_LEARNING_SETTINGS = ("seed", "per_device_batch_size", "accumulation_steps")
+# Settings outside optim that change what a resumed run's steps learn from (and the rows per
+# update, in the checkpoint's layout; per_device_batch_size where it has none).
+_LEARNING_SETTINGS = ("seed", "accumulation_steps")
 _LEARNING_DATA = ("max_source_length", "max_target_length", "too_long")  # the rows' contents
 
 
@@ -270,8 +271,8 @@ class _Loop:
                       self.model.config.attention_dropout_rate) > 0
         learning = (changed_settings("optim", saved.get("optim", {}), now["optim"],
                                      now["optim"])
-                    + changed_settings("config", saved, now, _LEARNING_SETTINGS if layout is None
-                                       else ("seed", "accumulation_steps"))
+                    + changed_settings("config", saved, now, _LEARNING_SETTINGS + (
+                        ("per_device_batch_size",) if layout is None else ()))
                     + changed_settings("data", saved.get("data", {}), now["data"],
                                        _LEARNING_DATA)
                     + changed_layout(layout or {}, self.metadata["layout"], dropout=dropout))
