@@ -77,8 +77,9 @@ def output_loss(features, table, targets, weights=None, *, label_smoothing: floa
     # every chunk. Chunks of consecutive tokens each lay on one device or two: XLA gathered
     # them, and every device computed every chunk.
     rows, length = (math.prod(targets.shape[:-1]), targets.shape[-1]) if targets.ndim else (1, 1)
-    per_row = -(-length // min(-(-rows * length // chunk_size), length))  # Tc
-    num_chunks = -(-length // per_row)  # K
+    asked = min(-(-rows * length // chunk_size), length)  # ⌈L·T / chunk_size⌉, at most T
+    per_row = -(-length // asked)  # Tc: ⌈T / asked⌉ positions of each row a chunk
+    num_chunks = -(-length // per_row)  # K: ⌈T / Tc⌉, no chunk of padding alone
 
     def chunked(x, fill=0):  # (..., T) or (..., T, D) -> (K, L·Tc) or (K, L·Tc, D)
         x = x.reshape((rows, length) + x.shape[targets.ndim:])

@@ -48,12 +48,18 @@ def refuse_other_vocabulary(metadata: dict, data_config, where: str) -> None:
     same data under another name.)"""
     saved = metadata.get("config", {}).get("data") or {}
     now = vocabulary_settings(data_config)
-    changed = changed_settings("data", saved, now, [k for k in now if k != "dataset"])
+    _refuse_changes(f"{where} was trained with", changed_settings(
+        "data", saved, now, [k for k in now if k != "dataset"]), "the vocabulary")
+
+
+def _refuse_changes(written: str, changed: list[str], what: str) -> None:
+    """A ConfigError "{written} A and B, which change {what}; resume with the saved values,
+    or train in a new --workdir" for the `changed` settings (`changed_settings`), if any."""
     if changed:
-        raise ConfigError(f"{where} was trained with {' and '.join(changed)}, which change"
-                          f"{'s' if len(changed) == 1 else ''} the vocabulary; resume with "
-                          f"the saved value{'' if len(changed) == 1 else 's'}, or train in a "
-                          f"new --workdir")
+        one = len(changed) == 1
+        raise ConfigError(f"{written} {' and '.join(changed)}, which change{'s' if one else ''} "
+                          f"{what}; resume with the saved value{'' if one else 's'}, or train "
+                          f"in a new --workdir")
 
 
 def refuse_other_model(saved: dict, model_config, workdir: str) -> list[str]:
@@ -117,9 +123,5 @@ def refuse_other_optimizer(saved: dict, optim, d_model: int, where: str) -> None
                 and _optimizer_state_tree({**saved, k: now[k]}, d_model) != before]
     except (KeyError, TypeError, ValueError):
         return
-    if keys:
-        one = len(keys) == 1
-        raise ConfigError(f"{where} was written with "
-                          f"{' and '.join(changed_settings('optim', saved, now, keys))}, which "
-                          f"change{'s' if one else ''} the optimizer state; resume with the "
-                          f"saved value{'' if one else 's'}, or train in a new --workdir")
+    _refuse_changes(f"{where} was written with", changed_settings("optim", saved, now, keys),
+                    "the optimizer state")
