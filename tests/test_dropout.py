@@ -129,6 +129,15 @@ def test_a_seed_for_a_key_and_integer_inputs_are_refused_in_one_line():
     with pytest.raises(TypeError, match=r"^dropout's x must be an array, got a list "
                                         r"\(jnp.asarray makes one\)$"):
         dropout([1.0, 2.0], 0.5, jax.random.key(0))
+    # Two keys where one belongs, typed or raw: a one-line error naming vmap, which takes them.
+    for keys in (jax.random.split(jax.random.key(0)), jax.random.split(jax.random.PRNGKey(0))):
+        with pytest.raises(ValueError, match=r"^dropout takes one PRNG key, got keys of shape "
+                                             r"\(2,( 2)?\); jax.vmap dropout over them"):
+            dropout(x, 0.1, keys)
+    per_key = jax.vmap(dropout, in_axes=(None, None, 0))(x, 0.5, jax.random.split(
+        jax.random.key(3)))
+    np.testing.assert_array_equal(per_key[1], dropout(x, 0.5, jax.random.split(
+        jax.random.key(3))[1]))
     # The key and the rate swapped, and a rate traced under jax.jit: no threshold to draw.
     with pytest.raises(ValueError, match=r"^dropout rate must be a number in \[0, 1\), got "):
         dropout(x, jax.random.key(0), 0.1)

@@ -163,7 +163,7 @@ def test_learned_positions(variables, apply):
 def test_a_cache_longer_than_the_learned_table_is_refused():
     """A search past the learned table's rows read NaN positions inside its loop (where
     nothing can raise) and wrote a false EOS; the cache that would hold them is refused
-    when it is made. One as long as the table is made, and sinusoids take any length."""
+    when it is made. One as long as the table is made, and sinusoids take any length but 0."""
     learned = Transformer(get_model_config("tiny", positional_encoding="learned",
                                            max_length=4))
     inputs_BS = jnp.array([[5, 6, 7, 0]])
@@ -178,6 +178,11 @@ def test_a_cache_longer_than_the_learned_table_is_refused():
     sinusoidal = Transformer(get_model_config("tiny", max_length=4))
     cache = sinusoidal.apply(variables, memory_BSD, inputs_BS, 5, method=Transformer.init_cache)
     assert cache.cache_length == 5
+    for length in (0, 2.0):  # a cache with no slot, or a float that the arrays' shapes refuse
+        with pytest.raises(ValueError, match=f"^max_length must be a positive integer, got "
+                                             f"{length}($|\n)"):
+            sinusoidal.apply(variables, memory_BSD, inputs_BS, length,
+                             method=Transformer.init_cache)
 
 
 # --- embeddings ---------------------------------------------------------------------------

@@ -343,11 +343,14 @@ def test_public_signatures_carry_no_dimension_key(name, fn):
 
 
 def test_translator_is_exported_on_first_use():
-    """`tj.Translator` is translation.py's, listed by dir(), and an unknown name is still an
-    AttributeError."""
+    """`tj.Translator` is translation.py's, listed by dir() (without lazy_loader's names or
+    private ones), and an unknown name is still an AttributeError."""
     from transformer_jax.translation import Translator
 
     assert tj.Translator is Translator and "Translator" in dir(tj)
+    dunders = {name for name in dir(tj) if name.startswith("_")}
+    assert {"__version__", "__all__", "__getattr__"} <= dunders
+    assert not {name for name in dunders if "lazy" in name or not name.startswith("__")}
     with pytest.raises(AttributeError, match="transformer_jax attribute Translatr"):
         tj.Translatr  # noqa: B018
 

@@ -24,4 +24,6 @@ __getattr__, _public_dir, __all__ = lazy_loader.attach_stub(__name__, __file__)
 def __dir__():
     """The public API and the module's dunders: not the submodules that imports set as
     attributes, nor lazy_loader."""
-    return sorted({*(name for name in globals() if name.startswith("__")), *_public_dir()})
+    dunders = (name for name in globals()
+               if name.startswith("__") and not name.startswith("__lazy"))  # lazy_loader's
+    return sorted({*dunders, *_public_dir()})

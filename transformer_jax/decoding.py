@@ -22,6 +22,7 @@ static) and it compiles once per input shape. The paper's setting is
 does). Sequences hold generated tokens only: EOS included, 0 (padding) after.
 """
 
+import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -99,11 +100,12 @@ def _unless_traced(check, name: str, value):
     return value if isinstance(value, jax.core.Tracer) else check(name, value)
 
 
-def _next_logits(tokens_to_logits: TokensToLogits, ids_R1, cache):
+def _next_logits(tokens_to_logits: TokensToLogits, ids_R1, cache, *, eos_id):
     """`tokens_to_logits(ids_R1, cache)` as `(logits_RV, cache)`, or a one-line error where
     it returns no (logits, cache) pair or logits of another shape than `(R, V)` or
     `(R, 1, V)`: the searches' reshapes would take any array of R·V elements, and give
-    ids past the vocabulary or another row's tokens."""
+    ids past the vocabulary or another row's tokens; or where a known `eos_id` is past the
+    vocabulary (no row would end)."""
     returned = tokens_to_logits(ids_R1, cache)
     if not (isinstance(returned, tuple | list) and len(returned) == 2):
         got = (f"an array of shape {returned.shape}" if hasattr(returned, "shape")
@@ -114,6 +116,9 @@ def _next_logits(tokens_to_logits: TokensToLogits, ids_R1, cache):
     if not (len(shape) in (2, 3) and shape[0] == rows and (len(shape) == 2 or shape[1] == 1)):
         raise ValueError(f"tokens_to_logits must return logits of shape (R, V) or (R, 1, V) "
                          f"with R = {rows} rows, one per row of ids; got {shape}")
+    if isinstance(eos_id, numbers.Integral) and eos_id >= shape[-1]:
+        raise ValueError(f"eos_id={eos_id} is past the vocabulary of tokens_to_logits's "
+                         f"{shape[-1]} logits: no row would ever end")
     return jnp.reshape(logits, (rows, shape[-1])), cache
 
 
@@ -147,7 +152,7 @@ def greedy_search(
     def advance(state):
         step, seqs_BT, ended_B, cache = state
         ids_B1 = _previous_tokens(seqs_BT, step)[:, None]
-        logits_BV, cache = _next_logits(tokens_to_logits, ids_B1, cache)
+        logits_BV, cache = _next_logits(tokens_to_logits, ids_B1, cache, eos_id=eos_id)
         next_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
         next_B = jnp.where(ended_B, PAD_ID, next_B)
         seqs_BT = seqs_BT.at[:, step].set(next_B)
@@ -309,7 +314,8 @@ def _beam_step(tokens_to_logits, state: _BeamState, *, alpha, eos_id) -> _BeamSt
     """Extend the live hypotheses by one token; update the live and finished sets."""
     batch, k = state.live_logp_BK.shape
     ids_BK = _previous_tokens(state.live_seqs_BKT, state.step)
-    logits_RV, cache = _next_logits(tokens_to_logits, ids_BK.reshape(batch * k, 1), state.cache)
+    logits_RV, cache = _next_logits(tokens_to_logits, ids_BK.reshape(batch * k, 1), state.cache,
+                                 eos_id=eos_id)
     top_logp_BK, parent_BK, token_BK = _best_extensions(
         state.live_logp_BK, logits_RV.reshape(batch, k, -1))
     seqs_BKT = jnp.take_along_axis(state.live_seqs_BKT, parent_BK[:, :, None], axis=1)

@@ -40,6 +40,9 @@ def dropout(x, rate: float, key, *, bits: int = DEFAULT_BITS):
                                  or key_dtype == np.uint32):  # a typed key, or a raw one
         raise TypeError(f"dropout's key must be a JAX PRNG key, e.g. jax.random.key(0), "
                         f"got {key!r}")
+    if jnp.ndim(key) != (0 if key_dtype != np.uint32 else 1):  # a batch of keys: vmap takes it
+        raise ValueError(f"dropout takes one PRNG key, got keys of shape {jnp.shape(key)}; "
+                         f"jax.vmap dropout over them, or pass one of them")
     if not hasattr(x, "dtype"):
         raise TypeError(f"dropout's x must be an array, got a {type(x).__name__} (jnp.asarray "
                         f"makes one)")

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.argument_checks import shown
+from transformer_jax.argument_checks import positive_int, shown
 from transformer_jax.decoding import PerExample
 from transformer_jax.layer_norm import LayerNorm
 from transformer_jax.layers import CachedKeyValue, DecoderLayer, Dropout, EncoderLayer
@@ -228,6 +228,7 @@ class Decoder(nn.Module):
         """An empty cache of C = `max_length` positions, with the keys and values of the
         memory `encoded` `(B, S, D)` and the padding of its token ids `inputs` `(B, S)`."""
         c = self.config
+        max_length = positive_int("max_length", max_length)  # 0: a cache with no slot
         if c.positional_encoding == "learned" and max_length > c.max_length:
             # Inside a search's loop, a position past the table would give NaN logits.
             raise ValueError(f"max_length={max_length} exceeds the learned position table "
