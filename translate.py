@@ -44,7 +44,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "a training run's directory (--e
 _EXPORTED = flags.DEFINE_string("exported", None, "a directory python -m "
                                 "transformer_jax.export wrote (--engine=ctranslate2|stablehlo)")
 _INPUT = flags.DEFINE_string("input", None, "a UTF-8 file, one sentence per line (default stdin)")
-_OUTPUT = flags.DEFINE_string("output", None, "where translations go (default stdout)")
+_OUTPUT = flags.DEFINE_string("output", None, "where translations go (default stdout); "
+                                "its folders are made")
 _BEAM, _ALPHA, _EXTRA = define_search_flags()
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, a step, or average:N "
                                   "(--engine=jax; an export holds the parameters it was made "

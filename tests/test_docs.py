@@ -46,7 +46,8 @@ def check(marker: str, *, exports: bool = False):
 
 @check("pe_TD = tj.sinusoidal_encoding(jnp.arange(50), d_model=16)")
 def model_example(namespace, printed, folder):
-    """Shapes as stated; the causal + padding mask hides key 3 and the future; base counts 63.1M."""
+    """Shapes as stated; the causal + padding mask hides key 3 and the future; base counts
+    63.1M; the peak rate, and optax's count 0 and 3999 as steps 1 and 4000."""
     assert namespace["pe_TD"].shape == (50, 16)
     assert namespace["logits_BTV"].shape == (1, 3, 100)
     assert namespace["out_BTNH"].shape == (1, 4, 2, 8)
@@ -56,6 +57,10 @@ def model_example(namespace, printed, folder):
     cross_BNTS = np.asarray(namespace["cross_BNTS"])
     np.testing.assert_allclose(cross_BNTS[..., :3].sum(-1), 1.0, rtol=1e-6)
     assert "'total': 63082496" in printed
+    peak = 512**-0.5 * 4000**-0.5  # eq. 3 at step = warmup_steps
+    assert namespace["peak"] == pytest.approx(peak, rel=1e-12)
+    assert float(namespace["schedule"](3999)) == pytest.approx(peak, rel=1e-6)
+    assert float(namespace["schedule"](0)) == pytest.approx(512**-0.5 * 4000**-1.5, rel=1e-6)
 
 
 @check("best_BT, scores_B = tj.beam_search(tokens_to_logits, cache, batch_size=2, beam_size=4,")
@@ -116,7 +121,7 @@ def stablehlo_example(namespace, printed, folder):
     assert "transformer_jax" not in sys.modules["serve_stablehlo"].__file__
 
 
-@check('manifest = export("runs/default", "exports/ct2-int8", fmt="ctranslate2", '
+@check('manifest = export("runs/default", "exports/py-int8", fmt="ctranslate2", '
        'quantization="int8")', exports=True)
 def export_example(namespace, printed, folder):
     """export() from Python: the run's last step, int8; a greedy-only stablehlo export."""

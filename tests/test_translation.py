@@ -162,7 +162,7 @@ def test_translate_on_a_terminal_answers_each_line_as_it_is_entered(translating_
         "translating each line as it is entered; Ctrl-D ends",
         "error: stdin, line 2: not valid UTF-8 (invalid start byte at byte 3 of the line)",
         f"error: stdin, line 3: the sentence has {tokens} tokens, more than "
-        "max_input_length=12; split it or raise the limit"]
+        "max_input_length=12; split it or raise the limit (--max_input_length)"]
 
 
 def _line_within(stream, seconds: float) -> bytes:

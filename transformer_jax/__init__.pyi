@@ -14,8 +14,9 @@ from .attention import (
     register_attention,
     resolve_implementation,
 )
-# Training's: the §5.3 learning rate (eq. 3), the §5.4 label-smoothed loss, token accuracy.
-from .optim import learning_rate
+# Training's: the §5.3 learning rate (eq. 3) and its optax schedule, the §5.4 label-smoothed
+# loss, token accuracy.
+from .optim import learning_rate, learning_rate_schedule
 from .losses import accuracy, label_smoothed_cross_entropy
 
 # The architecture: a frozen config with presets ("base", "big", "tiny").

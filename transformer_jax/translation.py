@@ -185,7 +185,7 @@ def sentence_list(sentences) -> list[str]:
 
 def check_lengths(source_ids: list[list[int]], max_input_length: int | None, *,
                   limit: str = "max_input_length={}",
-                  advice: str = "split it or raise the limit") -> None:
+                  advice: str = "split it or raise the limit (--max_input_length)") -> None:
     """A SentenceTooLongError naming the first source of more than `max_input_length` ids
     (None: no limit), raised before any search: "sentence N has ... tokens, more than
     `limit` ...; `advice`" ("the sentence" when there is one)."""

@@ -115,7 +115,8 @@ class StableHLOTranslator:
             raise StableHLOError(f"max_input_length must be a positive integer or None, got "
                                  f"{max_input_length!r}")  # 0 had meant no limit
         cap = max_input_length or float("inf")
-        _refuse_too_long(ids, cap, f"max_input_length={cap}", "split it or raise the limit")
+        _refuse_too_long(ids, cap, f"max_input_length={cap}",
+                         "split it or raise the limit (--max_input_length)")
         # An empty line (no pieces) is "" unsearched, as transformer_jax's predict.skip_empty.
         searched = [i for i, x in enumerate(ids) if len(x) > 1]
         if searched:  # numbered among all the sentences, not only the searched ones
