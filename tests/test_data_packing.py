@@ -114,3 +114,12 @@ def test_state_inside_a_chunk_resumes_exactly():
     assert [next(resumed)["inputs"].tolist() for _ in range(5)] == rest
     resumed.set_state(at_chunk_start)
     assert [next(resumed)["inputs"].tolist() for _ in range(3)] == rest[2:]
+    # A state restored and saved again before any batch (a resume that saves at once) is
+    # the state restored, at a chunk's start too, not the first chunk's.
+    for saved, expected in ((state, rest), (at_chunk_start, rest[2:])):
+        restored = packed(chunks, source, batch_size=1, lengths={"inputs": 2, "targets": 4})
+        restored.set_state(saved)
+        assert restored.get_state() == saved
+        again = packed(chunks, source, batch_size=1, lengths={"inputs": 2, "targets": 4})
+        again.set_state(restored.get_state())
+        assert [next(again)["inputs"].tolist() for _ in expected] == expected
