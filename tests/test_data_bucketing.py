@@ -228,3 +228,89 @@ def test_batch_size_settings_are_checked(overrides, message):
     config = tiny_run(**overrides)
     with pytest.raises(ConfigError, match=message):
         check_config(config)
+
+
+def test_no_bucket_is_longer_than_the_longest_pair():
+    """A longest pair of exactly a multiple of 8 ends the buckets there: 16 (or 24) is the
+    last length, not the next multiple of 8 above it, which would hold no pair."""
+    assert bucket_lengths(np.array([3, 16]), 4, longest=32) == [8, 16]
+    assert bucket_lengths(np.array([5] * 4 + [24]), 8, longest=64) == [8, 24]
+
+
+def uneven_buckets():
+    """7 pairs of 4 tokens (pairs 0..6) and 8 of 12 (pairs 7..14): in 2 processes of 2 rows,
+    one batch of the first bucket per round (7 // 4) and two of the second (8 // 4)."""
+    return PairsOfLengths([4] * 7 + [12] * 8, [4] * 7 + [12] * 8)
+
+
+def test_every_round_holds_each_bucket_as_often_as_its_pairs_fill_batches_in_a_new_order():
+    """Each round of 3 batches holds one of width 8 and two of width 16, the 8 where the
+    round's own shuffle puts it: not in the same place round after round."""
+    batches = take(bucketed_dataset(uneven_buckets(), batch_size=2, max_source_length=16,
+                                    max_target_length=16, num_buckets=2, seed=0,
+                                    shard_index=0, shard_count=2), 60)
+    widths = [b["targets"].shape[1] for b in batches]
+    rounds = [widths[k:k + 3] for k in range(0, 60, 3)]
+    assert all(sorted(r) == [8, 16, 16] for r in rounds)
+    assert len({r.index(8) for r in rounds}) > 1
+
+
+def test_processes_draw_one_schedule_when_a_bucket_splits_unevenly():
+    """The first bucket's 7 pairs split 4 and 3 between 2 processes: both draw its batch
+    as often (from the bucket's pairs over both), so every step has one shape in both."""
+    shards = [take(bucketed_dataset(uneven_buckets(), batch_size=2, max_source_length=16,
+                                    max_target_length=16, num_buckets=2, seed=4,
+                                    shard_index=k, shard_count=2), 40) for k in range(2)]
+    for step, (mine, theirs) in enumerate(zip(*shards)):
+        assert mine["targets"].shape == theirs["targets"].shape, step
+
+
+def test_a_pairs_length_is_its_longer_side_cut_to_the_rows_and_no_side_pads_past_its_row():
+    """Rows of 8 source and 32 target tokens: a pair of 20 + 5 tokens is 8 long (its source
+    cut to 8), so its bucket is 8 wide on both sides; pairs of 3 + 14 tokens are in a bucket
+    of 16, whose sources are padded to 8 at most."""
+    for source, rows, width in ((PairsOfLengths([20] * 40, [5] * 40), 32, 8),
+                                (PairsOfLengths([3] * 40, [14] * 40), 16, 16)):
+        batches = take(bucketed_dataset(source, batch_size=4, max_source_length=8,
+                                        max_target_length=rows), 5)
+        for batch in batches:
+            assert batch["inputs"].shape == (4, min(width, 8))
+            assert batch["targets"].shape == (4, width)
+            check_rows(batch, source)
+
+
+def test_each_bucket_is_shuffled_on_its_own():
+    """Two buckets of 8 pairs each (pairs 0..7 of 4 tokens, 8..15 of 12): the orders in
+    which their pairs come are not one permutation drawn twice."""
+    source = PairsOfLengths([4] * 8 + [12] * 8, [4] * 8 + [12] * 8)
+    drawn = {8: [], 16: []}
+    for batch in take(bucketed_dataset(source, batch_size=2, max_source_length=16,
+                                       max_target_length=16, num_buckets=2, seed=2), 16):
+        drawn[batch["targets"].shape[1]].extend(pairs_of(batch).tolist())
+    first, second = drawn[8][:8], [pair - 8 for pair in drawn[16][:8]]
+    assert sorted(first) == sorted(second) == list(range(8))
+    assert first != second
+
+
+def test_a_bucket_too_small_for_a_batch_in_every_process_joins_the_next():
+    """5 pairs of 4 tokens fill a batch of 4 rows in one process but not in each of 2 (where
+    one would hold 2 or 3 of them, each drawn again and again): they join the bucket of 16
+    pairs of 12 tokens, whose 21 pairs each process takes every other one of."""
+    source = PairsOfLengths([4] * 5 + [12] * 16, [4] * 5 + [12] * 16)
+    for k in range(2):
+        lines = []
+        batches = take(bucketed_dataset(source, batch_size=4, max_source_length=16,
+                                        max_target_length=16, num_buckets=2, shard_index=k,
+                                        shard_count=2, log=lines.append), 10)
+        assert lines == ["bucketed batches: 1 buckets, rows x length 4 x 16"]
+        for batch in batches:
+            assert batch["targets"].shape == (4, 16)
+            assert all(pair % 2 == k for pair in pairs_of(batch).tolist())
+
+
+def test_a_process_without_a_pair_of_a_bucket_is_a_data_error():
+    """One pair and 2 processes: the second has none to train on, said when the batches
+    are made (not a ZeroDivisionError at the first batch)."""
+    with pytest.raises(DataError, match=r"^too few training pairs \(1\) for 2 processes$"):
+        bucketed_dataset(PairsOfLengths([5], [5]), batch_size=2, max_source_length=8,
+                         max_target_length=8, shard_index=1, shard_count=2)

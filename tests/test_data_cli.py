@@ -57,6 +57,21 @@ def test_shows_examples_ids_and_statistics(tmp_path):
     assert re.search(rf"max_target_length=32: {long_sources} \(", result.stdout)
 
 
+def test_show_0_shows_no_example_and_drop_is_said(tmp_path):
+    """--show=0 goes straight to the statistics; with too_long="drop" they say that the
+    pairs longer than a row are dropped, not cut."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_corpus(corpus, GERMAN * 30, ENGLISH * 30)
+    result = run_cli(f"--config.data.dataset=folder:{corpus}", "--config.data.vocab_size=300",
+                     "--config.data.max_source_length=6", "--config.data.too_long=drop",
+                     "--split=train", "--show=0")
+    assert result.returncode == 0, result.stderr
+    assert not re.search(r"^(example \d|  ids )", result.stdout, re.M)
+    assert re.search(r"max_target_length=32: \d+ \([\d.]+%\), dropped in training$",
+                     result.stdout.strip())
+
+
 def test_bad_corpus_is_one_clear_line(tmp_path):
     write_corpus(tmp_path, GERMAN, ENGLISH[:-1])
     result = run_cli(f"--config.data.dataset=folder:{tmp_path}", "--split=train")
@@ -266,3 +281,22 @@ def test_an_empty_split_has_counts_and_no_table_and_control_characters_are_shown
                                        f"  ids     {[97, 9, 98, 27, 91, 50, 74, EOS_ID]}",
                                        "  pieces  a \\t b \\x1b [ 2 J </s>"]
     assert shown.splitlines()[4] == "  target  ü"
+
+
+def test_statistics_of_the_first_pairs_are_per_pair_scanned_and_say_drop():
+    """Of a split of 10 pairs, 2 scanned (--max_pairs): 18 tokens in them are 9 per pair
+    (not 1.8 per pair of the split), 1 of the 2 is longer than a row (50 %), and with
+    too_long="drop" the line says that it is dropped."""
+    import numpy as np
+
+    from transformer_jax.data.report import SplitStatistics, format_statistics
+
+    stats = SplitStatistics(pairs=2, split_pairs=10, skipped_empty=0,
+                            source_lengths=np.array([2, 10]), target_lengths=np.array([3, 3]),
+                            max_source_length=8, max_target_length=8, too_long="drop")
+    lines = format_statistics(stats).splitlines()
+    assert lines[0] == ("10 pairs; 0 skipped (an empty side); statistics of the first 2 "
+                        "(--max_pairs)")
+    assert lines[-2:] == ["  tokens per pair (both sides): 9.00",
+                          "  longer than max_source_length=8 or max_target_length=8: 1 (50.00%), "
+                          "dropped in training"]

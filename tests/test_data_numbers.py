@@ -94,6 +94,34 @@ def test_small_splits_are_subsets_of_full_splits():
         assert np.all(np.isin(small, full)), split
 
 
+# Numbers of version 1.2.0's splits (the first four and the sum of each): another draw would
+# be another dataset under the same version, and prepared ids or a test score made from one
+# would silently not match the other.
+VERSION_1_2_0 = {
+    ("small", "train"): ([1117, 1332, 1677, 1977], 1_481_906_014),
+    ("small", "validation"): ([1848, 4869, 9375, 9768], 96_290_473),
+    ("small", "test"): ([6499, 10506, 13061, 18399], 103_167_778),
+    ("full", "train"): ([1006, 1007, 1009, 1012], 90_829_458_193),
+    ("full", "validation"): ([1579, 1648, 1848, 2194], 990_948_569),
+    ("full", "test"): ([1643, 1768, 2730, 3007], 1_004_077_896),
+}
+
+
+@pytest.mark.parametrize("config, split", sorted(VERSION_1_2_0))
+def test_split_numbers_are_those_of_the_version(config, split):
+    assert str(Numbers.VERSION) == "1.2.0"
+    numbers = split_numbers(split, {"small": SMALL_SIZES, "full": FULL_SIZES}[config])
+    first, total = VERSION_1_2_0[config, split]
+    assert numbers[numbers >= 1000][:4].tolist() == first and int(numbers.sum()) == total
+
+
+def test_record_keys_are_the_number_plus_a_million_per_copy_before():
+    """A number's first record keeps the number as its key (version 1.0.0's keys, so a split
+    without copies keeps its records' order); each later copy adds 1,000,000."""
+    keys = [key for key, _ in Numbers._generate_examples(None, np.array([5, 5, 5, 7, 1234]))]
+    assert keys == [5, 1_000_005, 2_000_005, 7, 1234]
+
+
 def test_split_numbers_rejects_bad_arguments():
     with pytest.raises(ValueError, match="train, validation, test"):
         split_numbers("dev")

@@ -217,6 +217,22 @@ def test_shards_train_on_disjoint_pairs(train, tokenizer):
         assert seen == set(mine)  # 40 batches of about 7 pairs are more than 143
 
 
+def test_shards_drop_only_their_own_pairs_that_do_not_fit(train, tokenizer):
+    """With too_long="drop", shard k of 3 packs the pairs k::3 that fit the rows (6 + 9
+    tokens), and every one of them: the shards are cut first, as without dropping."""
+    everything = [encoded(tokenizer, p, dict(max_source_length=99, max_target_length=99))
+                  for p in PAIRS]
+    lengths = dict(max_source_length=6, max_target_length=9)
+    for k in range(3):
+        fits = {pair for pair in everything[k::3] if len(pair[0]) <= 6 and len(pair[1]) <= 9}
+        seen = set()
+        for batch in batches(train, 60, batch_size=2, too_long="drop", shard_index=k,
+                             shard_count=3, **lengths):
+            sources, targets = segments(batch, "inputs"), segments(batch, "targets")
+            seen |= {(tuple(sources[key]), tuple(targets[key])) for key in sources}
+        assert seen == fits
+
+
 @pytest.mark.parametrize("shard_count", [1, 2, 3])
 def test_eval_batches_hold_every_example_once(prepared, tokenizer, shard_count):
     """Padded, unpacked, each example exactly once across shards, padding rows marked."""
@@ -245,3 +261,20 @@ def test_eval_batches_hold_every_example_once(prepared, tokenizer, shard_count):
                 assert batch["targets"][row].tolist() == list(target) + [0] * (8 - len(target))
     assert sorted(seen) == list(range(40))
     assert cut > 0
+
+
+def test_eval_batches_of_one_row_end_with_padding_alone_where_a_shard_is_shorter(prepared):
+    """40 pairs in 3 shards of 14, 13 and 13 pairs, one row per batch: every shard runs 14
+    batches (the longest shard's), each pair in one; shards 1 and 2 end on a batch that
+    is padding alone, its row masked out."""
+    validation = prepared[1]["validation"]
+    for k in range(3):
+        shard = list(eval_batches(validation, batch_size=1, shard_index=k, shard_count=3,
+                                  **LENGTHS))
+        mine = list(range(k, 40, 3))
+        assert len(shard) == 14
+        assert [int(b["index"][0]) for b in shard] == mine + [-1] * (14 - len(mine))
+        assert [bool(b["example_mask"][0]) for b in shard] == [True] * len(mine) + [False] * (
+            14 - len(mine))
+        for batch in shard[len(mine):]:
+            assert not batch["inputs"].any() and not batch["targets"].any()

@@ -28,7 +28,8 @@ from transformer_jax.data import prepared_writer, vocabulary
 from transformer_jax.data.parallel_encoding import encode_in_processes
 from transformer_jax.data.pipeline import CHUNK, train_dataset
 from transformer_jax.data.prepared import open_split, prepare
-from transformer_jax.data.sources import DataError
+from transformer_jax.data.prepared_split import PreparedSplit
+from transformer_jax.data.sources import DataError, Split
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.run_config import data_fields
 from transformer_jax.token_ids import EOS_ID
@@ -150,6 +151,52 @@ def test_a_prepared_split_pickles_as_its_folder(run):
     for i in (0, 211, 428):
         for side in ("inputs", "targets"):
             np.testing.assert_array_equal(again[i][side], train[i][side])
+
+
+class IdsTokenizer(Tokenizer):
+    """A vocabulary of `vocab_size` ids whose texts are ids written out ("5 65536"): its
+    `encode_arrays` is Tokenizer's own."""
+
+    def __init__(self, vocab_size):  # no SentencePiece model
+        self._vocab_size = vocab_size
+
+    @property
+    def vocab_size(self):
+        return self._vocab_size
+
+    def encode_batch(self, texts, *, add_eos=False, num_threads=1):
+        return [[int(word) for word in text.split()] + [EOS_ID] * add_eos for text in texts]
+
+
+@pytest.mark.parametrize("vocab_size, dtype", [(65_536, "uint16"), (65_537, "int32")])
+def test_ids_are_uint16_while_the_vocabulary_fits_and_int32_beyond(tmp_path, vocab_size, dtype):
+    """uint16 holds every id of 65,536 pieces (0 to 65,535); with one piece more, the last id,
+    65,536, is int32's to hold: the ids read back are the ids written."""
+    top = vocab_size - 1
+    pairs = [{"source": f"5 {top}", "target": f"{top} 7 {top}"}, {"source": "4", "target": "6"}]
+    prepared_writer.write_split(Split("train", pairs, 0), {"dataset": "ids"},
+                                IdsTokenizer(vocab_size), str(tmp_path / "train"),
+                                log=lambda line: None, processes=0)
+    split = PreparedSplit(str(tmp_path / "train"))
+    assert split.manifest["dtype"] == dtype
+    assert [{side: ids.tolist() for side, ids in split[i].items()} for i in range(2)] == [
+        {"inputs": [5, top, EOS_ID], "targets": [top, 7, top, EOS_ID]},
+        {"inputs": [4, EOS_ID], "targets": [6, EOS_ID]}]
+
+
+def test_the_pairs_skipped_for_an_empty_side_are_counted_in_the_manifest_and_the_line(tmp_path):
+    """3 of 33 lines have an empty side: the split holds 30 pairs, and both its manifest and
+    its line say that 3 were skipped."""
+    pairs = PAIRS[:30] + [{"source": "", "target": "one"}, {"source": "zwei", "target": " "},
+                          {"source": "", "target": ""}]
+    config = write_corpus(tmp_path / "corpus", pairs)
+    lines = []
+    _, splits = prepare(config, str(tmp_path / "run"), log=lines.append)
+    assert len(splits["train"]) == 30 and splits["train"].manifest["skipped_empty"] == 3
+    assert splits["validation"].manifest["skipped_empty"] == 0
+    (line,) = [line for line in lines if line.startswith("prepared train:")]
+    assert line.startswith("prepared train: 30 pairs, ") and line.endswith(
+        "; 3 skipped (an empty side)")
 
 
 # --- batches from prepared ids equal a reference ----------------------------------------------
@@ -286,6 +333,22 @@ def test_a_killed_preparation_resumes_from_its_whole_parts(corpus, run, tmp_path
     assert_equal_to_the_clean_run(run, workdir)
     for split in ("train", "validation"):
         assert splits[split].manifest == run[2][split].manifest
+
+
+def test_a_kill_before_the_parts_are_joined_keeps_every_part_the_short_last_one_too(
+        corpus, run, tmp_path, monkeypatch):
+    """Killed once the last of the 5 parts (29 pairs, not 100) was written: the rerun finds
+    every part whole and tokenizes none of them again, only the validation split."""
+    workdir = killed_preparation(corpus, tmp_path, monkeypatch, "_join_parts", 0)
+    parts = sorted(os.listdir(tmp_path / "run" / "prepared" / "train.partial"))
+    assert [name for name in parts if name.startswith("part-")] == [
+        f"part-0000{k}.npz" for k in range(5)]
+    count_calls(monkeypatch, prepared_writer, "_join_parts")  # no longer failing
+    written = count_calls(monkeypatch, prepared_writer, "_write_part")
+    prepare(corpus, workdir, **QUIET)
+    assert [os.path.relpath(p, os.path.join(workdir, "prepared")) for p in written] == [
+        "validation.partial/part-00000.npz"]
+    assert_equal_to_the_clean_run(run, workdir)
 
 
 def test_worker_processes_prepare_the_same_ids_and_end_with_a_kill(corpus, run, tmp_path,
@@ -686,6 +749,26 @@ def test_a_damaged_part_is_tokenized_again(corpus, run, tmp_path, monkeypatch, h
     assert splits["train"].manifest == run[2]["train"].manifest
 
 
+def test_a_whole_part_of_other_pairs_is_tokenized_again(corpus, run, tmp_path, monkeypatch):
+    """A part that reads whole but holds 50 pairs, not its 100 (written with other parts'
+    sizes, say): a warning says so, it is tokenized again, and the ids equal a clean run's."""
+    workdir = killed_preparation(corpus, tmp_path, monkeypatch, "_write_part", 2)
+    path = tmp_path / "run" / "prepared" / "train.partial" / "part-00000.npz"
+    with np.load(path) as part:
+        arrays = {name: part[name] for name in part.files}
+    for side in ("inputs", "targets"):
+        arrays[f"{side}_lengths"] = arrays[f"{side}_lengths"][:50]
+        arrays[side] = arrays[side][:arrays[f"{side}_lengths"].sum()]
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    count_calls(monkeypatch, prepared_writer, "_write_part")  # no longer failing
+    with pytest.warns(UserWarning, match=r"train\.partial/part-00000\.npz is damaged \(its "
+                                         r"inputs are not 100 pairs of uint16 ids\); "
+                                         r"tokenizing its 100 pairs again"):
+        prepare(corpus, workdir, **QUIET)
+    assert_equal_to_the_clean_run(run, workdir)
+
+
 DAMAGED_FILES = [("inputs.npy", "cut"), ("inputs.npy", "empty"), ("targets.npy", "cut"),
                  ("targets_offsets.npy", "cut"), ("inputs_offsets.npy", "zeroed"),
                  ("manifest.json", "cut"), ("manifest.json", "empty"), ("manifest.json", None)]
@@ -723,6 +806,35 @@ def test_a_damaged_prepared_file_is_named_and_prepared_again(corpus, run, tmp_pa
     assert sorted(os.listdir(workdir / "prepared")) == ["train", "validation"]
 
 
+@pytest.mark.parametrize("name, edit", [
+    ("inputs_offsets.npy", "from 1"), ("targets_offsets.npy", "an empty pair"),
+    ("targets.npy", "one id fewer"), ("manifest.json", "pairs null")])
+def test_a_whole_file_that_does_not_fit_its_split_is_named(corpus, run, tmp_path, name, edit):
+    """Files that read whole (NumPy and JSON parse them) but do not hold the split: offsets
+    from 1 (pair 0 would lose its first id), a pair of no ids (not even its EOS), one id
+    fewer than the manifest says, a pair count that is no number. open_split names the
+    file, not another one, nor fails later with a TypeError or an IndexError."""
+    workdir = tmp_path / "run"
+    shutil.copytree(run[0], workdir)
+    path = workdir / "prepared" / "train" / name
+    if edit == "pairs null":
+        manifest = json.loads(path.read_text())
+        path.write_text(json.dumps({**manifest, "pairs": None}))
+    else:
+        array = np.load(path)
+        if edit == "from 1":
+            assert array[1] >= 2  # pair 0 keeps an id
+            array[0] = 1
+        elif edit == "an empty pair":
+            array[1] = array[0]
+        else:
+            array = array[:-1]
+        np.save(path, array)
+    with pytest.raises(DataError, match=rf"prepared/train/{re.escape(name)} is damaged \(.+\): "
+                                        r"delete "):
+        open_split(corpus, str(workdir), "train", run[1])
+
+
 def test_a_kill_while_moving_a_split_into_place_resumes_without_tokenizing(
         corpus, run, tmp_path, monkeypatch):
     """Killed after joining, while removing the parts (made_from.json already gone): the
@@ -740,6 +852,21 @@ def test_a_kill_while_moving_a_split_into_place_resumes_without_tokenizing(
     assert sorted(os.listdir(tmp_path / "run" / "prepared" / "train")) == [
         "inputs.npy", "inputs_offsets.npy", "manifest.json", "targets.npy",
         "targets_offsets.npy"]
+
+
+def test_joined_arrays_damaged_before_the_move_are_joined_again_from_the_parts(
+        corpus, run, tmp_path, monkeypatch):
+    """Killed as the joined split was to be moved into place, its offsets then zeroed (their
+    blocks never written): the rerun does not move them into place but joins the whole
+    parts again, tokenizing none of them."""
+    workdir = killed_preparation(corpus, tmp_path, monkeypatch, "_move_into_place", 0)
+    damage(tmp_path / "run" / "prepared" / "train.partial" / "inputs_offsets.npy", "zeroed")
+    count_calls(monkeypatch, prepared_writer, "_move_into_place")  # no longer failing
+    written = count_calls(monkeypatch, prepared_writer, "_write_part")
+    prepare(corpus, workdir, **QUIET)
+    assert [os.path.relpath(p, os.path.join(workdir, "prepared")) for p in written] == [
+        "validation.partial/part-00000.npz"]
+    assert_equal_to_the_clean_run(run, workdir)
 
 
 def test_a_damaged_split_that_is_also_stale_is_refused_not_prepared_again(tmp_path,

@@ -209,6 +209,23 @@ def test_tfds_mock_data_direction_and_types():
     assert odd == pairs[1::2]
 
 
+def test_tfds_records_are_read_in_chunks_each_once_in_order(monkeypatch):
+    """Records are read a chunk at a time (one `__getitems__` call each): chunks of 4 of a
+    process's 5 records 1, 3, ... 9 of 11 read each of them once, in order."""
+    records = [{"de": f"Satz {i}".encode(), "en": f"sentence {i}".encode()} for i in range(11)]
+    calls = []
+
+    class Records(list):
+        def __getitems__(self, indices):
+            calls.append(list(indices))
+            return [self[i] for i in indices]
+
+    read = sources._read_pairs(Records(records), range(1, 11, 2), data_config(), "tfds train",
+                               chunk=4)
+    assert read == [{"source": f"Satz {i}", "target": f"sentence {i}"} for i in range(1, 11, 2)]
+    assert calls == [[1, 3, 5, 7], [9]]
+
+
 @pytest.mark.filterwarnings("ignore:Requested vocab_size")
 def test_tfds_mock_data_batches_shapes_and_dtypes(tmp_path):
     """Mocked WMT14 pairs, prepared, become int32 batches of the configured shapes,
@@ -322,6 +339,21 @@ def test_a_utf16_file_is_named_as_such(tmp_path):
     assert str(error.value) == (f"{tmp_path / 'train.de'} is UTF-16 (it starts with UTF-16's "
                                 f"byte-order mark), not UTF-8; convert it, e.g. iconv -f "
                                 f"UTF-16 -t UTF-8")
+
+
+def test_one_folder_however_written_is_one_dataset(tmp_path, monkeypatch):
+    """Relative, absolute, with a trailing /, from ~ or through a link: one folder is one
+    dataset; another folder is another."""
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for written in (f"folder:{tmp_path}/corpus/", "folder:~/corpus", "folder:link",
+                    f"folder:{tmp_path}/link", "folder:./other/../corpus"):
+        assert sources.same_dataset("folder:corpus", written), written
+    assert not sources.same_dataset("folder:corpus", "folder:other")
+    assert not sources.same_dataset("folder:corpus", "numbers")
 
 
 def test_a_folder_moved_is_its_files_by_name_size_and_time_to_the_millisecond(tmp_path):

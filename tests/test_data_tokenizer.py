@@ -4,6 +4,7 @@ import hashlib
 import pickle
 import random
 import re
+import warnings
 
 import jax.numpy as jnp
 import numpy as np
@@ -112,6 +113,25 @@ def test_decode_stops_at_eos_and_drops_padding(tokenizer):
     assert tokenizer.decode([EOS_ID] + tokenizer.encode(text)) == ""
 
 
+def test_decode_stops_at_the_first_of_several_eos(tokenizer):
+    """A row that ends twice (EOS, more ids, EOS: a search's output) is its text up to the
+    first EOS, not up to the last."""
+    text = "Die Katzen."
+    ids = tokenizer.encode(text) + [EOS_ID] + tokenizer.encode("junk") + [EOS_ID, PAD_ID]
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.decode_batch(np.asarray([ids])) == [text]
+
+
+def test_digits_are_pieces_of_one_digit():
+    """Numbers that recur (years, 200, 2024) are never merged into pieces: each digit is a
+    piece of its own, without the word's mark of a space."""
+    corpus = [f"In {1990 + i % 5} there were {i % 3}00 houses, 2024 trees." for i in range(300)]
+    tokenizer = train_tokenizer(corpus, 300)
+    text = "In 1992 there were 200 houses, 2024 trees."
+    pieces = [tokenizer.id_to_piece(i) for i in tokenizer.encode(text)]
+    assert [p for p in pieces if any(c.isdigit() for c in p)] == list("19922002024"), pieces
+
+
 def test_decode_rejects_2d(tokenizer):
     with pytest.raises(ValueError, match="1-D"):
         tokenizer.decode(np.zeros((2, 3), np.int32))
@@ -153,6 +173,12 @@ def test_every_sentence_trains_the_model(tokenizer):
     assert pieces(tokenizer, "ж")[-2:] == ["<0xD0>", "<0xB6>"]  # unseen: UTF-8 bytes
     trained = train_tokenizer(CORPUS + ["Der Igel sagt жжж."], VOCAB_SIZE)
     assert not any(piece.startswith("<0x") for piece in pieces(trained, "ж"))
+
+
+def test_a_vocabulary_of_the_requested_size_trains_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert train_tokenizer(CORPUS, VOCAB_SIZE).vocab_size == VOCAB_SIZE
 
 
 def test_too_large_vocab_warns_and_caps():

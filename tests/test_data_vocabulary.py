@@ -17,9 +17,11 @@ from transformer_jax.data.numbers import Numbers
 from transformer_jax.data.sources import DataError
 from transformer_jax.data.tokenizer import Tokenizer, train_tokenizer
 from transformer_jax.data.vocabulary import (
+    CHECKPOINT_TOKENIZER_KEY,
     SETTINGS_VERSION,
     VOCABULARY_SETTINGS,
     get_tokenizer,
+    other_tokenizer,
     tokenizer_path,
     training_sentences,
     vocabulary_settings,
@@ -164,6 +166,15 @@ def test_training_sentences_are_capped_and_spread_over_the_split():
     assert max(used) >= 0.9 * len(PAIRS)  # not only the first pairs
     everything = list(training_sentences(PAIRS, 10 * len(PAIRS)))
     assert everything == [side for pair in PAIRS for side in (pair["source"], pair["target"])]
+    # 900 pairs, 1,000 sentences: 500 pairs from all 900 (0, 1, 3, 5, 7, 9, 10, ...: i · 9 // 5),
+    # not the first 500; 2,700 pairs and 600 sentences: every ninth, a whole stride.
+    pairs = [{"source": f"s{i}", "target": f"t{i}"} for i in range(2700)]
+    spread = list(training_sentences(pairs[:900], 1000))
+    assert len(spread) == 1000 and spread[-2:] == ["s898", "t898"]
+    assert spread[:8] == ["s0", "t0", "s1", "t1", "s3", "t3", "s5", "t5"]
+    strided = list(training_sentences(pairs, 600))
+    assert strided == [side for pair in pairs[::9] for side in (pair["source"], pair["target"])]
+    assert list(training_sentences(pairs, 5)) == ["s0", "t0", "s900", "t900", "s1800"]
 
 
 def test_tokenizer_sentences_caps_what_trains_the_tokenizer(tmp_path):
@@ -397,3 +408,15 @@ def test_an_empty_training_split_is_named_not_the_vocabulary(tmp_path):
     assert str(error.value) == (f"the training split of folder:{UNREADABLE['folder']} has no "
                                 f"pairs with text on both sides (pairs with an empty side are "
                                 f"skipped); the tokenizer is trained on it")
+
+
+def test_a_checkpoint_of_another_tokenizer_is_named(tmp_path):
+    """A checkpoint's metadata names its tokenizer's SHA-256: another one is refused in one
+    line naming both; the same one, or none (an older checkpoint), is not."""
+    tokenizer = get_tokenizer(config(), str(tmp_path), PAIRS)
+    assert other_tokenizer({}, tokenizer) is None
+    assert other_tokenizer({CHECKPOINT_TOKENIZER_KEY: tokenizer.sha256}, tokenizer) is None
+    other = "0123456789ab" + tokenizer.sha256[12:]
+    assert other_tokenizer({CHECKPOINT_TOKENIZER_KEY: other}, tokenizer) == (
+        f"was trained with another tokenizer (SHA-256 0123456789ab...) than the workdir's "
+        f"tokenizer.model ({tokenizer.sha256[:12]}...); put back the one it was trained with")

@@ -560,6 +560,17 @@ def test_floats_lists_and_unbatched_ids_are_refused_in_one_line(variables):
         assert str(error.value).splitlines()[0] == expected
 
 
+def test_ids_with_an_axis_too_many_are_refused_in_one_line(variables):
+    """(1, B, S) ids (a batch stacked once more) are not (B, T) either."""
+    inputs_BS, targets_BT = map(np.asarray, _batch(0))
+    for args, name, shape in (((inputs_BS[None], targets_BT), "token ids", inputs_BS.shape),
+                              ((inputs_BS, targets_BT[None]), "targets", targets_BT.shape)):
+        with pytest.raises(ValueError) as error:
+            Transformer(TINY).apply(variables, *args)
+        assert str(error.value) == (f"{name} must be (B, T), got shape {(1, *shape)}; a single "
+                                    f"sequence is ids[None]")
+
+
 def test_mismatched_batches_positions_and_configs_are_refused_in_one_line(variables):
     """Sources and targets of different batches, positions or segment numbers not shaped as
     their ids, and a preset's name for the config: one line each, where attention's shapes

@@ -7,7 +7,8 @@ import pytest
 from run_configs import tiny_run
 from transformer_jax.config_checks import ConfigError
 from transformer_jax.data.pipeline import ShuffledChunks
-from transformer_jax.train_batches import batch_rows, new_shuffle_seed, too_long_line
+from transformer_jax.train_batches import (batch_rows, new_shuffle_seed, too_long_line,
+                                           train_batches)
 
 BUDGET = 25_000  # §5.1: about 25,000 source and 25,000 target tokens per batch
 
@@ -104,3 +105,50 @@ def test_pairs_longer_than_a_row_are_counted_before_training():
     d.too_long = "drop"
     assert too_long_line(d, source).endswith("dropped (config.data.too_long='drop')")
     assert too_long_line(d, _Lengths([S, 2], [T, 2])) is None
+
+
+class _Pairs(_Lengths):
+    """A prepared split's reading interface: pair i's ids are 4 + i, on both sides."""
+
+    def __len__(self):
+        return len(self._lengths["inputs"])
+
+    def gather(self, side, indices, counts):
+        return np.repeat(4 + np.asarray(indices), counts).astype(np.int32)
+
+
+@pytest.mark.parametrize("batching", ["packed", "bucketed"])
+def test_the_batches_are_shuffled_by_the_seed_given_not_the_configs(batching):
+    """A run resumed without its data position trains on a new shuffle (`new_shuffle_seed`):
+    its batches are that seed's, not the first batches of config.seed again."""
+    config = tiny_run(**{"data.batching": batching})
+    source = _Pairs(np.arange(500) % 5 + 1, np.arange(500) % 7 + 1)
+
+    def first_targets(seed):
+        batches = iter(train_batches(config, source, 4, 1, seed, announce=False))
+        return np.stack([next(batches)["targets"] for _ in range(3)])
+
+    start, resumed = first_targets(config.seed), first_targets(new_shuffle_seed(config.seed, 4))
+    assert start.shape == resumed.shape and not np.array_equal(start, resumed)
+    np.testing.assert_array_equal(first_targets(config.seed), start)
+
+
+def test_each_seed_and_step_draws_its_own_shuffle():
+    """Runs of seeds 0..4 resumed at steps 0..4: 25 new shuffles, none another's (seed 1 at
+    step 3 is not seed 0 at step 4)."""
+    assert len({new_shuffle_seed(seed, step) for seed in range(5) for step in range(5)}) == 25
+
+
+@pytest.mark.parametrize("batching", ["packed", "bucketed"])
+def test_only_process_0_announces_the_batches(batching, monkeypatch, capsys):
+    """The line on pairs longer than a row (and bucketed batches' line) is printed once, by
+    process 0, not once per process."""
+    config = tiny_run(**{"data.batching": batching})
+    source = _Pairs(np.arange(200) % 5 + 1, np.arange(200) % 30 + 1)  # some longer than 24
+    said = {}
+    for process in (0, 1):
+        monkeypatch.setattr(jax, "process_index", lambda: process)
+        next(iter(train_batches(config, source, 4, 1, 0)))
+        said[process] = capsys.readouterr().out
+    assert "training pairs (" in said[0] and said[1] == ""
+    assert ("bucketed batches:" in said[0]) == (batching == "bucketed")

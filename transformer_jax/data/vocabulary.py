@@ -96,8 +96,11 @@ def training_sentences(pairs, max_sentences: int):
     A fixed stride rather than a random sample, so the same split gives the
     same sentences, and the same model, in every process.
     """
-    step = max(1, (2 * len(pairs)) // max(max_sentences, 1))
-    sides = ((pair["source"], pair["target"]) for pair in pairs[::step])
+    count, wanted = len(pairs), max(1, -(-max_sentences // 2))  # pairs: 2 sentences each
+    # Pair i · count // wanted: a whole stride (pairs[::9] of 9·wanted) where there is one,
+    # else spread to the end, where a stride rounded down would stop part of the way.
+    chosen = pairs if count <= wanted else (pairs[i * count // wanted] for i in range(wanted))
+    sides = ((pair["source"], pair["target"]) for pair in chosen)
     return itertools.islice(itertools.chain.from_iterable(sides), max_sentences)
 
 
