@@ -430,8 +430,11 @@ def test_worker_processes_exit_when_their_caller_is_killed(run, tmp_path):
 def test_a_worker_that_dies_is_a_data_error_and_leaves_no_worker(run):
     """A worker killed while it encodes (as the out-of-memory killer would): the caller gets
     a DataError that says what to do, and the other worker is stopped."""
+    before = {child.pid for child in multiprocessing.active_children()}  # not this pool's
+
     def kill_a_worker():
-        while len(workers := multiprocessing.active_children()) < 2:
+        while len(workers := [child for child in multiprocessing.active_children()
+                              if child.pid not in before]) < 2:
             time.sleep(0.05)
         os.kill(workers[0].pid, signal.SIGKILL)
 
@@ -443,7 +446,7 @@ def test_a_worker_that_dies_is_a_data_error_and_leaves_no_worker(run):
                                         r"fewer processes"):
         list(encoded)
     killer.join()
-    assert not multiprocessing.active_children()
+    assert not {child.pid for child in multiprocessing.active_children()} - before
 
 
 def test_worker_processes_do_not_run_a_script_without_a_main_guard(corpus, run, tmp_path):
