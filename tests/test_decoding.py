@@ -527,3 +527,40 @@ def test_logits_with_or_without_a_length_axis_search_alike(search):
 
     assert_array_equal(_run(search, logits_RV), [[3, 3, 3], [3, 3, 3]])
     assert_array_equal(_run(search, logits_R1V), [[3, 3, 3], [3, 3, 3]])
+
+
+def test_another_eos_id_ends_hypotheses_as_the_default_one_does():
+    """The tables with tokens 1 and 3 swapped, searched with eos_id=3, give the hypotheses of
+    the original tables with EOS 1, relabelled, and the same scores: the searches end rows on
+    the id they are given, not on token_ids.EOS_ID."""
+    tables = random_tables(seed=8, examples=3, vocab=7, eos_boost=1.5)
+    swap = np.array([0, 3, 2, 1, 4, 5, 6])  # its own inverse
+    swapped = tables[:, swap][:, :, swap]
+    search = partial(beam_search, batch_size=3, beam_size=3, max_length=7, alpha=0.6,
+                     return_all=True)
+    cache = markov_cache(np.arange(3))
+    seqs, scores = search(markov_fn(tables), cache)
+    assert np.any(np.asarray(seqs) == EOS)
+    swapped_seqs, swapped_scores = search(markov_fn(swapped), cache, eos_id=3)
+    assert_array_equal(swap[np.asarray(swapped_seqs)], seqs)
+    assert_allclose(swapped_scores, scores, rtol=1e-6)
+    greedy = greedy_search(markov_fn(tables), cache, batch_size=3, max_length=7)
+    assert np.any(np.asarray(greedy) == EOS)
+    swapped_greedy = greedy_search(markov_fn(swapped), cache, batch_size=3, max_length=7,
+                                   eos_id=3)
+    assert_array_equal(swap[np.asarray(swapped_greedy)], greedy)
+
+
+def test_a_later_hypothesis_of_the_same_score_leaves_the_earlier_first():
+    """With α = 0, [2 EOS] (finished at step 2) and [3 4 EOS] (at step 3) have the same
+    log P to the bit: the first token halves it, every later one is certain (its log-softmax
+    exactly 0). The finished set keeps the older of tied scores first, so the earlier,
+    shorter hypothesis is the answer."""
+    vocab = 5
+    table = np.full((vocab, vocab), NEVER, np.float32)
+    table[PAD, [2, 3]] = 0.0  # log P = -log 2 each
+    table[2, EOS] = table[3, 4] = table[4, EOS] = 0.0  # log P = 0
+    seqs, scores = beam_search(markov_fn(table[None]), markov_cache([0]), batch_size=1,
+                               beam_size=2, max_length=4, alpha=0.0, return_all=True)
+    assert_array_equal(seqs[0], [[2, EOS, PAD, PAD], [3, 4, EOS, PAD]])
+    assert_array_equal(scores[0], [-np.log(np.float32(2))] * 2)

@@ -113,6 +113,14 @@ def test_bfloat16_quantizing_is_quiet(tmp_path):
     assert (tmp_path / "model.bin").stat().st_size > 0
 
 
+def test_the_layer_norm_epsilon_is_the_models(tmp_path):
+    """CTranslate2 reads the layer norms' ε from config.json; left out, it takes its own
+    default (1e-6), and a model trained with another ε gives other numbers (here 1e-5, which
+    the log-probability comparison's tolerance would not notice)."""
+    _random_model(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["layer_norm_epsilon"] == 1e-5
+
+
 def test_what_ctranslate2_cannot_hold_is_refused_by_name():
     learned = get_model_config("tiny", positional_encoding="learned", max_length=64)
     check_expressible(learned, max_positions=64)
@@ -180,6 +188,30 @@ def test_beam_searches_with_alpha_differ_only_where_their_length_penalties_do(te
         assert (ours_log_p / length_penalty(short, 0.6)
                 > their_log_p / length_penalty(long, 0.6))
         assert their_log_p / long ** 0.6 > ours_log_p / short ** 0.6
+
+
+def test_export_json_holds_the_runs_search_and_the_arguments_that_search_so(trained_run,
+                                                                          tmp_path):
+    """The search settings of the run's own config.decode (here changed in a copy of its
+    newest checkpoint's metadata), and the translate_batch arguments a client without this
+    package passes (docs/serving.md): patience 4, the run's α as length_penalty, outputs
+    that may end at once."""
+    import shutil
+
+    workdir = tmp_path / "run"
+    shutil.copytree(trained_run.workdir, workdir)
+    newest = str(trained_run.config.num_train_steps)
+    metadata_file = workdir / "checkpoints" / newest / "metadata" / "metadata"
+    metadata = json.loads(metadata_file.read_text())
+    metadata["config"]["decode"].update(beam_size=3, alpha=0.25, max_extra_length=7)
+    metadata_file.write_text(json.dumps(metadata))
+    manifest = export(str(workdir), str(tmp_path / "out"), fmt="ctranslate2")
+    assert manifest["search"] == {"beam_size": 3, "alpha": 0.25, "max_extra_length": 7}
+    assert manifest["ctranslate2_options"] == {"beam_size": 3, "patience": 4,
+                                               "length_penalty": 0.25,
+                                               "min_decoding_length": 0}
+    assert json.loads((tmp_path / "out" / "export.json").read_text())["search"] == \
+        manifest["search"]
 
 
 def test_int8_stores_a_byte_per_weight_and_translates(exported, test_split):
@@ -390,6 +422,29 @@ def test_a_finished_hypothesis_wins_over_a_longer_cut_one():
     assert tokens == [["c"], ["a", "b"]]  # the shorter first, as predict.py sorts them
     assert outputs == [[6, 6, 6], [4, 1]]  # none finished: the best; else the best finished
     assert options["num_hypotheses"] == 3 and options["max_decoding_length"] == 8 + 2
+
+
+def test_the_output_limit_counts_the_sources_eos_as_predict_does():
+    """predict.py pads a batch to its longest source in ids, EOS included, rounded up to a
+    multiple of 8: 8 pieces and EOS make 16. The engine's limit is that + max_extra_length,
+    whether it passes the EOS or leaves it to the model (add_source_eos), which makes the
+    source a piece shorter."""
+    pieces = ["<pad>", "</s>", "<s>", "<unk>", "a"]
+    for adds_eos in (True, False):
+        calls = []
+
+        class Fake:
+            def translate_batch(self, tokens, **options):
+                calls.append((tokens, options))
+                return [_Result([["a", "</s>"]])]
+
+        translator = CTranslate2Translator(Fake(), pieces, search={}, max_positions=64,
+                                           adds_eos=adds_eos)
+        assert translator.translate_ids([[4] * 8 + [1]], beam_size=2, alpha=0.6,
+                                        max_extra_length=2) == [[4, 1]]
+        (tokens, options), = calls
+        assert tokens == [["a"] * 8 + ([] if adds_eos else ["</s>"])]
+        assert options["max_decoding_length"] == 16 + 2
 
 
 def test_export_arguments_are_checked_before_the_checkpoints_are_read(tmp_path):

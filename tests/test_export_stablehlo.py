@@ -151,6 +151,29 @@ def test_exported_searches_give_predicts_ids(reweighted, sources, beam_size):
     assert [output.tolist() for output in outputs] == predicted(translator, source_ids, beam)
 
 
+def test_the_exported_beam_search_has_the_runs_length_penalty(translating_run, tmp_path):
+    """On the translating run, its α = 0.6 (§6.1) changes some beam-4 outputs of test
+    sources of at most 8 tokens from those of α = 0; the exported beam search, in a bucket
+    of predict.py's shape, gives the ids of α = 0.6, those too."""
+    workdir = str(translating_run.workdir)
+    ours = Translator.from_workdir(workdir)
+    texts = [pair["source"] for pair in load_split(translating_run.config.data, "test").pairs]
+    ids = [x for x in ours.tokenizer.encode_batch(texts, add_eos=True) if len(x) <= 8][:64]
+    assert len(ids) == 64
+    search = ours.search_settings()
+    assert search["alpha"] == 0.6
+
+    def searched(alpha):
+        return [output.tolist() for output in predict(
+            ours.model, ours.params, ids, batch_size=8, **{**search, "alpha": alpha})]
+
+    expected = searched(0.6)
+    assert expected != searched(0.0)  # 3 of these 64 differ
+    export(workdir, str(tmp_path / "hlo"), fmt="stablehlo", batch_sizes=(8,), lengths=(8,))
+    served = StableHLOTranslator(tmp_path / "hlo").translate_ids(ids)
+    assert [output.tolist() for output in served] == expected
+
+
 SERVE_SCRIPT = textwrap.dedent("""
     import importlib.abc, importlib.util, json, sys
 
@@ -246,6 +269,42 @@ def test_one_str_is_refused_as_translator_refuses_it(exported):
     with pytest.raises(TypeError) as error:
         StableHLOTranslator(exported).translate("null")
     assert str(error.value) == "translate takes a list of sentences, not one str: pass [sentence]"
+
+
+def test_the_engine_refuses_settings_other_than_the_exported_ones(tmp_path, monkeypatch):
+    """translate.py --engine=stablehlo cannot change what was compiled: an α or a
+    max_extra_length other than the exported is refused in one line, before any search;
+    greedy search, asked for or the only one exported, has no α to refuse."""
+    from transformer_jax.export import engines
+
+    searched = []
+
+    class Served:
+        """A stand-in for the exported searches."""
+
+        def __init__(self, directory):
+            pass
+
+        def translate(self, sentences, *, beam_size, **rest):
+            searched.append(beam_size)
+            return ["x"] * len(sentences)
+
+    monkeypatch.setattr(serve_stablehlo, "StableHLOTranslator", Served)
+    exported = {"beam_size": 4, "alpha": 0.6, "max_extra_length": 50}
+    translate = engines._stablehlo(str(tmp_path), exported)
+    assert translate(["null"], alpha=0.6, max_extra_length=50) == ["x"]
+    for key, value in (("max_extra_length", 10), ("alpha", 1.0)):
+        with pytest.raises(TranslationError) as error:
+            translate(["null"], **{key: value})
+        assert str(error.value) == (f"{tmp_path} was exported with {key}={exported[key]}; "
+                                    f"export again with python -m transformer_jax.export "
+                                    f"--{key}={value} to change it")
+    assert translate(["null"], beam_size=1, alpha=1.0) == ["x"]
+    greedy_only = engines._stablehlo(str(tmp_path), {**exported, "beam_size": 1})
+    assert greedy_only(["null"], alpha=1.0) == ["x"]
+    with pytest.raises(TranslationError, match="exported with max_extra_length=50;"):
+        greedy_only(["null"], max_extra_length=10)
+    assert searched == [None, 1, None]
 
 
 def test_a_ctranslate2_export_is_refused(tmp_path):

@@ -141,6 +141,43 @@ def test_a_learned_position_table_bounds_the_output_length():
     assert output.shape == (12,)
 
 
+def test_sinusoidal_positions_bound_neither_sources_nor_outputs():
+    """config.max_length is the rows of a learned position table; sinusoidal encodings have
+    none, so a source longer than max_length is searched, padded to a multiple of 8 as any
+    other, and its output runs to that length + max_extra_length."""
+    from transformer_jax.predict import output_length, position_rows, predict
+
+    config = get_model_config("tiny", vocab_size=30, max_length=12)
+    assert config.positional_encoding == "sinusoidal"
+    assert position_rows(config) is None and output_length(config, 16, 50) == 66
+    model = Transformer(config)
+    params = model.init(jax.random.key(4), jnp.ones((1, 4), jnp.int32),
+                        jnp.ones((1, 4), jnp.int32))["params"]
+    (output,) = predict(model, params, [[5] * 13 + [1]], beam_size=1, alpha=0.6,
+                        max_extra_length=2)
+    assert output.shape == (16 + 2,)
+
+
+def test_a_batch_is_padded_to_its_longest_source_rounded_up_to_a_multiple_of_8():
+    """predict pads a batch to its longest source rounded up to a multiple of 8 (BUCKET), not
+    past it (8 stays 8: the exported buckets, of those lengths, give the same ids), and its
+    outputs run to that length + max_extra_length; its rows to a power of two."""
+    from transformer_jax.predict import BUCKET, _padded_batch, predict
+
+    assert BUCKET == 8
+    for longest, padded in [(1, 8), (7, 8), (8, 8), (9, 16), (16, 16), (17, 24)]:
+        rows = [[5] * (longest - 1) + [1], [6, 1]]
+        inputs_BS = _padded_batch(rows, batch_size=32)
+        assert inputs_BS.shape == (2, padded)
+        assert inputs_BS[0, :longest].tolist() == rows[0] and not inputs_BS[0, longest:].any()
+    assert _padded_batch([[5, 1]] * 3, batch_size=32).shape == (4, 8)
+    model = Transformer(CONFIG)
+    params = model.init(jax.random.key(4), jnp.ones((1, 4), jnp.int32),
+                        jnp.ones((1, 4), jnp.int32))["params"]
+    outputs = predict(model, params, [[5] * 7 + [1], [5] * 8 + [1]], beam_size=1, alpha=0.6,
+                      max_extra_length=3, batch_size=1)
+    assert [output.shape for output in outputs] == [(8 + 3,), (16 + 3,)]
+
 
 @pytest.mark.usefixtures("on_the_cpu")
 def test_steps_per_loop_iteration_give_the_same_search_through_the_cache():

@@ -48,6 +48,16 @@ def test_average_params_is_the_element_wise_mean():
     assert averaged["w"].tolist() == [2.0, 4.0] and averaged["b"] == 1.5
 
 
+def test_average_params_weighs_every_checkpoint_alike():
+    """average:N of N > 2 (§6.1: 5 for base, 20 for big) is the mean of all N, each counted
+    once: not the first and last alone, nor the newest counted more."""
+    trees = [{"w": np.array([1.0, 3.0])}, {"w": np.array([3.0, 5.0])},
+             {"w": np.array([8.0, 1.0])}]
+    assert average_params(trees)["w"].tolist() == [4.0, 3.0]
+    five = [{"w": np.array([float(step)])} for step in (100, 200, 300, 400, 1000)]
+    assert average_params(five)["w"].tolist() == [400.0]
+
+
 def test_an_empty_workdir_is_refused_not_taken_for_the_current_folder(tmp_path, monkeypatch):
     """`--workdir=$RUN` with RUN unset: evaluate.py and the export say so, even where the
     current folder holds checkpoints."""
