@@ -314,8 +314,8 @@ def _beam_step(tokens_to_logits, state: _BeamState, *, alpha, eos_id) -> _BeamSt
     """Extend the live hypotheses by one token; update the live and finished sets."""
     batch, k = state.live_logp_BK.shape
     ids_BK = _previous_tokens(state.live_seqs_BKT, state.step)
-    logits_RV, cache = _next_logits(tokens_to_logits, ids_BK.reshape(batch * k, 1), state.cache,
-                                 eos_id=eos_id)
+    logits_RV, cache = _next_logits(tokens_to_logits, ids_BK.reshape(batch * k, 1),
+                                    state.cache, eos_id=eos_id)
     top_logp_BK, parent_BK, token_BK = _best_extensions(
         state.live_logp_BK, logits_RV.reshape(batch, k, -1))
     seqs_BKT = jnp.take_along_axis(state.live_seqs_BKT, parent_BK[:, :, None], axis=1)

@@ -93,8 +93,8 @@ def vocabulary_settings(data_config) -> dict:
 def training_sentences(pairs, max_sentences: int):
     """Up to `max_sentences` sentences, both sides, from pairs spread evenly over `pairs`.
 
-    A fixed stride rather than a random sample, so the same split gives the
-    same sentences, and the same model, in every process.
+    Fixed positions (pair i · N // n of n pairs from N) rather than a random sample, so the
+    same split gives the same sentences, and the same model, in every process.
     """
     count, wanted = len(pairs), max(1, -(-max_sentences // 2))  # pairs: 2 sentences each
     # Pair i · count // wanted: a whole stride (pairs[::9] of 9·wanted) where there is one,
