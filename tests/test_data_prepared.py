@@ -335,6 +335,17 @@ def test_a_killed_preparation_resumes_from_its_whole_parts(corpus, run, tmp_path
         assert splits[split].manifest == run[2][split].manifest
 
 
+def rerun_tokenizes_validation_alone(corpus, run, workdir, monkeypatch, killed_in: str):
+    """The rerun of a preparation killed in `killed_in` (no longer failing) tokenizes only
+    the validation split, whose preparation never began, and equals a clean run."""
+    count_calls(monkeypatch, prepared_writer, killed_in)
+    written = count_calls(monkeypatch, prepared_writer, "_write_part")
+    prepare(corpus, workdir, **QUIET)
+    assert [os.path.relpath(p, os.path.join(workdir, "prepared")) for p in written] == [
+        "validation.partial/part-00000.npz"]
+    assert_equal_to_the_clean_run(run, workdir)
+
+
 def test_a_kill_before_the_parts_are_joined_keeps_every_part_the_short_last_one_too(
         corpus, run, tmp_path, monkeypatch):
     """Killed once the last of the 5 parts (29 pairs, not 100) was written: the rerun finds
@@ -343,12 +354,7 @@ def test_a_kill_before_the_parts_are_joined_keeps_every_part_the_short_last_one_
     parts = sorted(os.listdir(tmp_path / "run" / "prepared" / "train.partial"))
     assert [name for name in parts if name.startswith("part-")] == [
         f"part-0000{k}.npz" for k in range(5)]
-    count_calls(monkeypatch, prepared_writer, "_join_parts")  # no longer failing
-    written = count_calls(monkeypatch, prepared_writer, "_write_part")
-    prepare(corpus, workdir, **QUIET)
-    assert [os.path.relpath(p, os.path.join(workdir, "prepared")) for p in written] == [
-        "validation.partial/part-00000.npz"]
-    assert_equal_to_the_clean_run(run, workdir)
+    rerun_tokenizes_validation_alone(corpus, run, workdir, monkeypatch, "_join_parts")
 
 
 def test_worker_processes_prepare_the_same_ids_and_end_with_a_kill(corpus, run, tmp_path,
@@ -846,12 +852,7 @@ def test_a_kill_while_moving_a_split_into_place_resumes_without_tokenizing(
     partial = tmp_path / "run" / "prepared" / "train.partial"
     for name in ("made_from.json", "part-00000.npz", "part-00001.npz"):
         (partial / name).unlink()
-    count_calls(monkeypatch, prepared_writer, "_move_into_place")  # no longer failing
-    written = count_calls(monkeypatch, prepared_writer, "_write_part")
-    prepare(corpus, workdir, **QUIET)
-    assert [os.path.relpath(p, os.path.join(workdir, "prepared")) for p in written] == [
-        "validation.partial/part-00000.npz"]
-    assert_equal_to_the_clean_run(run, workdir)
+    rerun_tokenizes_validation_alone(corpus, run, workdir, monkeypatch, "_move_into_place")
     assert sorted(os.listdir(tmp_path / "run" / "prepared" / "train")) == [
         "inputs.npy", "inputs_offsets.npy", "manifest.json", "targets.npy",
         "targets_offsets.npy"]
@@ -864,12 +865,7 @@ def test_joined_arrays_damaged_before_the_move_are_joined_again_from_the_parts(
     parts again, tokenizing none of them."""
     workdir = killed_preparation(corpus, tmp_path, monkeypatch, "_move_into_place", 0)
     damage(tmp_path / "run" / "prepared" / "train.partial" / "inputs_offsets.npy", "zeroed")
-    count_calls(monkeypatch, prepared_writer, "_move_into_place")  # no longer failing
-    written = count_calls(monkeypatch, prepared_writer, "_write_part")
-    prepare(corpus, workdir, **QUIET)
-    assert [os.path.relpath(p, os.path.join(workdir, "prepared")) for p in written] == [
-        "validation.partial/part-00000.npz"]
-    assert_equal_to_the_clean_run(run, workdir)
+    rerun_tokenizes_validation_alone(corpus, run, workdir, monkeypatch, "_move_into_place")
 
 
 def test_a_damaged_split_that_is_also_stale_is_refused_not_prepared_again(tmp_path,
