@@ -1396,3 +1396,321 @@ def test_json_to_a_pipe_is_one_document_and_the_pipe_stays(tmp_path):
     reader.join(timeout=60)
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert len(got) == 1 and json.loads(got[0]) == whole
+
+
+def matmul_flops(jaxpr) -> int:
+    """2 × the output's size × the contracted size of every dot_general in `jaxpr` and in
+    the jaxprs of its equations, a scan's body once per iteration: the matmul FLOPs of a
+    traced program, counted independently of flops.py's formulas."""
+    from jax.extend.core import jaxprs_in_params
+
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (contracted, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(
+                lhs[i] for i in contracted)
+        repeat = eqn.params["length"] if eqn.primitive.name == "scan" else 1
+        total += repeat * sum(map(matmul_flops, jaxprs_in_params(eqn.params)))
+    return total
+
+
+def test_flops_are_the_matmuls_of_the_traced_forward_pass_and_train_step():
+    """Every matmul of the traced programs counted (no compilation): the forward pass over
+    S source and T ≠ S target tokens is `forward_flops` exactly, and the whole train step
+    (forward, backward, Adam) `train_step_flops`; a tiny config by hand too. XLA's count
+    beside them has a 15 % margin, in which a term such as the cross-attention's K and V
+    over T tokens instead of S, or the tied output layer counted twice, went unseen."""
+    from transformer_jax.steps import train_step
+
+    # D 4, F 8, V 10, one layer, S 2, T 3: encoder 2 · (8·16 + 4·4·8 + 4·2·4) = 576;
+    # decoder 3 · (8·16 + 4·3·4 + 4·16 + 4·2·4 + 4·4·8) + 2 · 4·16 = 1328; output 3 · 2·4·10.
+    hand = get_model_config("tiny", vocab_size=10, d_model=4, d_ff=8, num_heads=2, num_layers=1)
+    assert flops.forward_flops(hand, 1, 2, 3) == 576 + 1328 + 240
+    assert flops.train_step_flops(hand, 1, 2, 3) == 3 * (576 + 1328 + 240)
+    # Without attention: less the encoder's 2 · 4·2·4 and the decoder's 3 · (4·3·4 + 4·2·4).
+    assert flops.forward_flops(hand, 1, 2, 3, attention=False) == 2144 - 64 - 240
+
+    config = get_model_config("tiny", vocab_size=503, d_model=64, d_ff=256, num_layers=2)
+    batch, source_len, target_len = 3, 13, 7
+    model = Transformer(config)
+    inputs = jnp.ones((batch, source_len), jnp.int32)
+    targets = jnp.ones((batch, target_len), jnp.int32)
+    params = model.init(jax.random.key(0), inputs, targets)
+    forward = jax.make_jaxpr(model.apply)(params, inputs, targets).jaxpr
+    assert matmul_flops(forward) == flops.forward_flops(config, batch, source_len, target_len)
+    optimizer = make_optimizer(d_model=config.d_model)
+    state = create_train_state(model, optimizer.tx, jax.random.key(0))
+    step = functools.partial(train_step, model=model, seed=0, label_smoothing=0.1,
+                             learning_rate_fn=optimizer.learning_rate_fn)
+    rows = {"inputs": inputs + 4, "targets": targets + 4}
+    traced = jax.make_jaxpr(step)(state, rows).jaxpr
+    assert matmul_flops(traced) == flops.train_step_flops(config, batch, source_len, target_len)
+
+
+def test_a_train_step_rows_figures_are_its_flops_and_tokens_over_its_time(monkeypatch):
+    """time_train_step's arithmetic on a faked clock: a timed run queues `queued_steps` steps
+    (4 here, as an accelerator queues 5), so a step is a quarter of the median; tokens/s
+    count every target position, real ones the non-padding targets of packed rows; MFU is
+    `train_step_flops` per second over the peak of the row's dtype times its devices (the
+    rows split over 2 of them here), and mfu_no_attention the same without attention's."""
+    monkeypatch.setattr(model_suite, "queued_steps", lambda quick: 4)
+    monkeypatch.setattr(model_suite, "timed_seconds",
+                        lambda run_once, **timing_args: timing.Seconds(2.0, 1.0, 3.0, 3))
+    peaks = {"float32": 0.004, "float16": 0.016}  # TFLOP/s, the float32 one never used
+    monkeypatch.setattr(model_suite, "peak_tflops",
+                        lambda dtype, quick=False: (peaks[dtype], "faked"))
+    summed = []
+    monkeypatch.setattr(model_suite, "summed_peak",
+                        lambda peak, devices: summed.append(devices) or peak * devices)
+    tiny = model_configs()["tiny"]
+    case = model_suite.Case("tiny", tiny, 4, 64)
+    row = model_suite.time_train_step(case, "float16", "sharded", quick=True, packed=True,
+                                      devices=jax.devices()[:2])
+    seconds, work = 0.5, flops.train_step_flops(tiny, 4, 64, 64)
+    matmuls = flops.train_step_flops(tiny, 4, 64, 64, attention=False)
+    real = np.count_nonzero(model_suite.packed_batch(tiny, 4, 64)["targets"])
+    assert 0 < real < 4 * 64 and summed == [2]
+    assert (row["devices"], row["rows"], row["timed"], row["spread"]) == (2, "packed", 3, 1.0)
+    assert row["step_ms"] == pytest.approx(seconds * 1e3)
+    assert row["tokens_per_sec"] == pytest.approx(4 * 64 / seconds)
+    assert row["real_tokens_per_sec"] == pytest.approx(real / seconds)
+    assert row["tflops"] == pytest.approx(work / seconds / 1e12)
+    assert row["mfu"] == pytest.approx(work / seconds / 1e12 / (2 * 0.016))
+    assert row["mfu_no_attention"] == pytest.approx(matmuls / seconds / 1e12 / (2 * 0.016))
+
+
+def test_an_attention_rows_figures_are_eq1s_flops_over_one_calls_time(monkeypatch):
+    """time_case's arithmetic on a faked clock: on an accelerator a timed run queues 10 calls,
+    so a call is a tenth of the median; TFLOP/s are `attention_flops` of the row's shape as
+    timed (causal: half the square; fwd+bwd: 3.5 × the forward), and the peak fraction is
+    over the row's dtype's peak."""
+    queued = []
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # read by time_case alone
+    monkeypatch.setattr(attention_suite, "back_to_back",
+                        lambda call, calls: queued.append(calls) or call)
+    monkeypatch.setattr(attention_suite, "timed_seconds",
+                        lambda run_once, **timing_args: timing.Seconds(0.02, 0.01, 0.03, 5))
+    peaks = {"float32": 0.5, "bfloat16": 2.0}
+    monkeypatch.setattr(attention_suite, "peak_tflops",
+                        lambda dtype, quick=False: (peaks[dtype], "faked"))
+    shape = dict(batch=2, seq_len=16, num_heads=2, head_dim=8)
+    row = attention_suite.time_case("peer", attend=attention_suite.ours("reference"),
+                                    dtype="bfloat16", causal=True, backward=True, quick=True,
+                                    **shape)
+    work = flops.attention_flops(2, 16, 16, 2, 8, causal=True, backward=True)
+    assert work == 4 * 2 * 2 * 16 * 16 * 8 / 2 * 3.5 and queued == [10]
+    assert (row["runs"], row["pass"], row["causal"], row["timed"]) == ("peer", "fwd+bwd", True, 5)
+    assert row["ms"] == pytest.approx(2.0)
+    assert row["tflops"] == pytest.approx(work / 0.002 / 1e12)
+    assert (row["peak_tflops"], row["peak_fraction"]) == (2.0, pytest.approx(row["tflops"] / 2))
+
+
+def test_compare_ratios_are_ours_over_the_peer_and_torchs_mfu_is_over_the_peak(monkeypatch):
+    """Flax's attention rows: `ratio` on our row is our TFLOP/s over Flax's at the same
+    length (timing faked: ours twice as fast). torch's step: its tokens/s, TFLOP/s of
+    `train_step_flops` and MFU over the float32 peak, from its median time (faked)."""
+    from transformer_jax.benchmark import compare
+
+    def time_case(name, **shape):
+        return {"batch": shape["batch"], "pass": "forward", "ms": 1.0,
+                "tflops": 3.0 if name == "auto" else 1.5}
+
+    monkeypatch.setattr(attention_suite, "time_case", time_case)
+    rows = compare.flax_attention_rows(quick=True)
+    assert [(row["framework"], row.get("ratio")) for row in rows] == [
+        ("transformer_jax attention (auto)", 2.0), ("flax nn.dot_product_attention", None)] * 2
+    pytest.importorskip("torch", reason="the compare suite's peer is PyTorch ('.[bench]')")
+    monkeypatch.setattr(compare, "median_seconds", lambda step, **timing_args: 0.25)
+    monkeypatch.setattr(compare, "peak_tflops", lambda dtype, quick=False: (
+        {"float32": 0.5, "bfloat16": 2.0}[dtype], "faked"))
+    monkeypatch.setattr(compare.torch_peer, "train_step_fn", lambda *args, **kwargs: None)
+    (case,) = compare.train_cases(quick=True)
+    row = compare.torch_row(case, quick=True)
+    work = flops.train_step_flops(case.config, case.batch, case.length, case.length)
+    assert row["tokens_per_sec"] == case.batch * case.length / 0.25 and row["step_ms"] == 250
+    assert row["tflops"] == pytest.approx(work / 0.25 / 1e12)
+    assert row["mfu"] == pytest.approx(row["tflops"] / 0.5)
+
+
+def test_the_loss_suites_rows_are_6rdv_over_their_time_and_compared_with_the_whole(
+        monkeypatch):
+    """Each method's TFLOP/s are the nominal 6·R·D·V (the logits, then the gradients of the
+    features and of the table) over its median (faked: 0.5, 0.25, 1 and 2 ms), and vs_whole
+    is the whole logits' time over its own: 2 where it is twice as fast."""
+    from transformer_jax.benchmark import loss
+
+    monkeypatch.setitem(sys.modules, "tokamax", None)  # the four methods of every install
+    medians = iter([0.5e-3, 0.25e-3, 1e-3, 2e-3])
+    monkeypatch.setattr(loss, "timed_seconds", lambda run_once, **timing_args: timing.Seconds(
+        (median := next(medians)), median, median, 3))
+    rows, _ = loss.run(quick=True)
+    (rows_, width, vocab, _, _), = loss.cases(quick=True)
+    assert [row["method"] for row in rows] == ["whole", "chunks", "2 passes", "optax"]
+    assert [row["ms"] for row in rows] == pytest.approx([0.5, 0.25, 1.0, 2.0])
+    assert [row["tflops"] for row in rows] == pytest.approx(
+        [6 * rows_ * width * vocab / seconds / 1e12 for seconds in (0.5e-3, 0.25e-3, 1e-3, 2e-3)])
+    assert [row["vs_whole"] for row in rows] == pytest.approx([1.0, 2.0, 0.5, 0.25])
+
+
+def test_a_searchs_rates_count_each_sentences_output_tokens_once(monkeypatch):
+    """Beam search of 2 on 2 sentences for 8 tokens in 0.5 s (faked): 16 output tokens (the
+    best hypothesis of each, not each beam's) and 2 sentences, so 32 tokens/s and 4
+    sentences/s."""
+    monkeypatch.setattr(decode, "timed_seconds",
+                        lambda run_once, **timing_args: timing.Seconds(0.5, 0.5, 0.5, 3))
+    row = decode.time_search("tiny", 2, 8, 8, beam_size=2, cached=True, quick=True)
+    assert (row["search"], row["ms"], row["tokens_per_sec"], row["sentences_per_sec"]) == (
+        "beam2", 500.0, 32.0, 4.0)
+
+
+def test_pipeline_rates_count_the_timed_batches_alone(monkeypatch):
+    """On a clock that each batch read moves 1 s: the 2 warm-up batches are read but not
+    timed or counted; 3 batches of 2 rows of 4 source + 6 target slots (3 examples, 6
+    source and 7 target tokens each) in 3 s; fill is each side's tokens over its slots."""
+    from transformer_jax.benchmark import pipeline
+
+    now = [0.0]
+    batch = {"inputs_segmentation": np.array([[1, 1, 2, 0], [1, 1, 1, 0]]),
+             "targets_segmentation": np.array([[1, 1, 1, 2, 2, 0], [1, 1, 0, 0, 0, 0]])}
+
+    def batches():
+        while True:
+            now[0] += 1.0
+            yield batch
+
+    monkeypatch.setattr(pipeline, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    figures = pipeline.time_batches(batches(), 3, warmup=2)
+    assert figures == pytest.approx({
+        "batches_per_sec": 1.0, "examples_per_sec": 3 * 3 / 3, "tokens_per_sec": 3 * 13 / 3,
+        "target_tokens_per_sec": 3 * 7 / 3, "source_fill": 6 / 8, "target_fill": 7 / 12})
+
+
+def test_the_preparation_row_rates_each_way_of_preparing_over_its_own_seconds(monkeypatch,
+                                                                               tmp_path):
+    """prepare_wmt on a faked clock: the corpus written in 3 s, the tokenizer trained in 5,
+    the ids prepared on sentencepiece's threads in 8, then in 4 worker processes (2 cores)
+    in 2: pairs/s of each over its own seconds, and the processes 4 × the threads' rate."""
+    from transformer_jax.benchmark import pipeline
+
+    now, prepares = [0.0], iter([8.0, 2.0])
+
+    def taking(seconds, result=None):
+        def run(*args, **kwargs):
+            now[0] += seconds
+            return result
+        return run
+
+    def prepare_train(data, workdir, processes=None):
+        os.makedirs(pipeline.prepared_dir(workdir), exist_ok=True)  # what is removed between
+        taking(next(prepares))()
+
+    monkeypatch.setattr(pipeline, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(pipeline, "write_wmt_like_corpus", taking(3.0, str(tmp_path)))
+    monkeypatch.setattr(pipeline, "get_tokenizer", taking(5.0))
+    monkeypatch.setattr(pipeline, "_prepare_train", prepare_train)
+    monkeypatch.setattr(pipeline, "worker_processes", lambda pairs: 4)
+    monkeypatch.setattr(pipeline, "usable_cores", lambda: 2)
+    figures, _, _ = pipeline.prepare_wmt(1000, True, str(tmp_path))
+    assert figures == {"pairs": 1000, "generate_s": 3.0, "tokenizer_s": 5.0, "prepare_s": 2.0,
+                       "pairs_per_sec": 500.0, "pairs_per_sec_per_core": 250.0,
+                       "processes": 4, "threads_prepare_s": 8.0, "threads_pairs_per_sec": 125.0,
+                       "processes_over_threads": 4.0}
+
+
+def test_timed_seconds_reports_the_median_and_times_slow_calls_at_least_three_times(
+        monkeypatch):
+    """The median of 1, 10 and 2 s is 2 (their mean would be 4.3); a call slower than the
+    budget is still timed 3 times; the last warm-up call sets how many fit the budget (a
+    first one of 50 s that compiles, then 5 s: 6 calls in 30 s)."""
+    now, durations = [0.0], []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+
+    def run_once():
+        now[0] += durations.pop(0)
+
+    durations[:] = [50.0, 40.0, 1.0, 10.0, 2.0]
+    assert timing.timed_seconds(run_once, warmup=2, iters=3, budget_s=1e9) == timing.Seconds(
+        median=2.0, fastest=1.0, slowest=10.0, calls=3)
+    durations[:] = [20.0] * 4
+    assert timing.timed_seconds(run_once, warmup=1, iters=10, budget_s=30.0).calls == 3
+    durations[:] = [50.0, 5.0] + [1.0] * 6
+    assert timing.timed_seconds(run_once, warmup=2, iters=10, budget_s=30.0).calls == 6
+    assert not durations
+
+
+def test_planned_memory_is_arguments_outputs_and_temporaries_less_the_aliased():
+    """An output that aliases an argument (a donated state) is one buffer, counted once."""
+    stats = types.SimpleNamespace(argument_size_in_bytes=100, output_size_in_bytes=50,
+                                  temp_size_in_bytes=30, alias_size_in_bytes=20)
+    compiled = types.SimpleNamespace(memory_analysis=lambda: stats)
+    assert timing.memory_bytes(compiled) == 160
+    assert timing.memory_bytes(types.SimpleNamespace(memory_analysis=lambda: None)) is None
+
+
+def test_the_peak_table_holds_the_dense_datasheet_figures():
+    """Dense (no sparsity) bfloat16 peaks per chip; on NVIDIA GPUs float16 runs at the
+    bfloat16 rate and float32 (TF32) at half of it; TPUs list no float32 peak."""
+    assert {name: peaks["bfloat16"] for name, peaks in machine.PEAK_TFLOPS.items()} == {
+        "H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v4": 275.0,
+        "TPU v5 lite": 197.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0}
+    for name, peaks in machine.PEAK_TFLOPS.items():
+        if name.startswith("TPU"):
+            assert set(peaks) == {"bfloat16"}, name
+        else:
+            assert peaks == {"bfloat16": peaks["bfloat16"], "float16": peaks["bfloat16"],
+                             "float32": peaks["bfloat16"] / 2}, name
+
+
+def test_a_cpus_peak_is_its_measured_matmul_rate(monkeypatch):
+    """A size² float32 matmul is 2·size³ FLOPs over its median time (faked: 0.5 s); the
+    suites measure 2048² (512² with --quick) and the note names that size."""
+    monkeypatch.setattr(machine, "median_seconds", lambda run_once, **timing_args: 0.5)
+    assert machine.cpu_matmul_tflops.__wrapped__(64) == 2 * 64**3 / 0.5 / 1e12
+    if jax.default_backend() != "cpu":
+        return
+    monkeypatch.setattr(machine, "cpu_matmul_tflops", lambda size: size / 1e3)
+    assert machine.peak_tflops("bfloat16", quick=True) == (0.512, "measured: 512x512 float32 "
+                                                                   "matmul")
+    assert machine.peak_tflops("float32") == (2.048, "measured: 2048x2048 float32 matmul")
+
+
+def test_a_suites_bars_go_logarithmic_only_past_100_x():
+    """Bars 50 × apart stay on a linear scale; past 100 × (grain's packers beside ours) a
+    log scale shows the short ones."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from transformer_jax.benchmark.plot import bar_figure
+
+    for ratio, scale in ((50.0, "linear"), (100.0, "linear"), (101.0, "log")):
+        figure = bar_figure([dict(packer="ours", examples_per_sec=ratio),
+                             dict(packer="grain", examples_per_sec=1.0)],
+                            "examples_per_sec", "pipeline")
+        assert figure.axes[0].get_xscale() == scale, ratio
+        plt.close(figure)
+
+
+def test_the_attention_figure_draws_tflops_against_length_and_the_peak():
+    """One line per implementation and head dim, TFLOP/s by sequence length (rows given out
+    of order), the dtype's peak as a dotted line; the rows at a model's shape are left out."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from transformer_jax.benchmark.plot import attention_figure
+
+    common = {"dtype": "float32", "pass": "forward", "causal": False, "head_dim": 64,
+              "peak_tflops": 0.5}
+    rows = [{"implementation": name, "seq_len": t, "tflops": tflops, "ms": 1.0, **common}
+            for name, t, tflops in (("xla", 64, 0.2), ("xla", 16, 0.1), ("reference", 16, 0.05),
+                                    ("reference", 64, 0.15))]
+    rows.append({"implementation": "xla", "seq_len": 32, "tflops": 9.0, "ms": 1.0,
+                 "model": "tiny", **common})
+    figure = attention_figure(rows)
+    (axes,) = figure.axes
+    lines = {line.get_label(): line.get_xydata().tolist() for line in axes.get_lines()}
+    assert lines == {"reference H=64": [[16, 0.05], [64, 0.15]],
+                     "xla H=64": [[16, 0.1], [64, 0.2]],
+                     "peak 0.5 TFLOP/s": [[0, 0.5], [1, 0.5]]}
+    plt.close(figure)

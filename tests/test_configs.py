@@ -333,3 +333,35 @@ def test_the_devices_checks_are_left_to_the_run_that_joined_its_processes():
     check_config(config, devices=False)
     with pytest.raises(ConfigError, match="'cudnn' needs an NVIDIA GPU"):
         check_config(config)
+
+
+def test_the_edges_of_the_batch_and_length_rules():
+    """A token budget of exactly the longest row holds one row; one token less holds none.
+    A learned position table exactly as long as the longest row fits it; rows of either
+    side longer than the table are refused, naming the longest. Buckets: at least one."""
+    check_config(tiny_run(per_device_batch_size=0, **{"data.tokens_per_batch": 24}))
+    with pytest.raises(ConfigError, match=r"^config\.data\.tokens_per_batch=23 holds not one "
+                                          r"row of 24 tokens"):
+        check_config(tiny_run(per_device_batch_size=0, **{"data.tokens_per_batch": 23}))
+    learned = {"model.positional_encoding": "learned", "model.max_length": 24}
+    check_config(tiny_run(**learned))
+    for side in ("source", "target"):
+        with pytest.raises(ConfigError, match=r"^config\.model\.max_length=24 \(the learned "
+                                              r"position table\) is shorter than the rows "
+                                              r"\(30 tokens\)"):
+            check_config(tiny_run(**learned, **{f"data.max_{side}_length": 30}))
+    with pytest.raises(ConfigError) as caught:
+        check_config(tiny_run(**{"data.num_buckets": 0}))
+    assert str(caught.value) == "config.data.num_buckets must be a positive integer, got 0"
+
+
+def test_a_value_of_another_type_is_named_with_the_type_its_key_takes():
+    """absl's "could not convert string to float" (on two lines) is said as the key's type,
+    from base_config: a number, an integer, true or false."""
+    bad = command_line._bad_value
+    assert bad("--config.optim.eps", "tiny") == (
+        "error in the command line: --config.optim.eps=tiny: config.optim.eps is a number, "
+        "got 'tiny'")
+    assert bad("--config.seed", "1e3").endswith(": config.seed is an integer, got '1e3'")
+    assert bad("--config.model.pre_layer_norm", "maybe").endswith(
+        ": config.model.pre_layer_norm is true or false, got 'maybe'")

@@ -390,3 +390,74 @@ def test_the_decode_suites_profile_splits_a_search_into_the_decoder_and_its_own_
     # hold at least half; XLA's copies, without a path, took 5-24 % in runs here).
     assert not {r["part"] for r in rows} & {"while", "conditional", "call"}, rows
     assert sum(r["share"] for r in rows if r["pass"] != "?") > 0.5, rows
+
+
+def test_a_fusion_without_a_path_takes_its_computations_root():
+    """A fusion XLA left without op_name takes its fused computation's: the root's (the
+    fused layer norm's add), not that of the computation's first operation (a multiply of
+    dropout's); a computation whose root has none, its first operation's with one."""
+    hlo = "\n".join([
+        "HloModule jit_train_step", "",
+        "%fused_computation (p: f32[4]) -> f32[4] {",
+        "  %p = f32[4]{0} parameter(0)",
+        '  %multiply.1 = f32[4]{0} multiply(%p, %p), metadata={op_name="jit(step)/dropout/mul"}',
+        "  ROOT %add.2 = f32[4]{0} add(%multiply.1, %p), "
+        'metadata={op_name="jit(step)/ffn_norm/LayerNorm_0/add"}', "}", "",
+        "%fused_computation.1 (q: f32[4]) -> f32[4] {",
+        "  %q = f32[4]{0} parameter(0)",
+        '  %sine.3 = f32[4]{0} sine(%q), metadata={op_name="jit(step)/ffn/sin"}',
+        "  ROOT %copy.4 = f32[4]{0} copy(%sine.3)", "}", "",
+        "ENTRY %main (x: f32[4]) -> f32[4] {",
+        "  %x = f32[4]{0} parameter(0)",
+        "  %fusion = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused_computation",
+        "  ROOT %fusion.1 = f32[4]{0} fusion(%fusion), kind=kLoop, calls=%fused_computation.1",
+        "}"])
+    names = profiling.op_names(hlo)
+    assert (names["fusion"], names["fusion.1"]) == ("jit(step)/ffn_norm/LayerNorm_0/add",
+                                                    "jit(step)/ffn/sin")
+
+
+def test_sums_across_devices_of_a_program_that_does_not_train_are_its_forward_pass(tmp_path):
+    """A search (no `transpose(` in its paths) has no update: its all-reduce counts as
+    ("forward", "sums across devices")."""
+    program = "\n".join([
+        "HloModule jit_search", "ENTRY %main {",
+        instruction("loop_add_fusion.3", "jit(search)/while/body/decoder/ffn/wi/dot_general"),
+        '  ROOT %all-reduce.7 = f32[4]{0} all-reduce(%p), metadata={op_name="jit(search)/add"}',
+        "}"])
+    write_trace(tmp_path, [dict(op("all-reduce.7", 0, 30), args={"hlo_op": "all-reduce.7"}),
+                           dict(op("loop_add_fusion.3", 31, 10),
+                                args={"hlo_op": "loop_add_fusion.3"})])
+    rows = profiling.summarize_parts(str(tmp_path), program)
+    assert [(r["pass"], r["part"], r["calls"]) for r in rows] == [
+        ("forward", "sums across devices", 1), ("forward", "feed-forward", 1)]
+
+
+def test_timeline_counts_an_operation_inside_a_longer_one_once(tmp_path):
+    """[0, 100] with [10, 30] inside it, then [150, 160] (µs): busy 110 of a span of 160; the
+    inner operation's end does not close the outer one's stretch."""
+    write_trace(tmp_path, [op("while.1", 0, 100), op("fusion.2", 10, 20, tid=2),
+                           op("fusion.3", 150, 10)])
+    assert profiling.timeline(str(tmp_path)) == pytest.approx(
+        {"span_ms": 0.160, "busy_ms": 0.110, "idle_ms": 0.050, "idle_share": 50 / 160})
+
+
+def test_a_step_traces_summary_is_per_traced_step(tmp_path):
+    """Steps 11 and 12 traced (`steps=2` after the first 10): the summary's device times per
+    step are its trace's `timeline` over those 2 steps."""
+    import jax
+
+    trace = profiling.StepTrace(str(tmp_path), first_step=0, steps=2)
+    a = jnp.ones((128, 128))
+    matmul = jax.jit(lambda x: x @ x)
+    matmul(a).block_until_ready()
+    trace.before(10)
+    assert trace.tracing
+    assert trace.after(11, matmul(a)) is None
+    summary = trace.after(12, matmul(a))
+    assert not trace.tracing
+    device = profiling.timeline(summary["trace"])
+    assert (summary["first_step"], summary["last_step"]) == (11, 12)
+    assert summary["busy_ms_per_step"] == pytest.approx(device["busy_ms"] / 2)
+    assert summary["idle_ms_per_step"] == pytest.approx(device["idle_ms"] / 2)
+    assert summary["wall_ms_per_step"] > 0

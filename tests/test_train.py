@@ -1006,3 +1006,79 @@ def test_an_empty_workdir_is_refused_not_the_current_directory(tmp_path, monkeyp
         train(tiny_run(), "")
     assert str(caught.value) == "--workdir is empty (an unset shell variable?); name a folder"
     assert os.listdir(tmp_path) == []
+
+
+def test_the_start_line_counts_every_processs_rows_and_names_the_software(monkeypatch):
+    """Two processes of 8 rows each: 16 packed rows per update, "in 2 processes"; the
+    commit to 12 characters with its +dirty; a resumed run says where it resumed."""
+    from transformer_jax import run_messages
+    from transformer_jax.run_config import build_model_config
+
+    config = tiny_run(num_train_steps=100)
+    model_config = build_model_config(config.model, vocab_size=config.data.vocab_size)
+    software = {"commit": "0123456789abcdef+dirty", "transformer_jax": "0.1.0", "jax": "0.10.2"}
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    line = run_messages.start_line(config, model_config, rows=8, software=software, first=40,
+                                   parameters=1234567)
+    devices = len(jax.devices())
+    assert line == (
+        f"resumed at step 40; training steps 41-100: 1,234,567 parameters (1 layer of width "
+        f"32, float32) on {devices} {jax.devices()[0].device_kind} device"
+        f"{'s' * (devices != 1)} in 2 processes, {config.parallelism}; 16 packed rows of "
+        f"12 + 24 tokens per update; transformer_jax 0.1.0 (0123456789ab+dirty), jax 0.10.2")
+
+
+def test_the_first_steps_line_splits_its_time_between_its_parts(monkeypatch):
+    """Started at 1 s (launched at 0.5), the data read by 2.5, the state built by 6 (1.2 s of
+    it drawing), the step done at 10: each part is its own stretch of that time."""
+    import types
+
+    from transformer_jax import run_messages
+
+    monkeypatch.setattr(run_messages, "time", types.SimpleNamespace(monotonic=lambda: 10.0))
+    assert run_messages.first_step_line(1, (0.5, 1.0), 2.5, 6.0, 1.2) == (
+        "step 1 done 9.5 s after the process started: 0.5 s starting Python, the imports and "
+        "the devices, 1.5 s reading or preparing the data, 3.5 s building the state (1.2 s of "
+        "it compiling and drawing its parameters), 4.0 s compiling and running the step")
+    assert run_messages.first_step_line(7, (None, 1.0), 2.5, 6.0, None) == (
+        "step 7 done 9.0 s after the start: 1.5 s reading or preparing the data, 3.5 s "
+        "restoring the state, 4.0 s compiling and running the step")
+
+
+def test_the_profile_line_gives_the_device_time_per_step_and_the_top_three():
+    from transformer_jax import run_messages
+
+    summary = {"first_step": 11, "last_step": 30, "trace": "/w/plugins/profile/r",
+               "wall_ms_per_step": 12.34, "busy_ms_per_step": 9.87, "idle_share": 0.2,
+               "operations": [{"operation": f"op{i}", "share": 0.4 - 0.1 * i}
+                              for i in range(4)],
+               "parts": [{"pass": "forward", "part": "attention", "share": 0.5},
+                         {"pass": "backward", "part": "feed-forward", "share": 0.25}]}
+    assert run_messages.profile_line(summary) == (
+        "profiled steps 11-30 into /w/plugins/profile/r: 12.3 ms per step, the device busy "
+        "9.9 ms and idle 20% of it; most time in op0 40%, op1 30%, op2 20%; by part: forward "
+        "attention 50%, backward feed-forward 25% (summary.json there)")
+
+
+def test_a_window_opened_inside_a_pause_leaves_out_only_its_own_paused_time():
+    """A trace across a record and an evaluation: the record at 23 s, the evaluation to 28 s
+    (left out), the window opened then, one traced step, the trace's end at 30 s, then a
+    step timed to 31 s. The record rates 1 step in 1 s: the evaluation's 5 s before the
+    window opened are not subtracted from it."""
+    now = [20.0]
+    window = MetricsWindow(clock=lambda: now[0])
+    window.pause()
+    window.pending.append(_step(10))
+    window.fetch(_Host, 1)
+    now[0] = 23.0
+    window.summary()
+    now[0] = 28.0  # after the evaluation
+    window.start()
+    window.pending.append(_step(10))  # traced
+    now[0] = 30.0
+    window.resume()
+    window.pending.append(_step(20))  # timed
+    now[0] = 31.0
+    window.fetch(_Host, 3)
+    record = window.summary()
+    assert (record["steps_per_sec"], record["tokens_per_sec"]) == (1.0, 20.0)
