@@ -800,6 +800,11 @@ def test_bars_are_labelled_by_the_settings_that_tell_rows_apart():
     assert row_labels(rows) == (["pmap loss_chunk=0", "pmap loss_chunk=64",
                                  "sharded loss_chunk=0 #1", "sharded loss_chunk=0 #2"],
                                 "model=tiny")
+    # How many calls were timed, or how many tokens a search wrote, is measured too.
+    peers = [dict(search="greedy", engine="ours", sentences=300, tokens=7461, timed=5, s=1.0),
+             dict(search="greedy", engine="ctranslate2", sentences=300, tokens=7460, timed=3,
+                  s=2.0)]
+    assert row_labels(peers) == (["ours", "ctranslate2"], "search=greedy, sentences=300")
 
 
 def test_cli_writes_a_png_and_rejects_bad_arguments(tmp_path):
@@ -864,7 +869,11 @@ def test_peak_table_lookup():
     assert machine.table_peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.0
     assert machine.table_peak_tflops("NVIDIA H100 PCIe", "bfloat16") == 756.0
     assert machine.table_peak_tflops("NVIDIA H200", "float32") == 494.5
+    assert machine.table_peak_tflops("NVIDIA H100 NVL", "bfloat16") == 835.0
+    assert machine.table_peak_tflops("NVIDIA H200 NVL", "float32") == 417.5
     assert machine.table_peak_tflops("TPU v5 lite", "float32") is None
+    assert machine.table_peak_tflops("TPU v5 lite", "bfloat16") == 197.0
+    assert machine.table_peak_tflops("TPU v5", "bfloat16") == 459.0  # v5p
     assert machine.table_peak_tflops("Some Other GPU", "bfloat16") is None
 
 
@@ -932,6 +941,15 @@ def test_table_aligns_every_key():
     assert lines[2].split() == ["1.23", "x", "151,666,744", "-"]
     assert lines[3].split() == ["12,346", "-", "4096", "-"]
     assert len({len(line) for line in lines}) == 1
+
+
+def test_large_ints_take_separators_from_ten_thousand_and_floats_from_a_thousand():
+    """A byte count of 10,000 or more, and any float that rounds to 1,000 or more, with
+    separators; a smaller int as it is, a smaller float to 3 significant digits."""
+    assert [report.format_value(n) for n in (9999, 10_000, -10_000)] == [
+        "9999", "10,000", "-10,000"]
+    assert [report.format_value(x) for x in (999.4, 999.7, 1000.0, -1234.5, 0.5, 0.004)] == [
+        "999", "1,000", "1,000", "-1,234", "0.5", "4.00e-03"]
 
 
 def test_rows_sharing_few_columns_are_tables_of_their_own():
@@ -1653,8 +1671,9 @@ def test_the_peak_table_holds_the_dense_datasheet_figures():
     """Dense (no sparsity) bfloat16 peaks per chip; on NVIDIA GPUs float16 runs at the
     bfloat16 rate and float32 (TF32) at half of it; TPUs list no float32 peak."""
     assert {name: peaks["bfloat16"] for name, peaks in machine.PEAK_TFLOPS.items()} == {
-        "H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v4": 275.0,
-        "TPU v5 lite": 197.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0}
+        "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200 NVL": 835.0,
+        "H200": 989.0, "A100": 312.0, "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5": 459.0,
+        "TPU v6 lite": 918.0}
     for name, peaks in machine.PEAK_TFLOPS.items():
         if name.startswith("TPU"):
             assert set(peaks) == {"bfloat16"}, name

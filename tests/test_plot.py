@@ -98,6 +98,15 @@ def test_the_wall_time_axis_maps_steps_to_the_recorded_seconds():
             assert ax.child_axes[0].get_xlim() == pytest.approx(seconds)
 
 
+def test_a_clock_that_stands_still_keeps_only_its_first_step():
+    """Two steps logged at the same second (an untimed stretch, or the rounding of 3
+    decimals): the later one is left out, so that seconds map back to one step."""
+    records = [{"step": 10, "loss": 1.0, "elapsed_s": 5.0},
+               {"step": 20, "loss": 1.0, "elapsed_s": 5.0},
+               {"step": 30, "loss": 1.0, "elapsed_s": 8.0}]
+    np.testing.assert_array_equal(plot.wall_time(records), [[0, 0], [10, 5], [30, 8]])
+
+
 def test_wall_time_labels_do_not_crowd_where_the_clock_runs_unevenly():
     """A run whose first 1,000 steps took a minute (compiling) and the next 5,000 ninety
     seconds: evenly spaced minutes would put four labels over the first sixth of the axis.
@@ -128,6 +137,13 @@ def test_a_long_run_reads_its_clock_in_minutes():
     assert ax.child_axes[0].get_xlabel() == "wall time (min)"
     assert ax.child_axes[0].get_xlim() == pytest.approx((14, 19))
     assert figure.get_suptitle() == "run: 40 steps, 24 min"
+
+
+def test_durations_read_in_seconds_then_minutes_then_hours():
+    """Under 2 minutes in seconds, under 2 hours in minutes (a 90-minute run is 90 min,
+    not 1.5 h), then hours."""
+    assert [plot._duration(s) for s in (119.0, 120.0, 5400.0, 7199.0, 7200.0)] == [
+        "119 s", "2 min", "90 min", "120 min", "2 h"]
 
 
 def test_records_without_times_draw_no_time_axis():

@@ -10,18 +10,21 @@ import jax.numpy as jnp
 from transformer_jax import provenance
 from transformer_jax.benchmark.timing import median_seconds
 
-# Dense peak TFLOP/s per chip from the vendors' datasheets (no sparsity). float32 on
-# NVIDIA GPUs is the TF32 tensor-core rate: JAX's default float32 matmul precision
-# uses TF32 there. TPUs have no separate float32 rate (float32 matmuls run as bfloat16
-# passes), so float32 has no peak there and no fraction is reported.
+# Dense peak TFLOP/s per chip from the vendors' datasheets (no sparsity), keyed by a part
+# of JAX's `device_kind`. float32 on NVIDIA GPUs is the TF32 tensor-core rate: JAX's
+# default float32 matmul precision uses TF32 there. TPUs have no separate float32 rate
+# (float32 matmuls run as bfloat16 passes), so float32 has no peak there and no fraction
+# is reported.
 PEAK_TFLOPS = {
     "H100 PCIe": {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0},
+    "H100 NVL": {"bfloat16": 835.0, "float16": 835.0, "float32": 417.5},  # 1,671 sparse
     "H100": {"bfloat16": 989.0, "float16": 989.0, "float32": 494.5},  # SXM
+    "H200 NVL": {"bfloat16": 835.0, "float16": 835.0, "float32": 417.5},
     "H200": {"bfloat16": 989.0, "float16": 989.0, "float32": 494.5},
     "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0},
     "TPU v4": {"bfloat16": 275.0},
     "TPU v5 lite": {"bfloat16": 197.0},  # v5e
-    "TPU v5p": {"bfloat16": 459.0},
+    "TPU v5": {"bfloat16": 459.0},  # v5p: its device_kind is "TPU v5"
     "TPU v6 lite": {"bfloat16": 918.0},  # v6e (Trillium)
 }
 
@@ -32,9 +35,10 @@ def device_kind() -> str:
 
 def table_peak_tflops(kind: str, dtype: str) -> float | None:
     """The datasheet peak for a device kind ("NVIDIA H100 80GB HBM3") and dtype, if listed."""
-    for name, peaks in PEAK_TFLOPS.items():  # "H100 PCIe" is tried before "H100"
+    # The longest name first: "H100 PCIe" before "H100", "TPU v5 lite" before "TPU v5".
+    for name in sorted(PEAK_TFLOPS, key=len, reverse=True):
         if name.lower() in kind.lower():
-            return peaks.get(dtype)
+            return PEAK_TFLOPS[name].get(dtype)
     return None
 
 

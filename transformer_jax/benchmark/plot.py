@@ -75,14 +75,19 @@ def bar_figure(rows: list[dict], value: str, title: str):
     return fig
 
 
+# Int columns that a run measures rather than sets: how many calls were timed
+# (`timing.Seconds.columns`) and how many tokens a search wrote (decode --peers).
+MEASURED_INTS = ("timed", "tokens")
+
+
 def row_labels(rows: list[dict]) -> tuple[list[str], str]:
     """(a label per row, the settings every row shares, as key=value). A row's settings are
-    its text, bool and int fields (not a byte count, which is measured); in a label, a text
-    value stands for itself, any other as key=value. Rows whose settings are all equal (a
-    case timed again) are told apart by their order, #1, #2, ..."""
+    its text, bool and int fields but the ints that are measured (`MEASURED_INTS`, a byte
+    count); in a label, a text value stands for itself, any other as key=value. Rows whose
+    settings are all equal (a case timed again) are told apart by their order, #1, #2, ..."""
     def settings(row):
         return [(k, v) for k, v in row.items() if isinstance(v, (str, bool, int))
-                and not k.endswith("_bytes")]
+                and k not in MEASURED_INTS and not k.endswith("_bytes")]
 
     def shown(k, v):
         return v if isinstance(v, str) else f"{k}={v}"

@@ -14,7 +14,7 @@ def format_value(value) -> str:
     if isinstance(value, bool) or value is None:
         return "-" if value is None else str(value).lower()
     if isinstance(value, float):
-        if abs(value) >= 1000:
+        if abs(value) >= 999.5:  # what rounds to 1,000, which "{:.3g}" writes as 1e+03
             return f"{value:,.0f}"
         return f"{value:.3g}" if value == 0 or abs(value) >= 0.01 else f"{value:.2e}"
     if isinstance(value, int) and abs(value) >= 10_000:  # memory_bytes: 259,041,992
