@@ -29,7 +29,8 @@ def forward_flops(config: ModelConfig, batch: int, source_len: int, target_len: 
 
     Per source token, each encoder layer: Q, K, V, O projections 2·4D², the
     feed-forward 2·2DF, attention over S keys 2·2SD. Per target token, each decoder
-    layer: self-attention 2·4D² + 2·2TD (the full square, as computed), cross-attention
+    layer: self-attention 2·4D² + 2·2TD (the full square: MFU's model FLOPs; cuDNN's
+    causal kernel computes about half of the 2·2TD), cross-attention
     Q and O 2·2D² + 2·2SD, its K and V 2·2D² per source token, the feed-forward
     2·2DF; then the tied output projection 2DV. Embedding lookups are gathers: 0.
     `attention=False` leaves out the 2·2SD and 2·2TD terms (softmax(Q Kᵀ) V itself),
