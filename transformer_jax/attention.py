@@ -142,7 +142,13 @@ def _reference_with_weights(query_BTNH, key_BSNH, value_BSNH, bias_BNTS, mask_B1
 @register_attention("xla")
 def xla_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                   dropout_rate=0.0, dropout_rng=None):
-    """jax.nn.dot_product_attention with XLA's own lowering."""
+    """jax.nn.dot_product_attention with XLA's own lowering.
+
+    Differentiated in bfloat16 or float16 under `jax_numpy_dtype_promotion="strict"`, it
+    does not compile (jax 0.10 and 0.11): its backward pass holds a dot of a float32
+    cotangent and a half-precision operand, which JAX lowers under the promotion in force
+    when the whole program lowers, not the one below. "reference" has no such dot.
+    """
     _refuse_dropout("xla", dropout_rate)
     if reason := xla_unsupported(query.dtype):
         raise ValueError(f"attention implementation 'xla' {reason}; use 'auto' or 'reference'")
