@@ -341,6 +341,24 @@ def test_opening_empty_rows_changes_nothing_the_reference_computes():
         assert_allclose(np.asarray(g), e, rtol=1e-5, atol=1e-5)
 
 
+def test_opening_empty_rows_of_a_per_head_mask_opens_that_head_alone():
+    """A mask `(B, N, T, S)` with one empty row, batch 1, head 4, query 2: that head's query
+    alone is zeroed and its row alone opened; every other query and row is kept."""
+    from transformer_jax.attention import open_empty_rows
+
+    q_BTNH = random_qkv(seed=6)[0]
+    mask_BNTS = np.ones((B, N, T, S), bool)
+    mask_BNTS[1, 4, 2] = False
+    mask_BNTS[0, 1, 0, 3:] = False  # a row that still sees keys 0..2 stays as it is
+    opened_q, opened = (np.asarray(x) for x in open_empty_rows(q_BTNH, jnp.asarray(mask_BNTS)))
+    expected_q = np.array(q_BTNH)
+    expected_q[1, 2, 4] = 0.0
+    expected_mask = mask_BNTS.copy()
+    expected_mask[1, 4, 2] = True
+    np.testing.assert_array_equal(opened_q, expected_q)
+    np.testing.assert_array_equal(opened, expected_mask)
+
+
 @pytest.mark.parametrize("impl", (*available_implementations(jnp.bfloat16), "auto"))
 def test_bfloat16_inputs(impl):
     """bfloat16 inputs give bfloat16 output close to the float64 reference of those inputs."""

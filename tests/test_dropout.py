@@ -85,6 +85,16 @@ def test_rate_zero_is_the_identity_and_the_module_is_off_when_deterministic():
     assert np.all((np.asarray(y) == 0) | (np.asarray(y) == 2 * np.asarray(x)))
 
 
+@pytest.mark.parametrize("bits, kept", [(8, 256 / 230), (16, 65536 / 58982)])
+def test_the_module_draws_with_its_bits(bits, kept):
+    """layers.Dropout(0.1, bits) zeroes round(0.1 · 2^bits) / 2^bits and scales the rest by
+    its inverse: 256 / 230 with 8 bits, 65536 / 58982 with 16 (the config's dropout_bits)."""
+    y = np.asarray(Dropout(0.1, bits=bits).apply({}, jnp.ones((32, 32)), deterministic=False,
+                                                  rngs={"dropout": jax.random.key(0)}))
+    assert 0 < np.mean(y == 0) < 0.2
+    np.testing.assert_allclose(y[y != 0], np.float32(kept), rtol=1e-7)
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(rate=0.1, bits=12), "bits must be one of"),
     (dict(rate=1.0, bits=16), r"in \[0, 1\)"),

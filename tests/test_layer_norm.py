@@ -99,10 +99,28 @@ def test_y_none_normalizes_x_alone(implementation):
     np.testing.assert_allclose(out, numpy_layer_norm(x, scale, bias), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("implementation", LAYER_NORM_IMPLEMENTATIONS)
+def test_epsilon_is_added_to_the_variance_inside_the_square_root(implementation):
+    """ε = 1, by hand: [0, 2, 0, 2] (mean 1, variance 1) gives ±1 / √(1 + 1), and
+    [1, 1, 1, 5] (mean 2, variance 3) gives [-1, -1, -1, 3] / √(3 + 1). With x + y and
+    with x alone (y None: normalizing 2x instead would give ±2 / √5 in the first row)."""
+    needs(implementation)
+    s_RD = np.array([[0.0, 2.0, 0.0, 2.0], [1.0, 1.0, 1.0, 5.0]], np.float32)
+    expected_RD = np.array([[-1, 1, -1, 1], [-0.5, -0.5, -0.5, 1.5]]) \
+        * np.array([[2**-0.5], [1.0]])
+    scale_D, bias_D = jnp.ones(4), jnp.zeros(4)
+    y_RD = np.array([[0.5, -1.0, 2.0, 0.0], [3.0, 0.0, -1.0, 1.0]], np.float32)
+    for x, y in ((s_RD - y_RD, y_RD), (s_RD, None)):
+        out_RD = add_layer_norm(jnp.asarray(x), None if y is None else jnp.asarray(y), scale_D,
+                                bias_D, epsilon=1.0, implementation=implementation)
+        np.testing.assert_allclose(out_RD, expected_RD, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("implementation", ["pallas", "tokamax"])
 def test_bfloat16_kernels_agree_with_xla_to_its_rounding(implementation):
-    """The sum is rounded to bfloat16 first in both; statistics in float32; the outputs
-    differ by at most one bfloat16 rounding (2⁻⁸ relative), the gradients by a few."""
+    """The sum in bfloat16 in both (XLA may keep its float32 where it fuses the cast);
+    statistics in float32; the outputs differ by at most one bfloat16 rounding (2⁻⁸
+    relative), the gradients by a few."""
     needs(implementation)
     x, y, scale, bias, dout = inputs((4, 32, 128), dtype=jnp.bfloat16)
     out_xla, grads_xla = value_and_grads("xla", x, y, scale, bias, dout)

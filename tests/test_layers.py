@@ -147,6 +147,33 @@ def test_mha_sows_attention_weights():
     np.testing.assert_allclose(out_BTD, plain_BTD, atol=1e-6, rtol=1e-6)
 
 
+def test_mha_sown_weights_and_output_are_causal_with_is_causal():
+    """Self-attention with is_causal=True and mutable=["intermediates"] (the weights sown for
+    a notebook): the weights are 0 above the diagonal (§3.2.3) and the output is the one
+    computed without sowing, the float64 reference's under a causal mask."""
+    mha, variables, q_BTD, _ = _init_mha(3, 15)
+    causal_11TT = np.tril(np.ones((T, T), bool))[None, None]
+    plain_BTD = mha.apply(variables, q_BTD, is_causal=True)
+    out_BTD, state = mha.apply(variables, q_BTD, is_causal=True, mutable=["intermediates"])
+    (w_BNTT,) = state["intermediates"]["attention_weights"]
+    assert np.all(np.asarray(w_BNTT)[np.broadcast_to(~causal_11TT, w_BNTT.shape)] == 0.0)
+    expected_BTD = np_mha(variables["params"], q_BTD, q_BTD, causal_11TT)
+    np.testing.assert_allclose(out_BTD, expected_BTD, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(plain_BTD, expected_BTD, atol=1e-5, rtol=1e-5)
+
+
+def test_mha_attention_dropout_only_when_not_deterministic():
+    """Attention dropout (dropout_rate, not the paper's) is off when deterministic (no
+    "dropout" rng needed): the output is that of rate 0. With deterministic=False it differs."""
+    mha, variables, q_BTD, kv_BSD = _init_mha(3, 15, dropout_rate=0.5)
+    off_BTD = MultiHeadAttention(num_heads=3, d_model=15).apply(variables, q_BTD, kv_BSD)
+    np.testing.assert_array_equal(mha.apply(variables, q_BTD, kv_BSD, deterministic=True),
+                                  off_BTD)
+    dropped_BTD = mha.apply(variables, q_BTD, kv_BSD, deterministic=False,
+                            rngs={"dropout": jax.random.key(1)})
+    assert np.abs(np.asarray(dropped_BTD) - np.asarray(off_BTD)).max() > 1e-3
+
+
 def test_every_available_attention_implementation_gives_the_same_output():
     """Each implementation runnable here (and "auto") gives the module the same output."""
     names = available_implementations(jnp.float32)

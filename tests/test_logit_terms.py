@@ -45,6 +45,17 @@ def test_rows_with_infinities_and_nans_are_jax_nns():
     np.testing.assert_array_equal(terms.argmax, [0, 2, 0, 3, 0, 1])
 
 
+def test_rows_of_negative_logits_only():
+    """Every logit below 0, some far below: log Σ exp is jax.nn.logsumexp's (finite, near
+    the largest logit) and the argmax np.argmax's, not column 0."""
+    x_NV = np.array([[-1000.0, -999.0, -1001.0, -999.5], [-5.0, -3.0, -4.0, -3.5],
+                     [-0.25, -0.5, -0.125, -2.0]], np.float32)
+    terms = logit_terms(x_NV, np.array([0, 1, 3]))
+    assert_allclose(terms.logsumexp, jax.nn.logsumexp(x_NV, axis=-1), rtol=1e-6)
+    np.testing.assert_array_equal(terms.argmax, [1, 1, 2])
+    np.testing.assert_array_equal(terms.target, [-1000.0, -3.0, -2.0])
+
+
 def test_the_argmax_combination_does_not_depend_on_the_order():
     """XLA may combine partial results in any order (a GPU's reduction combines trees of
     them): choosing between two (value, index) pairs gives the same pair either way round,

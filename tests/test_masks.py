@@ -29,6 +29,12 @@ def test_padding_mask_custom_pad_id():
     check_mask(padding_mask([[0, -1, 4, -1, 2]], pad_id=-1), expected_B11S)
 
 
+def test_padding_mask_hides_only_the_pad_id_not_the_ids_below_it():
+    """A pad_id inside the range of ids hides that id alone: ids below it are real tokens."""
+    expected_B11S = np.array([[[[1, 0, 1, 1, 0, 1]]]], dtype=B)
+    check_mask(padding_mask([[5, 3, 1, 0, 3, 4]], pad_id=3), expected_B11S)
+
+
 def test_causal_mask_is_lower_triangular():
     """causal_mask(4) is (1,1,4,4) lower triangular including the diagonal."""
     expected_11TT = np.array(

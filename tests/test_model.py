@@ -305,6 +305,25 @@ def test_pre_layer_norm_adds_final_norms_and_runs(variables):
     assert np.isfinite(logits_BTV).all()
 
 
+def test_pre_layer_norm_outputs_are_the_final_norms():
+    """Pre-LN leaves the residual stream unnormalised, so the encoder's memory and the
+    decoder's features are the final LayerNorm's output: with its initial scale 1 and bias
+    0, every position has mean 0 and variance 1 / (1 + ε / var) over D."""
+    model = Transformer(get_model_config("tiny", pre_layer_norm=True))
+    inputs_BS, targets_BT = _batch(17)
+    variables = jax.jit(model.init)(jax.random.key(1), inputs_BS, targets_BT)
+
+    def outputs(m, inputs, targets):
+        memory_BSD = m.encode(inputs)
+        return memory_BSD, m.decoder.features(memory_BSD, inputs, targets)
+
+    for x_XD in jax.jit(functools.partial(model.apply, method=outputs))(variables, inputs_BS,
+                                                                        targets_BT):
+        x_XD = np.asarray(x_XD, np.float64)
+        np.testing.assert_allclose(x_XD.mean(-1), 0.0, atol=1e-5)
+        np.testing.assert_allclose(x_XD.var(-1), 1.0, atol=1e-3)
+
+
 # --- parameter counts ---------------------------------------------------------------------
 
 

@@ -7,7 +7,8 @@ import optax
 import pytest
 from numpy.testing import assert_allclose
 
-from transformer_jax.optim import learning_rate, learning_rate_schedule, make_optimizer
+from transformer_jax.optim import (learning_rate, learning_rate_schedule, make_optimizer,
+                                   optimizer_from_config)
 
 BASE = dict(d_model=512, warmup_steps=4000)
 
@@ -164,6 +165,21 @@ def test_paper_defaults():
     explicit = optax.adam(learning_rate_schedule(**BASE), b1=0.9, b2=0.98, eps=1e-9)
     for got, want in zip(run_optax(make_optimizer(**BASE).tx, g), run_optax(explicit, g)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_optimizer_from_config_passes_every_setting():
+    """A run config's optim group reaches Adam whole: β1, β2, ε, the schedule's warmup and
+    scale, and the clipping norm, each unlike its default, against NumPy Adam on the
+    gradients clipped by hand (the second has norm 10, clipped to 0.5)."""
+    group = dict(warmup_steps=3, learning_rate_scale=2.0, b1=0.5, b2=0.75, eps=0.1,
+                 grad_clip_norm=0.5)
+    grads = [np.array([0.3, -0.1], np.float32), np.array([6.0, 8.0], np.float32)]
+    got = run_optax(optimizer_from_config(group, d_model=16).tx, grads)
+    clipped = [grads[0], grads[1] * np.float32(0.05)]
+    lrs = [learning_rate(t, d_model=16, warmup_steps=3, scale=2.0) for t in (1, 2)]
+    expected = numpy_adam(clipped, lrs=lrs, b1=0.5, b2=0.75, eps=0.1)
+    for update, want in zip(got, expected):
+        assert_allclose(update, want, rtol=1e-5)
 
 
 def test_the_logged_rate_is_the_rate_of_the_update():

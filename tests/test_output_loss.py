@@ -176,6 +176,21 @@ def test_bfloat16_chunks_make_their_logits_in_bfloat16_as_the_whole_logits_path_
         assert logit_dtypes(jax.grad(bound, (0, 1))) == {jnp.dtype(dtype).name}
 
 
+def test_bfloat16_differentiated_chunks_multiply_bfloat16_operands_only():
+    """dtype=bfloat16: every matmul of the differentiated chunks (logits, dfeatures and
+    dtable) reads bfloat16 operands, the table cast once, as the whole-logits path's
+    autodiff does; a float32 operand would run a float32 matmul."""
+    features, table, targets = problem()
+
+    def loss(features, table):
+        return output_loss(features, table, targets, chunk_size=8, dtype=jnp.bfloat16)[0]
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1)))(features, table).jaxpr
+    operands = [str(v.aval.dtype) for eqn in _equations(jaxpr)
+                if eqn.primitive.name == "dot_general" for v in eqn.invars]
+    assert len(operands) == 6 and set(operands) == {"bfloat16"}, operands
+
+
 def _dot_outputs(jaxpr) -> list:
     return [v for eqn in _equations(jaxpr) if eqn.primitive.name == "dot_general"
             for v in eqn.outvars]

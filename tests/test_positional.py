@@ -39,6 +39,13 @@ def test_matches_formula_for_packed_batch_positions():
     assert_allclose(np.asarray(pe_BTD), paper_pe(pos_BT, 10), rtol=1e-5, atol=1e-5)
 
 
+def test_positions_past_256_keep_their_exact_value():
+    """Positions of long sequences (257 and 1001: no bfloat16 holds them) give the formula's
+    values, each position its own."""
+    pos_T = np.array([255, 257, 1001, 4097])
+    assert_allclose(np.asarray(sinusoidal_encoding(pos_T, 8)), paper_pe(pos_T, 8), atol=1e-3)
+
+
 def test_scalar_position_gives_vector():
     """A scalar position (one decoding step) gives shape (d_model,)."""
     pe_D = sinusoidal_encoding(jnp.asarray(5), 6)
@@ -63,6 +70,14 @@ def test_hand_computed_values():
     # d=4, dim 2 is 2i=2: timescale 10000^(2/4) = 100.
     assert_allclose(np.asarray(sinusoidal_encoding(2, 4))[2], math.sin(0.02), rtol=1e-6)
     assert_allclose(np.asarray(sinusoidal_encoding(2, 4))[3], math.cos(0.02), rtol=1e-6)
+
+
+def test_max_timescale_replaces_the_10000():
+    """max_timescale is the base of §3.5's 10000^(2i/d): with 100 and d = 4, dims 2 and 3 of
+    PE(3) are sin and cos of 3 / 100^(2/4) = 0.3; dims 0 and 1 (2i = 0) do not depend on it."""
+    pe_D = np.asarray(sinusoidal_encoding(3, 4, max_timescale=100.0))
+    assert_allclose(pe_D, [math.sin(3.0), math.cos(3.0), math.sin(0.3), math.cos(0.3)],
+                    rtol=1e-6)
 
 
 def test_dtype_and_shape():

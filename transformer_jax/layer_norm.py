@@ -177,7 +177,8 @@ def _forward(x_RD, y_RD, scale_D, bias_D, epsilon):
 
 def _forward_kernel(x_ref, y_ref, scale_ref, bias_ref, out_ref, mean_ref, rstd_ref, *,
                     epsilon, width):
-    # The sum rounded to x's dtype first, as `nn.LayerNorm(x + y)` sees it.
+    # The sum in x's dtype, as `nn.LayerNorm(x + y)` is given it. Where XLA fuses the add
+    # with the cast it may keep the sum's float32 (the CPU's does, in both paths, jitted).
     s = (x_ref[...] + y_ref[...]).astype(jnp.float32)
     mean = jnp.sum(s, axis=1) / width
     centred = s - mean[:, None]
