@@ -10,6 +10,7 @@ import sys
 import warnings
 
 import jax
+import ml_collections
 import pytest
 from absl import flags
 from ml_collections import config_flags
@@ -365,3 +366,81 @@ def test_a_value_of_another_type_is_named_with_the_type_its_key_takes():
     assert bad("--config.seed", "1e3").endswith(": config.seed is an integer, got '1e3'")
     assert bad("--config.model.pre_layer_norm", "maybe").endswith(
         ": config.model.pre_layer_norm is true or false, got 'maybe'")
+
+
+@pytest.mark.parametrize("key", ["num_train_steps", "accumulation_steps", "log_every_steps",
+                                 "eval_every_steps", "checkpoint_every_steps",
+                                 "checkpoints_to_keep", "decode.bleu_examples"])
+def test_every_count_of_the_run_is_refused_at_0_and_named(key):
+    """A 0 interval would turn its work off without a word (`every > 0` in the loop), and 0
+    checkpoints kept is no resume: each is refused, naming its key; 1 is accepted."""
+    check_config(tiny_run(**{key: 1, "per_device_batch_size": 1}))
+    with pytest.raises(ConfigError) as caught:
+        check_config(tiny_run(**{key: 0}))
+    assert str(caught.value) == f"config.{key} must be a positive integer, got 0"
+
+
+@pytest.mark.parametrize("key, rule", [
+    ("profile_steps", "an integer >= 0 (0: off)"),
+    ("decode.bleu_every_steps", "an integer >= 0 (0: off)"),
+    ("loss_chunk_size", "an integer >= 0 (0: the whole logits)"),
+    ("data.tokens_per_batch", "an integer >= 0 (0: config.per_device_batch_size rows per "
+                              "device)")])
+def test_a_negative_switch_is_refused_not_taken_for_off(key, rule):
+    """-1 is no "off" (only 0 is): refused, naming the key and its rule."""
+    with pytest.raises(ConfigError) as caught:
+        check_config(tiny_run(**{key: -1}))
+    assert str(caught.value) == f"config.{key} must be {rule}, got -1"
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("num_train_steps", True, "config.num_train_steps must be a positive integer, got True"),
+    ("seed", False, "config.seed must be an integer >= 0, got False"),
+    ("optim.eps", True, "config.optim.eps must be a number > 0, got True"),
+    ("optim.b1", False, "config.optim.b1 must be a number in [0, 1), got False"),
+    ("decode.beam_size", True, "config.decode.beam_size must be a positive integer, got True"),
+    ("decode.alpha", True, "config.decode.alpha must be a non-negative number, got True"),
+])
+def test_true_or_false_is_no_count_and_no_number(key, value, message):
+    """Python's bool is an int (True == 1), but `num_train_steps: True` is a mistake: in a
+    dict of the config's keys (as `train` takes one; a ConfigDict's float key turns True into
+    1.0), refused, naming the key."""
+    config = tiny_run().to_dict()
+    *groups, name = key.split(".")
+    (config[groups[0]] if groups else config)[name] = value
+    with pytest.raises(ConfigError) as caught:
+        check_config(ml_collections.ConfigDict(config))
+    assert str(caught.value) == message
+
+
+def test_rows_per_device_and_a_token_budget_together_are_refused():
+    """Exactly one of the two sizes the batch: both set is one error naming both."""
+    with pytest.raises(ConfigError) as caught:
+        check_config(tiny_run(per_device_batch_size=2, **{"data.tokens_per_batch": 100}))
+    assert str(caught.value) == (
+        "config.per_device_batch_size=2 and config.data.tokens_per_batch=100 both size the "
+        "batch: set per_device_batch_size=0 to batch by tokens, or tokens_per_batch=0")
+
+
+def test_the_checked_copy_leaves_the_callers_config_as_it_was(tmp_path, monkeypatch):
+    """A relative folder corpus is made absolute in the run's copy only: the caller's
+    ConfigDict (whose groups a shallow copy would share) keeps its relative path."""
+    from transformer_jax.config_checks import checked_copy
+
+    monkeypatch.chdir(tmp_path)
+    config = tiny_run(**{"data.dataset": "folder:corpus", "data.vocab_size": 300})
+    copy = checked_copy(config)
+    assert copy.data.dataset == f"folder:{tmp_path / 'corpus'}"
+    assert config.data.dataset == "folder:corpus"
+
+
+def test_the_search_and_smoothing_defaults_are_the_papers():
+    """§6.1: beam size 4, length penalty α 0.6; §5.4: label smoothing ε_ls 0.1."""
+    config = tiny_run()
+    assert (config.decode.beam_size, config.decode.alpha) == (4, 0.6)
+    assert optim_fields().label_smoothing == 0.1
+
+
+def test_build_model_config_takes_the_tokenizers_size():
+    """The model's vocabulary is the tokenizer's size given, whatever it is."""
+    assert build_model_config(model_fields("tiny"), vocab_size=131).vocab_size == 131

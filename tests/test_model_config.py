@@ -139,3 +139,24 @@ def test_unknown_override_field_raises():
     """An override that is not a field raises ValueError naming it."""
     with pytest.raises(ValueError, match="d_modle"):
         get_model_config("tiny", d_modle=64)
+
+
+def test_the_largest_vocabulary_is_the_largest_int32_id():
+    """Ids are int32: a vocabulary of 2**31 - 1 has every id in range and is accepted;
+    2**31 would need the id 2**31 - 1 + 1, which int32 cannot hold, and is refused."""
+    assert ModelConfig(vocab_size=2**31 - 1).vocab_size == 2**31 - 1
+    with pytest.raises(ValueError) as error:
+        ModelConfig(vocab_size=2**31)
+    assert str(error.value) == ("ModelConfig.vocab_size must be below 2**31 (ids are int32), "
+                                "got 2147483648")
+
+
+def test_attention_dropout_is_checked_at_16_bits_whatever_dropout_bits_says():
+    """dropout_bits sets the sublayers' bits; attention dropout draws 16 (the attention
+    functions take no bits): 2**-12 is drawable in 16 bits though not in 8, and accepted
+    with dropout_bits=8; 2**-18 is not, and is refused naming 16 bits."""
+    config = ModelConfig(dropout_bits=8, attention_dropout_rate=2.0**-12)
+    assert config.attention_dropout_rate == 2.0**-12
+    with pytest.raises(ValueError, match=r"^ModelConfig\.attention_dropout_rate 3\.8\d*e-06 "
+                                         r"rounds to 0 in 16 random bits"):
+        ModelConfig(dropout_bits=32, attention_dropout_rate=2.0**-18)

@@ -361,3 +361,25 @@ def test_with_collective_timeout_keeps_one_given():
     assert (processes.with_collective_timeout("--xla_force_host_platform_device_count=2", 9)
             == f"--xla_force_host_platform_device_count=2 {flag}=9")
     assert processes.with_collective_timeout(f"{flag}=5 --x=1") == f"{flag}=5 --x=1"
+
+
+def test_a_lost_peer_is_told_through_the_error_it_was_handled_in():
+    """An error raised while handling gloo's (a save that fails in an `except`) carries it
+    as its __context__, not its __cause__: still a lost peer."""
+    gloo = ValueError("UNKNOWN: Gloo all-reduce failed: Connection closed by peer")
+    try:
+        try:
+            raise gloo
+        except ValueError:
+            raise OSError("cannot save step 8")  # in the handler: gloo is its context
+    except OSError as error:
+        handled = error
+    assert handled.__cause__ is None and handled.__context__ is gloo
+    assert processes.lost_peer(handled)
+
+
+def test_a_coordinator_address_may_be_an_ipv6_host_in_brackets():
+    """host:port splits at the last colon: "[::1]:1234" is host ::1, port 1234."""
+    assert processes._host_and_port("[::1]:1234") == ("::1", 1234)
+    assert processes._host_and_port("host0:80") == ("host0", 80)
+    assert processes.several_processes("[fe80::2]:9876", 2, 0)

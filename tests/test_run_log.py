@@ -225,3 +225,19 @@ def test_a_full_disk_for_the_tensorboard_events_is_one_line_too(tmp_path):
                          "stopped, and the same command resumes from the newest checkpoint")
     step = int(line.split("step ")[1].split(" ")[0])
     assert [r["step"] for r in read(tmp_path)] == list(range(1, step + 1))
+
+
+def test_the_bar_shows_no_rate_until_a_step_after_the_first_is_done(tmp_path):
+    """Half a second after the first step (which compiled) is done, no step of the rate's
+    has run: the bar shows "?step/s", not 1 step over those 0.5 s (2 steps/s and 1:39 left
+    of 300)."""
+    log = RunLog(str(tmp_path), total_steps=300, first_step=100)
+    bar, clock = log._progress, [1000.0]
+    bar._time = lambda: clock[0]
+    bar.start_t = bar.last_print_t = clock[0]
+    clock[0] += 12.0
+    log.first_step_done(101)
+    clock[0] += 0.5
+    shown = str(bar)
+    log.close()
+    assert shown.endswith("| 101/300 [00:00<?, ?step/s]"), shown

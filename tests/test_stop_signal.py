@@ -107,3 +107,21 @@ def test_a_hook_set_inside_stays_in_the_chain(inner_restores):
         assert sys.unraisablehook is (before if inner_restores else inner)
     finally:
         sys.unraisablehook = before
+
+
+def test_a_stop_that_python_swallowed_is_raised_by_check():
+    """The handler's StoppedAtOnce raised where Python swallows it (an `except Exception`
+    would not, but a C callback does): `check`, called before the first step and at every
+    step, raises that same stop; before any signal it raises nothing."""
+    stop = StopSignal()
+    try:
+        stop.check()
+        try:
+            stop._handle(signal.SIGTERM, None)
+        except StoppedAtOnce as swallowed:
+            raised = swallowed
+        with pytest.raises(StoppedAtOnce) as caught:
+            stop.check()
+        assert caught.value is raised and caught.value.signum == signal.SIGTERM
+    finally:
+        stop.restore()

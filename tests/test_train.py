@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import jax
 import ml_collections
@@ -27,8 +28,11 @@ from transformer_jax.parallel import Parallel
 from transformer_jax.run_log import MetricsWriteError
 from transformer_jax.stop_signal import StoppedAtOnce
 from transformer_jax.trained_params import load_trained_params
+from transformer_jax.model import Transformer
 from transformer_jax.model_config import get_model_config
-from transformer_jax.resume_checks import refuse_other_model, refuse_other_optimizer
+from transformer_jax.resume_checks import (changed_layout, changed_settings, refuse_other_model,
+                                          refuse_other_optimizer, refuse_other_run,
+                                          refuse_other_vocabulary)
 from transformer_jax.metrics_window import MetricsWindow, NonFiniteLossError
 from transformer_jax.config_checks import check_config
 from transformer_jax.data import DataError
@@ -252,6 +256,71 @@ def test_a_model_field_newer_than_the_checkpoint_counts_as_its_default():
         refuse_other_model({**older, "pre_layer_norm": True}, model, "W")
     assert refuse_other_model(older, dataclasses.replace(model, dropout_bits=8), "W") == [
         "model.dropout_bits: not saved (so 16, its default), now 8"]
+
+
+def test_a_learned_position_table_of_another_length_is_another_model():
+    """max_length is the learned table's rows: a checkpoint of 128 rows does not resume
+    with 64, as a field of how the steps compute (COMPUTE_FIELDS) would."""
+    model = get_model_config("tiny", positional_encoding="learned")
+    saved = dataclasses.asdict(model)
+    with pytest.raises(ConfigError, match=r"another model \(max_length: saved 128, now 64\)"):
+        refuse_other_model(saved, dataclasses.replace(model, max_length=64), "W")
+
+
+def test_a_checkpoint_of_another_tokenizer_is_refused():
+    """The same model and optimizer, but a checkpoint whose tokenizer's SHA-256 is not the
+    workdir's tokenizer's: refused in one ConfigError naming both; the same SHA-256 resumes."""
+    config = shared_run()
+    model = get_model_config("tiny", **config.model.to_dict(),
+                             vocab_size=config.data.vocab_size)
+    metadata = {"model": dataclasses.asdict(model), "config": config.to_dict(),
+                "tokenizer_sha256": "a" * 64}
+    tokenizer = types.SimpleNamespace(sha256="b" * 64)
+    with pytest.raises(ConfigError) as caught:
+        refuse_other_run(metadata, model, config.optim, tokenizer, workdir="W",
+                         where="W/checkpoints/4")
+    assert str(caught.value).startswith(
+        "W/checkpoints/4 was trained with another tokenizer (SHA-256 aaaaaaaaaaaa...) than the "
+        "workdir's tokenizer.model (bbbbbbbbbbbb...)")
+    refuse_other_run(metadata, model, config.optim, types.SimpleNamespace(sha256="a" * 64),
+                     workdir="W", where="W/checkpoints/4")
+
+
+def test_a_resume_names_each_learning_setting_changed_and_only_those():
+    """changed_settings names each of the keys asked about that the checkpoint saved with
+    another value: the seed and the micro-batches; not a key it did not save, nor one
+    unchanged, nor one not asked about."""
+    saved = {"seed": 0, "accumulation_steps": 1, "per_device_batch_size": 8}
+    now = {"seed": 3, "accumulation_steps": 2, "per_device_batch_size": 4, "new_key": 1}
+    assert changed_settings("config", saved, now, ("seed", "accumulation_steps", "new_key")) \
+        == ["config.seed=0, now 3", "config.accumulation_steps=1, now 2"]
+
+
+def test_who_draws_dropout_changes_with_pmaps_devices_not_with_a_meshs():
+    """pmap folds each device's index into its key: another device count draws other masks
+    (named); `sharded` draws the global batch's on any count (not named). Without dropout
+    nothing is drawn, and only the rows per update can be named."""
+    def layout(parallelism, devices, rows=8):
+        return {"rows_per_update": rows, "devices": devices, "parallelism": parallelism}
+
+    assert changed_layout(layout("sharded", 8), layout("sharded", 2), dropout=True) == []
+    assert changed_layout(layout("pmap", 8), layout("pmap", 2), dropout=True) == [
+        "dropout drawn by pmap on 8 devices, now pmap on 2"]
+    assert changed_layout(layout("pmap", 8), layout("sharded", 2, rows=16), dropout=False) == [
+        "layout.rows_per_update=8, now 16"]
+    assert changed_layout({}, layout("pmap", 2), dropout=True) == []
+
+
+def test_a_moved_corpus_folder_is_the_same_vocabulary():
+    """The dataset's name is left to the tokenizer's SHA-256 (a folder moved or copied is
+    the same data under another path); the other vocabulary settings are refused."""
+    config = shared_run(**{"data.dataset": "folder:/data/new", "data.vocab_size": 300})
+    metadata = {"config": {"data": {**config.data.to_dict(), "dataset": "folder:/data/old"}}}
+    refuse_other_vocabulary(metadata, config.data, "W/checkpoints/4")
+    config.data.vocab_size = 400
+    with pytest.raises(ConfigError, match=r"^W/checkpoints/4 was trained with "
+                                          r"data\.vocab_size=300, now 400, which changes "):
+        refuse_other_vocabulary(metadata, config.data, "W/checkpoints/4")
 
 
 def test_how_the_steps_compute_may_change_on_resume(trained_run, tmp_path, capsys):
@@ -963,6 +1032,7 @@ def test_a_run_already_at_its_last_step_says_there_is_nothing_to_train(trained_r
     out, err = capsys.readouterr()
     assert f"nothing to train: {tmp_path / 'run'}/checkpoints/{last} is at step {last}, " \
            f"and num_train_steps is {last}" in out
+    assert "trained to step" not in out  # it trained nothing: no last line of a training
     assert "train:" not in err, err
     assert files(tmp_path / "run")["metrics.jsonl"] == before["metrics.jsonl"]
 
@@ -1028,11 +1098,34 @@ def test_the_start_line_counts_every_processs_rows_and_names_the_software(monkey
         f"12 + 24 tokens per update; transformer_jax 0.1.0 (0123456789ab+dirty), jax 0.10.2")
 
 
+def test_the_opening_lines_say_what_the_run_will_and_will_not_do():
+    """Resumed at its last step: the nothing-to-train line alone (no "training steps 5-4");
+    one step before it, the start line alone. num_eval_batches=-1 is the whole split: no
+    "nothing to evaluate"; 0 is none, said once."""
+    from transformer_jax import run_messages
+    from transformer_jax.run_config import build_model_config
+
+    config = tiny_run(num_train_steps=4)
+    model_config = build_model_config(config.model, vocab_size=config.data.vocab_size)
+    software = {"commit": None, "transformer_jax": "0.1.0", "jax": "0.10.2"}
+
+    def lines(first, **overrides):
+        return run_messages.opening_lines(
+            tiny_run(num_train_steps=4, **overrides), model_config, rows=8, software=software,
+            first=first, parameters=10, evaluable=True, checkpoints="W/checkpoints")
+
+    assert lines(4) == ["nothing to train: W/checkpoints/4 is at step 4, and num_train_steps "
+                        "is 4 (raise --config.num_train_steps to train on)"]
+    (start,) = lines(3, num_eval_batches=-1)
+    assert start.startswith("resumed at step 3; training steps 4-4: 10 parameters")
+    assert lines(3, num_eval_batches=0)[1:] == [
+        "nothing to evaluate (num_eval_batches=0): the run logs no eval_loss, eval_accuracy "
+        "or eval_perplexity"]
+
+
 def test_the_first_steps_line_splits_its_time_between_its_parts(monkeypatch):
     """Started at 1 s (launched at 0.5), the data read by 2.5, the state built by 6 (1.2 s of
     it drawing), the step done at 10: each part is its own stretch of that time."""
-    import types
-
     from transformer_jax import run_messages
 
     monkeypatch.setattr(run_messages, "time", types.SimpleNamespace(monotonic=lambda: 10.0))
@@ -1082,3 +1175,156 @@ def test_a_window_opened_inside_a_pause_leaves_out_only_its_own_paused_time():
     window.fetch(_Host, 3)
     record = window.summary()
     assert (record["steps_per_sec"], record["tokens_per_sec"]) == (1.0, 20.0)
+
+
+def test_periodic_work_is_due_every_n_steps_and_at_the_last():
+    """Every 4 steps of 10 and at step 10, the last; never with 0 (off)."""
+    from transformer_jax.trainer import _due
+
+    assert [step for step in range(1, 11) if _due(step, 4, 10)] == [4, 8, 10]
+    assert [step for step in range(1, 11) if _due(step, 1, 10)] == list(range(1, 11))
+    assert not any(_due(step, 0, 10) for step in range(1, 11))
+
+
+def a_loop(config, **attributes):
+    """A training loop's state without its model, data or compiled steps: for the work it
+    does between steps, with fakes of what that work calls."""
+    from transformer_jax.trainer import _Loop
+
+    loop = _Loop.__new__(_Loop)
+    loop.config, loop.workdir = config, "W"
+    loop.checkpointer = types.SimpleNamespace(directory="W/checkpoints")
+    loop.parallel = types.SimpleNamespace(put_batch=lambda batch: batch,
+                                          to_host=lambda sums: sums,
+                                          local_params=lambda placed: placed.params)
+    loop.__dict__.update(attributes)
+    return loop
+
+
+def test_a_stop_logs_and_saves_but_evaluates_nothing():
+    """The work between steps, in order: log, evaluate, BLEU, save. At a stop signal's
+    step (5, due for none of them) the record is logged and the state saved, not
+    evaluated; at step 4 all four run; num_eval_batches=0 turns evaluation off."""
+    config = tiny_run(num_train_steps=10, log_every_steps=2, eval_every_steps=4,
+                      checkpoint_every_steps=4, **{"decode.bleu_every_steps": 4})
+    loop = a_loop(config, eval_pairs=[{"source": "eins", "target": "one"}])
+    work = loop._periodic_work(log=None, records=[])
+    assert [w.every for w in work] == [2, 4, 4, 4]
+    assert work[3].run == loop._save
+    assert [w.due(4, 10, stopped=False) for w in work] == [True] * 4
+    assert [w.due(5, 10, stopped=True) for w in work] == [True, False, False, True]
+    assert [w.due(5, 10, stopped=False) for w in work] == [False] * 4
+    config.num_eval_batches = 0
+    assert [w.every for w in loop._periodic_work(log=None, records=[])] == [2, 0, 4, 4]
+
+
+def test_an_evaluation_reads_num_eval_batches_of_the_updates_rows_and_weighs_by_tokens(
+        monkeypatch):
+    """5 validation batches of 10, 20, 30, 40, 50 target tokens; num_eval_batches=3 reads
+    the first 3, each of the update's rows (24 here, not the rows per device): loss
+    (10 + 20 + 60) / 60 tokens = 1.5, accuracy (5 + 10 + 15) / 60 = 0.5. -1 reads all 5."""
+    from transformer_jax import trainer
+
+    sums = [{"loss_sum": loss, "weight_sum": 10.0 * (i + 1), "correct_sum": 5.0 * (i + 1)}
+            for i, loss in enumerate([10.0, 20.0, 60.0, 1000.0, 1000.0])]
+    asked, evaluated = [], []
+
+    def validation_batches(split, *, batch_size, **kwargs):
+        asked.append((split, batch_size))
+        for i in range(5):
+            yield {"inputs": np.full((1, 2), i), "targets": np.full((1, 2), i),
+                   "inputs_segmentation": np.ones((1, 2))}
+
+    def p_eval(params, batch):
+        assert params == "params" and sorted(batch) == ["inputs", "targets"]
+        evaluated.append(int(batch["inputs"][0, 0]))
+        return sums[evaluated[-1]]
+
+    monkeypatch.setattr(trainer, "eval_batches", validation_batches)
+    config = tiny_run(num_eval_batches=3, per_device_batch_size=3)
+    loop = a_loop(config, rows=24, validation="the split", p_eval=p_eval)
+    placed = types.SimpleNamespace(params="params")
+    assert loop._evaluate(placed) == {"eval_loss": 1.5, "eval_accuracy": 0.5,
+                                      "eval_perplexity": math.exp(1.5)}
+    assert asked == [("the split", 24)] and evaluated == [0, 1, 2]
+    config.num_eval_batches = -1
+    assert loop._evaluate(placed)["eval_loss"] == 2090.0 / 150.0
+    assert evaluated[3:] == [0, 1, 2, 3, 4]
+
+
+def test_a_resume_names_the_seed_the_micro_batches_and_the_rows_contents_changed(capsys):
+    """Saved with seed 0, one micro-batch and too_long='truncate'; resumed with seed 1, two
+    and 'drop': one line names the three (each changes what the steps learn from)."""
+    model = get_model_config("tiny", num_layers=1, vocab_size=512)
+    layout = {"rows_per_update": 8, "devices": 8, "parallelism": "pmap"}
+    saved = tiny_run()
+    config = tiny_run(seed=1, accumulation_steps=2, per_device_batch_size=2,
+                      **{"data.too_long": "drop"})
+    loop = a_loop(config, model=Transformer(model), metadata={"layout": layout})
+    loop._name_changes(4, {"model": dataclasses.asdict(model), "config": saved.to_dict(),
+                           "layout": layout})
+    assert capsys.readouterr().err == (
+        "resuming W/checkpoints/4 with config.seed=0, now 1; config.accumulation_steps=1, "
+        "now 2; data.too_long='truncate', now 'drop' (the steps from here learn with the new "
+        "values)\n")
+
+
+def test_attention_dropout_alone_makes_pmaps_device_count_a_change_to_name(capsys):
+    """No dropout on the sublayers but some in attention: pmap on 8 devices, then on 4,
+    draws other attention masks, and the resume names it."""
+    model = get_model_config("tiny", num_layers=1, vocab_size=512, dropout_rate=0.0,
+                             attention_dropout_rate=0.1, attention_implementation="reference")
+    now = {"rows_per_update": 8, "devices": 4, "parallelism": "pmap"}
+    loop = a_loop(tiny_run(), model=Transformer(model), metadata={"layout": now})
+    loop._name_changes(4, {"model": dataclasses.asdict(model), "config": tiny_run().to_dict(),
+                           "layout": {**now, "devices": 8}})
+    assert capsys.readouterr().err == (
+        "resuming W/checkpoints/4 with dropout drawn by pmap on 8 devices, now pmap on 4 "
+        "(the steps from here learn with the new values)\n")
+
+
+def test_a_new_shuffle_is_seeded_from_the_seed_and_the_restored_step(capsys):
+    """A data position the iterator cannot take: the data starts again on the shuffle of
+    new_shuffle_seed(seed, step), not on the seed's own (which replays the first steps)."""
+    from transformer_jax.checkpoint import DataPositionError
+    from transformer_jax.train_batches import new_shuffle_seed
+
+    made = []
+    loop = a_loop(tiny_run(seed=3), data=iter([]),
+                  _batches=lambda seed, announce=True: made.append((seed, announce)))
+    loop._new_shuffle(6, DataPositionError(6, "W/checkpoints/6", "no data position saved"),
+                      {"config": tiny_run(seed=3).to_dict()})
+    assert made == [(new_shuffle_seed(3, 6), False)] and new_shuffle_seed(3, 6) != 3
+    assert capsys.readouterr().err == (
+        "warning: W/checkpoints/6: no data position saved; the training data cannot go on "
+        "from its saved position and starts a new shuffle (seeded from seed 3 and step 6)\n")
+
+
+def test_bleu_while_training_searches_the_first_bleu_examples_pairs(monkeypatch):
+    """decode.bleu_examples=3 of 5 validation pairs: the search runs on the first 3
+    sources with the decode settings, and they are scored against their 3 targets."""
+    from transformer_jax import trainer
+
+    config = tiny_run(**{"decode.bleu_examples": 3, "decode.beam_size": 2,
+                         "decode.alpha": 0.3, "decode.max_extra_length": 7})
+    pairs = [{"source": f"s{i}", "target": f"t{i}"} for i in range(5)]
+    searched = {}
+
+    def predict(model, params, sources, **settings):
+        searched.update(model=model, params=params, sources=sources, **settings)
+        return [f"out {s}" for s in sources]
+
+    scored = []
+    monkeypatch.setattr(trainer, "predict", predict)
+    monkeypatch.setattr(trainer, "score", lambda hypotheses, references: scored.append(
+        (hypotheses, references)) or {"bleu": 12.5, "chrf": 40.0})
+    tokenizer = types.SimpleNamespace(
+        encode_batch=lambda texts, add_eos: [t + "</s>" * add_eos for t in texts],
+        decode_batch=lambda outputs: outputs)
+    loop = a_loop(config, eval_pairs=pairs, tokenizer=tokenizer, model="the model")
+    assert loop._bleu(types.SimpleNamespace(params="params")) == {"eval_bleu": 12.5,
+                                                                   "eval_chrf": 40.0}
+    assert searched == {"model": "the model", "params": "params",
+                        "sources": ["s0</s>", "s1</s>", "s2</s>"], "beam_size": 2, "alpha": 0.3,
+                        "max_extra_length": 7}
+    assert scored == [(["out s0</s>", "out s1</s>", "out s2</s>"], ["t0", "t1", "t2"])]

@@ -152,3 +152,9 @@ def test_only_process_0_announces_the_batches(batching, monkeypatch, capsys):
         said[process] = capsys.readouterr().out
     assert "training pairs (" in said[0] and said[1] == ""
     assert ("bucketed batches:" in said[0]) == (batching == "bucketed")
+
+
+def test_accumulation_splits_the_rows_of_an_update_not_multiplies_them():
+    """per_device_batch_size is the rows per device per update, micro-batches or not: 4
+    rows on 8 devices in 2 micro-batches is 32 rows an update (2 rows a micro-batch)."""
+    assert batch_rows(tiny_run(per_device_batch_size=4, accumulation_steps=2), 8) == 32
