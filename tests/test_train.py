@@ -1271,7 +1271,7 @@ def test_a_resume_names_the_seed_the_micro_batches_and_the_rows_contents_changed
 
 def test_attention_dropout_alone_makes_pmaps_device_count_a_change_to_name(capsys):
     """No dropout on the sublayers but some in attention: pmap on 8 devices, then on 4,
-    draws other attention masks, and the resume names it."""
+    draws other attention masks, and the resume names it; with no dropout at all, not."""
     model = get_model_config("tiny", num_layers=1, vocab_size=512, dropout_rate=0.0,
                              attention_dropout_rate=0.1, attention_implementation="reference")
     now = {"rows_per_update": 8, "devices": 4, "parallelism": "pmap"}
@@ -1281,6 +1281,12 @@ def test_attention_dropout_alone_makes_pmaps_device_count_a_change_to_name(capsy
     assert capsys.readouterr().err == (
         "resuming W/checkpoints/4 with dropout drawn by pmap on 8 devices, now pmap on 4 "
         "(the steps from here learn with the new values)\n")
+    # With neither dropout, nothing is drawn: the same resume names nothing.
+    model = dataclasses.replace(model, attention_dropout_rate=0.0)
+    loop = a_loop(tiny_run(), model=Transformer(model), metadata={"layout": now})
+    loop._name_changes(4, {"model": dataclasses.asdict(model), "config": tiny_run().to_dict(),
+                           "layout": {**now, "devices": 8}})
+    assert capsys.readouterr().err == ""
 
 
 def test_a_new_shuffle_is_seeded_from_the_seed_and_the_restored_step(capsys):
@@ -1328,3 +1334,30 @@ def test_bleu_while_training_searches_the_first_bleu_examples_pairs(monkeypatch)
                         "sources": ["s0</s>", "s1</s>", "s2</s>"], "beam_size": 2, "alpha": 0.3,
                         "max_extra_length": 7}
     assert scored == [(["out s0</s>", "out s1</s>", "out s2</s>"], ["t0", "t1", "t2"])]
+
+
+def test_a_resumed_runs_first_step_is_left_out_of_its_rates():
+    """Resumed at step 3: its first step, 4, compiles (10 s), and 5 and 6 take 1 s each.
+    The record after step 6 rates those two alone, 2 steps and 40 tokens in 2 s, while its
+    loss counts all three steps, as a new run's first step is left out."""
+    now = [100.0]
+
+    def p_train(placed, batch):
+        now[0] += 10.0 if batch == "batch 4" else 1.0
+        return placed, _step(20.0)
+
+    said = []
+    log = types.SimpleNamespace(message=said.append, first_step_done=said.append)
+    trace = types.SimpleNamespace(tracing=False, before=lambda step: None,
+                                  after=lambda step, metrics, **kwargs: None)
+    stop = types.SimpleNamespace(check=lambda: None, requested=False, training=False)
+    loop = a_loop(tiny_run(num_train_steps=6), p_train=p_train,
+                  data=iter(f"batch {step}" for step in (4, 5, 6)),
+                  _window=MetricsWindow(clock=lambda: now[0]))
+    assert loop._loop(stop, "state", 3, log, trace, work=[],
+                      first_line=lambda step: f"first step {step}") == (6, False)
+    assert said == ["first step 4", 4] and stop.training
+    loop._window.fetch(_Host, 6)
+    record = loop._window.summary()
+    assert (record["steps_per_sec"], record["tokens_per_sec"]) == (1.0, 20.0)
+    assert record["loss"] == 2.0
