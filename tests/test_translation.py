@@ -13,6 +13,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -980,6 +981,8 @@ def test_interrupt_in_one_line_keeps_a_hook_set_inside_in_the_chain(inner_restor
 
 def test_write_whole_writes_straight_to_what_is_not_a_regular_file():
     """/dev/full is not replaced by a temporary: it is written, and fails as a full disk."""
+    # A write_whole that replaced it would leave a regular file there for every later run.
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode), "this machine's /dev/full is no device"
     with pytest.raises(OutputError) as error:
         write_whole({"/dev/full": "text"})
     assert (error.value.filename, error.value.errno) == ("/dev/full", errno.ENOSPC)
