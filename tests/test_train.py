@@ -1252,18 +1252,23 @@ def test_an_evaluation_reads_num_eval_batches_of_the_updates_rows_and_weighs_by_
     assert evaluated[3:] == [0, 1, 2, 3, 4]
 
 
+def named_on_resume(capsys, model, saved, config, saved_layout, layout) -> str:
+    """What a loop of `config`, `model` and `layout` says on stderr when it resumes a
+    checkpoint of step 4 saved with `saved` (a run config) and `saved_layout`."""
+    loop = a_loop(config, model=Transformer(model), metadata={"layout": layout})
+    loop._name_changes(4, {"model": dataclasses.asdict(model), "config": saved.to_dict(),
+                           "layout": saved_layout})
+    return capsys.readouterr().err
+
+
 def test_a_resume_names_the_seed_the_micro_batches_and_the_rows_contents_changed(capsys):
     """Saved with seed 0, one micro-batch and too_long='truncate'; resumed with seed 1, two
     and 'drop': one line names the three (each changes what the steps learn from)."""
     model = get_model_config("tiny", num_layers=1, vocab_size=512)
     layout = {"rows_per_update": 8, "devices": 8, "parallelism": "pmap"}
-    saved = tiny_run()
     config = tiny_run(seed=1, accumulation_steps=2, per_device_batch_size=2,
                       **{"data.too_long": "drop"})
-    loop = a_loop(config, model=Transformer(model), metadata={"layout": layout})
-    loop._name_changes(4, {"model": dataclasses.asdict(model), "config": saved.to_dict(),
-                           "layout": layout})
-    assert capsys.readouterr().err == (
+    assert named_on_resume(capsys, model, tiny_run(), config, layout, layout) == (
         "resuming W/checkpoints/4 with config.seed=0, now 1; config.accumulation_steps=1, "
         "now 2; data.too_long='truncate', now 'drop' (the steps from here learn with the new "
         "values)\n")
@@ -1275,18 +1280,13 @@ def test_attention_dropout_alone_makes_pmaps_device_count_a_change_to_name(capsy
     model = get_model_config("tiny", num_layers=1, vocab_size=512, dropout_rate=0.0,
                              attention_dropout_rate=0.1, attention_implementation="reference")
     now = {"rows_per_update": 8, "devices": 4, "parallelism": "pmap"}
-    loop = a_loop(tiny_run(), model=Transformer(model), metadata={"layout": now})
-    loop._name_changes(4, {"model": dataclasses.asdict(model), "config": tiny_run().to_dict(),
-                           "layout": {**now, "devices": 8}})
-    assert capsys.readouterr().err == (
+    saved = {**now, "devices": 8}
+    assert named_on_resume(capsys, model, tiny_run(), tiny_run(), saved, now) == (
         "resuming W/checkpoints/4 with dropout drawn by pmap on 8 devices, now pmap on 4 "
         "(the steps from here learn with the new values)\n")
     # With neither dropout, nothing is drawn: the same resume names nothing.
     model = dataclasses.replace(model, attention_dropout_rate=0.0)
-    loop = a_loop(tiny_run(), model=Transformer(model), metadata={"layout": now})
-    loop._name_changes(4, {"model": dataclasses.asdict(model), "config": tiny_run().to_dict(),
-                           "layout": {**now, "devices": 8}})
-    assert capsys.readouterr().err == ""
+    assert named_on_resume(capsys, model, tiny_run(), tiny_run(), saved, now) == ""
 
 
 def test_a_new_shuffle_is_seeded_from_the_seed_and_the_restored_step(capsys):

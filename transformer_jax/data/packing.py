@@ -131,8 +131,8 @@ class _PackedBatchIterator(grain.DatasetIterator):
     def set_state(self, state):
         self._parent.set_state(state["chunks"])
         # Its chunk state too: get_state() before the next batch is then the state restored.
-        self._chunk_state, self._chunk, self._offset = (state["chunks"],
-                                                         np.zeros((0,), np.int64), 0)
+        self._chunk_state = state["chunks"]
+        self._chunk, self._offset = np.zeros((0,), np.int64), 0
         if state["offset"]:
             self._next_chunk()
             self._offset = state["offset"]
