@@ -20,6 +20,7 @@ import pytest
 from run_configs import ROOT
 from transformer_jax.data import load_split
 from transformer_jax.export import export, serve_stablehlo
+from transformer_jax.export.engines import open_engine
 from transformer_jax.export.manifest import (MANIFEST_FILE, ExportError, check_output,
                                              staged_directory)
 from transformer_jax.export.serve_stablehlo import StableHLOError, StableHLOTranslator
@@ -28,7 +29,7 @@ from transformer_jax.model import Transformer
 from transformer_jax.model_config import get_model_config
 from transformer_jax.predict import predict
 from transformer_jax.trained_params import TrainedParams, load_trained_params
-from transformer_jax.translation import TranslationError, Translator
+from transformer_jax.translation import SentenceTooLongError, TranslationError, Translator
 
 # In one worker (make test's --dist loadgroup): the exports and translators are made once.
 pytestmark = pytest.mark.xdist_group("stablehlo")
@@ -305,6 +306,23 @@ def test_the_engine_refuses_settings_other_than_the_exported_ones(tmp_path, monk
     with pytest.raises(TranslationError, match="exported with max_extra_length=50;"):
         greedy_only(["null"], max_extra_length=10)
     assert searched == [None, 1, None]
+
+
+def test_the_engine_raises_the_translators_errors(exported, translator):
+    """translate.py typed into goes on after a translation's SentenceTooLongError and ends
+    in one line on any other TranslationError: the stablehlo engine raises those classes,
+    in the Translator's words, where serve_stablehlo's own are no TranslationError."""
+    translate = open_engine("stablehlo", exported=str(exported)).translate
+    sentences = ["null", "dreihundertzweiundvierzig"]
+    with pytest.raises(SentenceTooLongError) as too_long:
+        translate(sentences, max_input_length=2)
+    with pytest.raises(SentenceTooLongError) as ours:
+        translator.translate(sentences, max_input_length=2)
+    assert str(too_long.value) == str(ours.value)
+    with pytest.raises(TranslationError) as unexported:
+        translate(["null"], beam_size=9)
+    assert not isinstance(unexported.value, (StableHLOError, SentenceTooLongError))
+    assert "beam_size 9 was not exported" in str(unexported.value)
 
 
 def test_a_ctranslate2_export_is_refused(tmp_path):
