@@ -101,40 +101,7 @@ def load_trained_params(workdir: str, which: str | int = "latest") -> TrainedPar
         which = str(operator.index(which))
     elif not isinstance(which, str):
         raise TypeError(f"checkpoint must be latest, a step or average:N, got {which!r}")
-    if not workdir:  # os.path.abspath("") is the current directory
-        raise CheckpointChoiceError("the workdir is empty (an unset shell variable?); name a "
-                                    "training run's folder")
-    directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-    if os.path.isfile(manifest := os.path.join(workdir, "export.json")):
-        raise CheckpointChoiceError(f"{workdir} is an export, not a training run; translate "
-                                    f"with translate.py --engine={_format_of(manifest)} "
-                                    f"--exported={workdir}")
-    if not os.path.isdir(workdir):  # a misspelt path: "train first" would mislead
-        raise CheckpointChoiceError(f"{workdir}: " + ("a file, not a training run's folder"
-                                                      if os.path.exists(workdir) else
-                                                      "no such folder (the training run's "
-                                                      "workdir)"))
-    run, name = os.path.split(os.path.normpath(workdir))
-    if name == "checkpoints" and not os.path.isdir(directory) and any(  # step folders: 800, ...
-            entry.isdigit() for entry in os.listdir(workdir)):  # "train first" would mislead
-        raise CheckpointChoiceError(f"{workdir} is a run's checkpoints folder; name the run's "
-                                    f"own folder: --workdir={run or os.curdir}")
-    parent = os.path.basename(os.path.dirname(os.path.abspath(workdir)))
-    if name.isdigit() and parent == "checkpoints" and not os.path.isdir(directory):
-        run = os.path.dirname(os.path.dirname(os.path.normpath(workdir)))
-        raise CheckpointChoiceError(f"{workdir} is a checkpoint of a run; name the run's own "
-                                    f"folder, and the step with --checkpoint: "
-                                    f"--workdir={run or os.curdir} --checkpoint={name}")
-    if not os.path.isdir(directory):
-        runs = sorted(entry for entry in os.listdir(workdir)  # runs/: "train first" misleads
-                      if os.path.isdir(os.path.join(workdir, entry, "checkpoints")))
-        if runs:
-            shown = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if runs[5:] else "")
-            raise CheckpointChoiceError(f"{workdir} holds training runs ({shown}), not one of "
-                                        f"its own; name one: --workdir="
-                                        f"{os.path.join(workdir, runs[0])}")
-        raise CheckpointChoiceError(f"{workdir} has no checkpoints; train first "
-                                    f"(python train.py --workdir={workdir})")
+    directory = _checkpoints_folder(workdir)
     with Checkpointer(directory, keep=1_000_000) as checkpointer:
         steps = checkpointer.all_steps()
         if not steps:
@@ -158,6 +125,47 @@ def load_trained_params(workdir: str, which: str | int = "latest") -> TrainedPar
                                                 f"the newest that restores") from None
                 steps = chosen_steps(checkpointer.all_steps(reload=True), which)
     return reads[-1]._replace(steps=steps, params=average_params([r.params for r in reads]))
+
+
+def _checkpoints_folder(workdir: str) -> str:
+    """WORKDIR/checkpoints, or a CheckpointChoiceError that says what `workdir` is instead
+    (empty, an export, no folder, a run's checkpoints or one of them, a folder of runs) and
+    what to pass: "train first" would mislead each of them."""
+    if not workdir:  # os.path.abspath("") is the current directory
+        raise CheckpointChoiceError("the workdir is empty (an unset shell variable?); name a "
+                                    "training run's folder")
+    directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    if os.path.isfile(manifest := os.path.join(workdir, "export.json")):
+        raise CheckpointChoiceError(f"{workdir} is an export, not a training run; translate "
+                                    f"with translate.py --engine={_format_of(manifest)} "
+                                    f"--exported={workdir}")
+    if not os.path.isdir(workdir):  # a misspelt path
+        raise CheckpointChoiceError(f"{workdir}: " + ("a file, not a training run's folder"
+                                                      if os.path.exists(workdir) else
+                                                      "no such folder (the training run's "
+                                                      "workdir)"))
+    run, name = os.path.split(os.path.normpath(workdir))
+    if name == "checkpoints" and not os.path.isdir(directory) and any(  # step folders: 800, ...
+            entry.isdigit() for entry in os.listdir(workdir)):
+        raise CheckpointChoiceError(f"{workdir} is a run's checkpoints folder; name the run's "
+                                    f"own folder: --workdir={run or os.curdir}")
+    parent = os.path.basename(os.path.dirname(os.path.abspath(workdir)))
+    if name.isdigit() and parent == "checkpoints" and not os.path.isdir(directory):
+        run = os.path.dirname(os.path.dirname(os.path.normpath(workdir)))
+        raise CheckpointChoiceError(f"{workdir} is a checkpoint of a run; name the run's own "
+                                    f"folder, and the step with --checkpoint: "
+                                    f"--workdir={run or os.curdir} --checkpoint={name}")
+    if not os.path.isdir(directory):
+        runs = sorted(entry for entry in os.listdir(workdir)  # a folder of runs: runs/
+                      if os.path.isdir(os.path.join(workdir, entry, "checkpoints")))
+        if runs:
+            shown = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if runs[5:] else "")
+            raise CheckpointChoiceError(f"{workdir} holds training runs ({shown}), not one of "
+                                        f"its own; name one: --workdir="
+                                        f"{os.path.join(workdir, runs[0])}")
+        raise CheckpointChoiceError(f"{workdir} has no checkpoints; train first "
+                                    f"(python train.py --workdir={workdir})")
+    return directory
 
 
 def _format_of(manifest: str) -> str:
