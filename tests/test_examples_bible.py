@@ -3,7 +3,9 @@ markup (the artefacts found in the real modules) and synthetic verses; no pyswor
 modules. And config.py: train.py's checks, and the checkpoints it averages."""
 
 import collections
+import functools
 import importlib.util
+import json
 import pathlib
 import random
 import sys
@@ -298,6 +300,94 @@ def test_what_is_missing_is_said_at_once(tmp_path, monkeypatch):
         "pysword is not installed; install it with: pip install pysword",
         f"SWORD module spaRV1909eb not found in {tmp_path}; install it with: apt-get install "
         f"sword-text-sparv (or give --sword_path)"]
+
+
+def fake_pysword(monkeypatch, tmp_path, books: dict, text_of) -> None:
+    """pysword as build_corpus uses it, over `books` ({name: (osis, verses per chapter)})
+    and `text_of(lang, osis, chapter, verse)`: a verse's markup, or None for one the
+    module's versification lacks (pysword's ValueError). The modules' .conf files in
+    `tmp_path`/mods.d. (A stand-in: pysword and the SWORD modules are not test
+    dependencies.)"""
+    lang_of = {name: lang for lang, (name, _) in bible.MODULES.items()}
+
+    class Bible:
+        def __init__(self, lang):
+            self.lang = lang
+
+        def get(self, books, chapters, verses, clean):
+            assert not clean  # build_corpus cleans the OSIS markup itself
+            text = text_of(self.lang, next(o for b, (o, _) in BOOKS.items() if b == books),
+                           chapters, verses)
+            if text is None:
+                raise ValueError("verse not in the versification")
+            return text
+
+    class SwordModules:
+        def __init__(self, path):
+            assert path == str(tmp_path)
+
+        def parse_modules(self):
+            return {name: {"version": "1.0", "description": f"{name} text"}
+                    for name in lang_of}
+
+        def get_bible_from_module(self, name):
+            return Bible(lang_of[name])
+
+    BOOKS = books
+    canon = {"kjv": {"ot": [(name, osis, osis, lengths) for name, (osis, lengths)
+                            in books.items()], "nt": []}}
+    monkeypatch.setitem(sys.modules, "pysword", types.ModuleType("pysword"))
+    monkeypatch.setitem(sys.modules, "pysword.canons", types.SimpleNamespace(canons=canon))
+    monkeypatch.setitem(sys.modules, "pysword.modules",
+                        types.SimpleNamespace(SwordModules=SwordModules))
+    (tmp_path / "mods.d").mkdir()
+    for name in lang_of:
+        (tmp_path / "mods.d" / f"{name}.conf").write_text(f"[{name}]\n")
+
+
+def test_the_script_reads_cleans_aligns_and_holds_out_whole_chapters(tmp_path, monkeypatch):
+    """main() end to end over two books of 4 chapters of 12 verses, three words each drawn
+    from 100 pairs (Spanish wK, English tK; footnotes in the English markup). The Spanish
+    Exodus 2 is numbered as the module numbers Num 13: its verse v holds English verse
+    v + 1, and it has no verse 12. Each pair written holds one verse's words on both sides,
+    but Spanish Exodus 2:1, which English 2:1 and 2:2 are joined to (English 2:1 has no
+    Spanish verse of its own); the held-out chapters (2 for test, 1 for validation, sizes
+    in pairs) are whole."""
+    rng = random.Random(0)
+    books = {"Genesis": ("Gen", [12] * 4), "Exodus": ("Exod", [12] * 4)}
+    words = {(osis, c, v): rng.sample(range(100), 3) for osis, lengths in books.values()
+             for c, n in enumerate(lengths, 1) for v in range(1, n + 1)}
+
+    def text_of(lang, osis, chapter, verse):
+        if lang == "en":
+            first, *rest = words[osis, chapter, verse]
+            return (f'<w lemma="strong:H1">t{first}</w><note placement="foot">or, t{first}'
+                    f'</note><w>{" ".join(f"t{k}" for k in rest)}</w>')
+        if (osis, chapter) == ("Exod", 2):
+            return None if verse == 12 else " ".join(f"w{k}" for k in words[osis, 2, verse + 1])
+        return " ".join(f"w{k}" for k in words[osis, chapter, verse])
+
+    fake_pysword(monkeypatch, tmp_path, books, text_of)
+    monkeypatch.setattr(bible, "split_chapters", functools.partial(
+        bible.split_chapters, sizes={"test": 24, "validation": 12}))
+    output = tmp_path / "corpus"
+    bible.main([f"--output={output}", f"--sword_path={tmp_path}", "--seed=1"])
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert manifest["alignment"] == {"1-1, same reference": 84, "1-1, realigned": 10,
+                                     "1-2, realigned": 1}
+    assert manifest["pairs"] == {"train": 59, "validation": 12, "test": 24}
+    assert manifest["chapters"] == {"train": 5, "validation": 1, "test": 2}
+    assert manifest["sources"]["es"]["module"] == "spaRV1909eb"
+    split_of = {tuple(name.split()): split for split, names
+                in manifest["held_out_chapters"].items() for name in names}
+    chapter_of = {tuple(sorted(k)): (osis, str(c)) for (osis, c, _), k in words.items()}
+    joined = sorted(words["Exod", 2, 1] + words["Exod", 2, 2])
+    for split in ("train", "validation", "test"):
+        for pair in read_folder_split(str(output), split, "es", "en"):
+            es = tuple(sorted(int(w.removeprefix("w")) for w in pair["source"].split()))
+            en = sorted(int(w.removeprefix("t")) for w in pair["target"].split())  # no notes
+            assert en == (joined if es == tuple(sorted(words["Exod", 2, 2])) else list(es))
+            assert split_of.get(chapter_of[es], "train") == split
 
 
 # --- The config -----------------------------------------------------------------------------
