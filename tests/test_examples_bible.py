@@ -309,6 +309,7 @@ def fake_pysword(monkeypatch, tmp_path, books: dict, text_of) -> None:
     `tmp_path`/mods.d. (A stand-in: pysword and the SWORD modules are not test
     dependencies.)"""
     lang_of = {name: lang for lang, (name, _) in bible.MODULES.items()}
+    osis_of = {name: osis for name, (osis, _) in books.items()}
 
     class Bible:
         def __init__(self, lang):
@@ -316,8 +317,7 @@ def fake_pysword(monkeypatch, tmp_path, books: dict, text_of) -> None:
 
         def get(self, books, chapters, verses, clean):
             assert not clean  # build_corpus cleans the OSIS markup itself
-            text = text_of(self.lang, next(o for b, (o, _) in BOOKS.items() if b == books),
-                           chapters, verses)
+            text = text_of(self.lang, osis_of[books], chapters, verses)
             if text is None:
                 raise ValueError("verse not in the versification")
             return text
@@ -333,7 +333,6 @@ def fake_pysword(monkeypatch, tmp_path, books: dict, text_of) -> None:
         def get_bible_from_module(self, name):
             return Bible(lang_of[name])
 
-    BOOKS = books
     canon = {"kjv": {"ot": [(name, osis, osis, lengths) for name, (osis, lengths)
                             in books.items()], "nt": []}}
     monkeypatch.setitem(sys.modules, "pysword", types.ModuleType("pysword"))
