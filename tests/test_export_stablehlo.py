@@ -575,10 +575,26 @@ def test_a_damaged_export_is_one_error_naming_the_file(exported, tmp_path):
         f"holding export.json)")
 
 
+def test_a_search_setting_is_a_positive_integer_not_a_bool(exported, translator):
+    """beam_size=True had run greedy search and batch_size=True searched one sentence at a
+    time, where the Translator refuses a bool; max_input_length=0 had meant no limit. A
+    NumPy integer is an integer, as it is to the Translator."""
+    served = StableHLOTranslator(exported)
+    for name in ("beam_size", "batch_size", "max_input_length"):
+        for value in (True, 0, -1, 2.0, "2"):
+            assert one_line_error(lambda: served.translate(["null"], **{name: value})) == (
+                f"{name} must be a positive integer, got {value!r}")
+    beam = translator.search_settings()["beam_size"]
+    assert served.translate(["null", "dreihundertzwei"], beam_size=np.int64(1),
+                            batch_size=np.int32(1), max_input_length=np.int64(64)) == \
+        translator.translate(["null", "dreihundertzwei"], beam_size=1)
+    assert f"beam_size {beam + 1} was not exported" in one_line_error(
+        lambda: served.translate(["null"], beam_size=np.int64(beam + 1)))
+
+
 def test_sources_that_are_no_ids_of_the_model_are_refused(exported):
     """Ids outside the vocabulary, negative ones, floats and an empty source had searched
-    into nonsense (an empty one into a full-length output); max_input_length=0 had meant no
-    limit."""
+    into nonsense (an empty one into a full-length output)."""
     translator = StableHLOTranslator(exported)
     vocab_size = json.loads((exported / "export.json").read_text())["model"]["vocab_size"]
     for sources, message in (
@@ -589,8 +605,6 @@ def test_sources_that_are_no_ids_of_the_model_are_refused(exported):
             ([[1.5, 1]], "source 1 is not a list of token ids ending with EOS (1): [1.5, 1.0]"),
             ([[]], "source 1 is not a list of token ids ending with EOS (1): []")):
         assert one_line_error(lambda: translator.translate_ids(sources, beam_size=1)) == message
-    assert one_line_error(lambda: translator.translate(["null"], max_input_length=0)) == (
-        "max_input_length must be a positive integer or None, got 0")
     # An export.json that does not say vocab_size: negative ids alone are refused.
     with pytest.raises(StableHLOError, match=r"^source 1 holds ids below 0, which no "
                        r"vocabulary holds: -5 to 1$"):

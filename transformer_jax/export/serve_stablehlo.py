@@ -16,6 +16,7 @@ each batch searched in the smallest exported bucket (rows x source length) that 
 
 import hashlib
 import json
+import operator
 import os
 import sys
 import zipfile
@@ -73,7 +74,8 @@ class StableHLOTranslator:
         max_length: generated ids, EOS included, 0 after.
         """
         search = self._search(beam_size)
-        rows = _batch_rows(batch_size, max(b["batch_size"] for b in search["buckets"]))
+        largest = max(b["batch_size"] for b in search["buckets"])
+        rows = largest if batch_size is None else min(_count("batch_size", batch_size), largest)
         _check_ids(source_ids, self._vocab_size)
         self._check_lengths(source_ids, search["buckets"])
         order = sorted(range(len(source_ids)), key=lambda i: len(source_ids[i]))
@@ -110,11 +112,8 @@ class StableHLOTranslator:
         # Whitespace alone is an empty line, as in transformer_jax's translation.sentence_list.
         sentences = ["" if isinstance(s, str) and not s.strip() else s for s in sentences]
         ids = [pieces + [EOS_ID] for pieces in tokenizer.encode(sentences, out_type=int)]
-        if max_input_length is not None and (not isinstance(max_input_length, int)
-                                             or max_input_length < 1):
-            raise StableHLOError(f"max_input_length must be a positive integer or None, got "
-                                 f"{max_input_length!r}")  # 0 had meant no limit
-        cap = max_input_length or float("inf")
+        cap = (float("inf") if max_input_length is None  # no limit but the longest bucket
+               else _count("max_input_length", max_input_length))
         _refuse_too_long(ids, cap, f"max_input_length={cap}",
                          "split it or raise the limit (--max_input_length)")
         # An empty line (no pieces) is "" unsearched, as transformer_jax's predict.skip_empty.
@@ -133,6 +132,7 @@ class StableHLOTranslator:
         searches = self._entry["searches"]
         if beam_size is None:
             return searches.get("beam", searches["greedy"])
+        beam_size = _count("beam_size", beam_size)
         for search in searches.values():
             if search["beam_size"] == beam_size:
                 return search
@@ -303,12 +303,16 @@ def _refuse_too_long(source_ids, cap, limit: str, advice: str) -> None:
                                    f"{advice}")
 
 
-def _batch_rows(batch_size: int | None, largest: int) -> int:
-    if batch_size is None:
-        return largest
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise StableHLOError(f"batch_size must be a positive integer, got {batch_size!r}")
-    return min(batch_size, largest)
+def _count(name: str, value) -> int:
+    """`value` as a positive int (a NumPy integer too); a StableHLOError for anything else,
+    a bool included (True would be 1: greedy search for beam_size=True)."""
+    try:
+        number = None if isinstance(value, (bool, np.bool_)) else operator.index(value)
+    except TypeError:  # a float, a str, ...
+        number = None
+    if number is None or number < 1:
+        raise StableHLOError(f"{name} must be a positive integer, got {value!r}")
+    return number
 
 
 def _smallest_bucket(buckets: list[dict], rows: int, length: int) -> dict:
