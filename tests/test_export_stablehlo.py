@@ -592,6 +592,28 @@ def test_a_search_setting_is_a_positive_integer_not_a_bool(exported, translator)
         lambda: served.translate(["null"], beam_size=np.int64(beam + 1)))
 
 
+def test_an_export_for_other_platforms_or_without_its_tokenizer_is_one_line(exported,
+                                                                          tmp_path):
+    """An export lowered for other platforms than this machine's, and one whose tokenizer
+    is gone: each a StableHLOError saying what to do; ids still translate without the
+    tokenizer, which only text needs."""
+    other = tmp_path / "other"
+    shutil.copytree(exported, other)
+    manifest = json.loads((exported / "export.json").read_text())
+    manifest["stablehlo"]["platforms"] = ["tpu"]
+    (other / "export.json").write_text(json.dumps(manifest))
+    here = jax.export.default_export_platform()
+    assert one_line_error(lambda: StableHLOTranslator(other)) == (
+        f"{other} was exported for tpu, but jax runs on {here} here; export it again on "
+        f"this machine")
+    shutil.copy(exported / "export.json", other / "export.json")
+    (other / "tokenizer.model").unlink()
+    served = StableHLOTranslator(other)
+    assert one_line_error(lambda: served.translate(["null"])) == (
+        f"{other} has no tokenizer.model")
+    assert len(served.translate_ids([[5, 1]], beam_size=1)) == 1
+
+
 def test_sources_that_are_no_ids_of_the_model_are_refused(exported):
     """Ids outside the vocabulary, negative ones, floats and an empty source had searched
     into nonsense (an empty one into a full-length output)."""
