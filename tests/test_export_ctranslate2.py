@@ -7,8 +7,10 @@ then the CLIs: python -m transformer_jax.export and translate.py --engine=ctrans
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
+import warnings
 
 import jax
 import numpy as np
@@ -97,8 +99,6 @@ def test_bfloat16_quantizing_is_quiet(tmp_path):
     """The sinusoidal table was NumPy's read-only view of a JAX array, and CTranslate2's
     bfloat16 quantizing gives its arrays to torch.from_numpy: two lines of PyTorch's
     UserWarning before the export's own. Every array of the spec is writable now."""
-    import warnings
-
     from transformer_jax.export.ctranslate2_model import _positions
 
     config = get_model_config("tiny", vocab_size=61, d_model=24, d_ff=40, num_heads=3,
@@ -196,8 +196,6 @@ def test_export_json_holds_the_runs_search_and_the_arguments_that_search_so(trai
     newest checkpoint's metadata), and the translate_batch arguments a client without this
     package passes (docs/serving.md): patience 4, the run's α as length_penalty, outputs
     that may end at once."""
-    import shutil
-
     workdir = tmp_path / "run"
     shutil.copytree(trained_run.workdir, workdir)
     newest = str(trained_run.config.num_train_steps)
@@ -318,8 +316,6 @@ def test_export_cli_refuses_an_existing_output_and_leaves_nothing_half_made(trai
 def test_a_damaged_ctranslate2_export_is_one_error(exported, tmp_path):
     """An export without its tokenizer got the advice for a training run, and an export.json
     without its search settings a KeyError."""
-    import shutil
-
     damaged = tmp_path / "damaged"
     shutil.copytree(exported / "float32", damaged)
     (damaged / "tokenizer.model").unlink()
@@ -347,6 +343,27 @@ def test_a_damaged_ctranslate2_export_is_one_error(exported, tmp_path):
         read_manifest(str(exported / "float32" / "model.bin"), "ctranslate2")
     assert str(error.value) == (f"{exported / 'float32' / 'model.bin'}: a file, not an "
                                 f"exported model's folder (the folder holding export.json)")
+
+
+def test_a_model_ctranslate2_cannot_load_or_of_other_pieces_is_one_error(exported, tmp_path):
+    """A model.bin cut short (an interrupted copy), and a vocabulary whose pieces are not the
+    tokenizer's (two swapped: every id would decode to the wrong word), are ExportErrors."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(exported / "float32", damaged)
+    model = (damaged / "model.bin").read_bytes()
+    (damaged / "model.bin").write_bytes(model[:len(model) // 2])
+    with pytest.raises(ExportError) as error:
+        CTranslate2Translator.from_export(str(damaged))
+    assert str(error.value).startswith(f"CTranslate2 cannot load {damaged}: ")
+    assert "\n" not in str(error.value)
+    (damaged / "model.bin").write_bytes(model)
+    pieces = json.loads((damaged / "shared_vocabulary.json").read_text())
+    pieces[5], pieces[6] = pieces[6], pieces[5]
+    (damaged / "shared_vocabulary.json").write_text(json.dumps(pieces))
+    with pytest.raises(ExportError) as error:
+        CTranslate2Translator.from_export(str(damaged))
+    assert str(error.value) == (f"{damaged}'s tokenizer.model has other pieces than its "
+                                f"model's vocabulary; export again")
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -499,8 +516,6 @@ def test_without_ctranslate2_the_format_says_how_to_install_it(exported, tmp_pat
 def test_another_or_a_damaged_tokenizer_is_refused(exported, trained_run, tmp_path):
     """An export's tokenizer.model replaced by another model's translated into nonsense
     silently, and a damaged one in the workdir was a traceback from the export command."""
-    import shutil
-
     swapped = tmp_path / "swapped"
     shutil.copytree(exported / "float32", swapped)
     manifest = json.loads((swapped / "export.json").read_text())
