@@ -212,6 +212,17 @@ def test_a_half_written_last_line_is_skipped_with_a_warning(tmp_path, capsys):
     with pytest.raises(plot.MetricsError) as error:
         plot.read_records(str(path))
     assert str(error.value) == f"{path}, line 1: its step is not an integer (50.0)"
+    path.write_text('\n{"step": true, "loss": 1.0}\n')  # JSON's true is Python's True, an int
+    with pytest.raises(plot.MetricsError) as error:
+        plot.read_records(str(path))
+    assert str(error.value) == f"{path}, line 2: its step is not an integer (True)"
+    for record in ('{"loss": 1.0}', "[1, 2]"):
+        path.write_text(json.dumps(RECORDS[0]) + "\n  \n" + record + "\n")
+        with pytest.raises(plot.MetricsError) as error:
+            plot.read_records(str(path))
+        assert str(error.value) == f"{path}, line 3: a record without a step"
+    path.write_text("\n" + json.dumps(RECORDS[0]) + "\n\n")  # blank lines are no records
+    assert plot.read_records(str(path)) == RECORDS[:1]
 
 
 def run_cli(*args, cwd):
@@ -231,6 +242,12 @@ def test_the_command_line_draws_one_run_into_its_workdir_and_several_here(tmp_pa
     assert done.returncode == 0, done.stderr
     assert png_size(tmp_path / "curves.png") == (1500, 420)
     assert not (two / "curves.png").exists()
+    write_run(tmp_path / "runs" / "three", [{"step": 1, "eval_accuracy": 0.5}])
+    done = run_cli("runs/one", "runs/three", "--output=two.png", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1] == ("warning: three has no loss, BLEU, chrF or "
+                                            "learning rate to draw")
+    assert png_size(tmp_path / "two.png") == (1500, 420)  # the first run's panels
 
 
 def test_output_makes_its_folder_and_must_name_a_png(tmp_path):
