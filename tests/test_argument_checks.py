@@ -9,7 +9,8 @@ import pytest
 from transformer_jax.losses import label_smoothed_cross_entropy
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.positional import sinusoidal_encoding
-from transformer_jax.argument_checks import finite_number, fraction, positive_int, shown
+from transformer_jax.argument_checks import (checked_rate, finite_number, fraction, positive_int,
+                                             shown)
 
 
 @pytest.mark.parametrize("value", [np.int64(3), np.uint8(3), 3])
@@ -24,6 +25,35 @@ def test_everything_else_is_refused_by_name(value):
     with pytest.raises(ValueError) as error:
         positive_int("beam_size", value)
     assert str(error.value) == f"beam_size must be a positive integer, got {value!r}"
+
+
+def test_one_is_the_least_size():
+    assert positive_int("num_layers", 1) == 1
+    assert positive_int("n", 2**70) == 2**70  # a Python int of any size, as NumPy's cannot be
+
+
+@pytest.mark.parametrize("value, got", [
+    (np.array([3]), "array([3])"),  # an integer array of one dimension: no index
+    ([[1], [2, 3]], "a list"),  # a ragged list: NumPy makes no array of it
+    (jax.random.key(0), "a PRNGKeyArray of shape () and dtype key<fry>"),
+])
+def test_values_numpy_cannot_take_as_a_number_are_refused_in_one_line(value, got):
+    with pytest.raises(ValueError) as error:
+        positive_int("n", value)
+    assert str(error.value) == f"n must be a positive integer, got {got}"
+    with pytest.raises(ValueError) as error:
+        fraction("rate", value)
+    assert str(error.value) == f"rate must be a number in [0, 1), got {got}"
+
+
+def test_a_value_is_shown_whole_up_to_8_items_and_100_characters_on_one_line():
+    assert shown(list(range(8))) == "[0, 1, 2, 3, 4, 5, 6, 7]" and shown(list(range(9))) == "a list"
+    assert shown(np.arange(8)) == "array([0, 1, 2, 3, 4, 5, 6, 7])"
+    assert shown(np.arange(9)) == "a ndarray of shape (9,) and dtype int64"
+    assert shown("x" * 98) == repr("x" * 98) and shown("x" * 99) == "a str"  # 100, 101 long
+    assert shown(np.zeros((2, 3))) == "a ndarray of shape (2, 3) and dtype float64"  # 2 lines
+    assert shown({"beam_size": 4}) == "{'beam_size': 4}" and shown((1, 2)) == "(1, 2)"
+    assert shown({"beam_size": [4]}) == "a dict"
 
 
 def test_a_big_value_is_named_by_what_it_is_not_its_repr():
@@ -84,6 +114,30 @@ def test_finite_numbers_above_a_bound(value, strict, accepted):
         finite_number("alpha", value, strict=strict)
     sign = ">" if strict else ">="
     assert str(error.value) == f"alpha must be a finite number {sign} 0, got {value!r}"
+
+
+def test_finite_numbers_are_at_least_0_unless_told_otherwise():
+    assert finite_number("alpha", 0) == 0.0  # not strict
+    assert finite_number("beta", 1.0, minimum=1.0) == 1.0
+    with pytest.raises(ValueError) as error:
+        finite_number("beta", 0.5, minimum=1.0)
+    assert str(error.value) == "beta must be a finite number >= 1, got 0.5"
+    with pytest.raises(ValueError) as error:
+        finite_number("beta", 1.0, minimum=1.0, strict=True)
+    assert str(error.value) == "beta must be a finite number > 1, got 1.0"
+
+
+def test_a_rate_random_bits_cannot_draw_is_refused_naming_the_nearest_they_can():
+    """8 bits draw rates in steps of 1/256: 0.001 would drop nothing, 0.999 everything."""
+    assert checked_rate("rate", 0.0, 8) == 0.0 and checked_rate("rate", 0.5, 8) == 0.5
+    with pytest.raises(ValueError) as error:
+        checked_rate("rate", 0.001, 8)
+    assert str(error.value) == ("rate 0.001 rounds to 0 in 8 random bits (the least rate above 0 "
+                                "they draw is 0.00390625)")
+    with pytest.raises(ValueError) as error:
+        checked_rate("rate", 0.999, 8)
+    assert str(error.value) == ("rate 0.999 rounds to 1 in 8 random bits (the largest rate they "
+                                "draw is 0.99609375)")
 
 
 def test_traced_arguments_are_asked_to_be_static():

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 
@@ -76,7 +77,54 @@ def test_a_kill_midway_leaves_a_temporary_that_is_removed(tmp_path):
 
 
 def test_only_new_files_are_written():
-    with pytest.raises(ValueError, match="mode 'w' or 'wb'"):
+    with pytest.raises(ValueError) as error:
         with atomic_write("anything", "ab"):
             pass
+    assert str(error.value) == "atomic_write writes a new file: mode 'w' or 'wb', not 'ab'"
+
+
+def test_the_bytes_reach_the_disk_before_the_name_and_the_name_after(tmp_path, monkeypatch):
+    """fsync of the whole temporary file (its buffer flushed: all 5 bytes) while the path is
+    still absent, then, the path there, fsync of the folder that holds the new name."""
+    path = tmp_path / "a.bin"
+    events = []
+    real_fsync = os.fsync
+
+    def fsync(descriptor):
+        info = os.fstat(descriptor)
+        kind = "folder" if stat.S_ISDIR(info.st_mode) else "file"
+        events.append((kind, info.st_size if kind == "file" else info.st_ino, path.exists()))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with atomic_write(path) as f:
+        f.write(b"hello")
+    assert events == [("file", 5, False), ("folder", os.stat(tmp_path).st_ino, True)]
+
+
+def test_a_relative_path_is_written_in_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with atomic_write("a.txt", "w", encoding="utf-8") as f:
+        f.write("hi")
+    assert (tmp_path / "a.txt").read_text(encoding="utf-8") == "hi"
+    assert os.listdir(tmp_path) == ["a.txt"]
+
+
+def test_ctrl_c_inside_the_block_leaves_no_temporary(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_write(tmp_path / "a.bin") as f:
+            f.write(b"new")
+            raise KeyboardInterrupt
+    assert os.listdir(tmp_path) == ["a.bin"] and (tmp_path / "a.bin").read_bytes() == b"old"
+
+
+def test_a_temporary_is_known_by_its_file_name_not_its_folders(tmp_path):
+    assert is_temporary("runs/model.json.tmp-0123")
+    assert not is_temporary("runs/base.tmp-0123/model.json")
+    for name in ("c.tmp-1", "a.tmp-1", "b.tmp-1", "b"):
+        (tmp_path / name).write_bytes(b"")
+    assert remove_temporaries(tmp_path) == [str(tmp_path / n) for n in ("a.tmp-1", "b.tmp-1",
+                                                                        "c.tmp-1")]
+    assert os.listdir(tmp_path) == ["b"]
 

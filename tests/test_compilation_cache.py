@@ -119,3 +119,32 @@ def test_the_sweep_removes_only_entries_in_jaxs_compression_that_do_not_decompre
         f"{folder}/jit_empty-3-cache", f"{folder}/jit_short-2-cache"]
     assert sorted(p.name for p in folder.iterdir()) == [
         "jit_folder-5-cache", "jit_other-4-cache", "jit_whole-1-cache", "other-file"]
+
+
+def test_a_cache_turned_off_is_not_swept(tmp_path):
+    """JAX_ENABLE_COMPILATION_CACHE=false: the workdir's cache is not used, so not touched."""
+    (tmp_path / "compilation_cache").mkdir()
+    (tmp_path / "compilation_cache" / "jit_f-0-cache").write_bytes(b"cut")
+    jax.config.update("jax_enable_compilation_cache", False)
+    assert use_compilation_cache(str(tmp_path)) is None
+    assert (tmp_path / "compilation_cache" / "jit_f-0-cache").read_bytes() == b"cut"
+
+
+def test_a_workdir_whose_name_holds_glob_characters_is_swept(tmp_path):
+    """runs/base[2]: the folder's name is matched as it is, not as a pattern."""
+    workdir = tmp_path / "base[2]"
+    (workdir / "compilation_cache").mkdir(parents=True)
+    (workdir / "compilation_cache" / "jit_f-0-cache").write_bytes(b"cut")
+    with pytest.warns(UserWarning, match="jit_f-0-cache is damaged"):
+        assert use_compilation_cache(str(workdir)) == f"{workdir}/compilation_cache"
+    assert list((workdir / "compilation_cache").iterdir()) == []
+
+
+def test_the_entries_removed_are_named_in_order(tmp_path):
+    names = [f"jit_{c}-0-cache" for c in "zyxwvutsrqponmlkjihgfedcba"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"cut")
+    with pytest.warns(UserWarning) as warned:
+        assert drop_damaged_entries(str(tmp_path)) == sorted(names)
+    assert [str(w.message).split(" is damaged")[0] for w in warned] == [
+        f"{tmp_path}/{name}" for name in sorted(names)]

@@ -1,6 +1,7 @@
 """Learning curves: the lines drawn are the records, the wall-time axis is the records'
 clock, the PNG is whole, and the command line fails in one line."""
 
+import errno
 import json
 import os
 import struct
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import plot
+from transformer_jax.output_paths import OutputPathError, writable_file, writable_folder
 
 # A run logging every 10 steps, evaluating (loss, then BLEU) at steps 20 and 40.
 RECORDS = [
@@ -78,6 +80,9 @@ def test_the_log_loss_axis_is_labelled_within_a_decade_and_across_several():
     wide = [{"step": s, "loss": v, "elapsed_s": s} for s, v in ((10, 60.0), (20, 0.3))]
     loss = plot.curves_figure([("run", wide)]).axes[0]
     assert visible_tick_labels(loss) == ["0.5", "1", "2", "5", "10", "20", "50"]
+    between = [{"step": s, "loss": v, "elapsed_s": s} for s, v in ((10, 20.0), (20, 0.5))]
+    loss = plot.curves_figure([("run", between)]).axes[0]  # 40 times: more than a decade
+    assert visible_tick_labels(loss) == ["0.5", "1", "2", "5", "10", "20"]
 
 
 def test_the_wall_time_axis_maps_steps_to_the_recorded_seconds():
@@ -107,6 +112,27 @@ def test_a_clock_that_stands_still_keeps_only_its_first_step():
     np.testing.assert_array_equal(plot.wall_time(records), [[0, 0], [10, 5], [30, 8]])
 
 
+def test_a_steps_clock_is_its_first_record_even_when_that_one_is_left_out():
+    """Step 20's training record stands still (5 s, as step 10's): step 20 has no time, and
+    its evaluation record, later in the step (7 s), does not stand in for it."""
+    records = [{"step": 10, "loss": 1.0, "elapsed_s": 5.0},
+               {"step": 20, "loss": 1.0, "elapsed_s": 5.0},
+               {"step": 20, "eval_loss": 1.0, "elapsed_s": 7.0},
+               {"step": 30, "loss": 1.0, "elapsed_s": 9.0}]
+    np.testing.assert_array_equal(plot.wall_time(records), [[0, 0], [10, 5], [30, 9]])
+
+
+def test_a_record_at_step_0_is_not_a_second_time_for_step_0():
+    """The clock starts at (0, 0); a record of step 0 taken 3 s in would map step 0 to two
+    times, so it is left out."""
+    records = [{"step": 0, "loss": 5.0, "elapsed_s": 3.0},
+               {"step": 10, "loss": 4.0, "elapsed_s": 8.0}]
+    np.testing.assert_array_equal(plot.wall_time(records), [[0, 0], [10, 8]])
+    figure = plot.curves_figure([("run", records)])
+    assert figure.get_suptitle() == "run: 10 steps, 8 s"
+    assert plot.curves_figure([("run", records[:1])]).get_suptitle() == "run: 0 steps, 3 s"
+
+
 def test_wall_time_labels_do_not_crowd_where_the_clock_runs_unevenly():
     """A run whose first 1,000 steps took a minute (compiling) and the next 5,000 ninety
     seconds: evenly spaced minutes would put four labels over the first sixth of the axis.
@@ -126,6 +152,18 @@ def test_wall_time_labels_do_not_crowd_where_the_clock_runs_unevenly():
     assert 0 <= steps.min() and steps.max() <= 6000
     labels = [t.get_text() for t in top.get_xticklabels()]
     assert len(labels) == len(minutes)
+
+
+def test_wall_time_labels_of_an_even_clock_are_all_kept_when_an_eighth_apart():
+    """A clock of 0.1 s a step over 770 steps: labels every 10 s are 100 steps apart, more
+    than an eighth of the axis (96.25 steps), so none of 0, 10, ..., 70 s is dropped."""
+    records = [{"step": s, "loss": 1.0, "elapsed_s": s / 10} for s in range(10, 771, 10)]
+    figure = plot.curves_figure([("run", records)])
+    ax = figure.axes[0]
+    ax.set_xlim(0, 770)
+    figure.draw_without_rendering()
+    assert ax.child_axes[0].get_xlim() == pytest.approx((0, 77))
+    np.testing.assert_allclose(ax.child_axes[0].get_xticks(), [0, 10, 20, 30, 40, 50, 60, 70])
 
 
 def test_a_long_run_reads_its_clock_in_minutes():
@@ -193,9 +231,61 @@ def test_several_runs_one_line_per_run_per_panel():
                                                           "halved (40 steps, 22 s)"]
 
 
+def test_several_runs_legend_the_line_styles_of_panels_with_two_series_only():
+    """The runs' colours are in the figure's legend; a panel's own legend tells its series
+    apart by line style, which a panel of one series (the learning rate) has no need of."""
+    figure = plot.curves_figure([("base", RECORDS), ("other", RECORDS)])
+    loss, quality, rate = figure.axes[:3]
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == [
+        "training: to the smoothed labels, floor 0", "validation: cross-entropy"]
+    assert [t.get_text() for t in quality.get_legend().get_texts()] == ["BLEU", "chrF"]
+    assert rate.get_legend() is None
+
+
+@pytest.mark.parametrize("runs, rows", [(4, 1), (5, 2)])
+def test_the_runs_legend_has_at_most_four_columns(runs, rows):
+    records = RECORDS[:2]
+    figure = plot.curves_figure([(f"r{i}", records) for i in range(runs)])
+    figure.canvas.draw()
+    (legend,) = figure.legends
+    assert len({round(t.get_window_extent().y0) for t in legend.get_texts()}) == rows
+
+
 def test_run_names_are_folder_names_unless_two_are_the_same():
     assert plot.run_names(["runs/base", "other/big/"]) == ["base", "big"]
     assert plot.run_names(["a/run", "b/run"]) == ["a/run", "b/run"]
+    assert plot.run_names(["a/run/", "b/./run"]) == ["a/run", "b/run"]
+
+
+def test_a_run_given_as_dot_is_named_by_its_folder(tmp_path, monkeypatch):
+    (tmp_path / "base").mkdir()
+    monkeypatch.chdir(tmp_path / "base")
+    assert plot.run_names([".", "../big"]) == ["base", "big"]
+
+
+def test_only_numbers_are_drawn_ints_too_but_not_booleans():
+    """JSON's 3 is a Python int and drawn; its true is a Python bool (an int) and is not,
+    nor is a null."""
+    records = [{"step": 1, "loss": 3}, {"step": 2, "loss": True},
+               {"step": 3, "loss": 2.5}, {"step": 4, "loss": None}]
+    np.testing.assert_array_equal(plot.series(records, "loss"), [[1, 3.0], [3, 2.5]])
+
+
+def test_a_workdir_or_metrics_jsonl_of_the_wrong_kind_is_one_error(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(plot.MetricsError) as error:
+        plot.load_run(str(tmp_path / "a_file"))
+    assert str(error.value) == f"{tmp_path / 'a_file'} is a file, not a training run's folder"
+    (tmp_path / "run" / "metrics.jsonl").mkdir(parents=True)
+    with pytest.raises(plot.MetricsError) as error:
+        plot.load_run(str(tmp_path / "run"))
+    assert str(error.value) == f"{tmp_path / 'run' / 'metrics.jsonl'} is a folder, not a file"
+    (tmp_path / "latin1").mkdir()
+    (tmp_path / "latin1" / "metrics.jsonl").write_bytes(b'{"step": 1, "note": "caf\xe9"}\n')
+    with pytest.raises(plot.MetricsError) as error:
+        plot.load_run(str(tmp_path / "latin1"))
+    assert str(error.value).startswith(f"{tmp_path / 'latin1' / 'metrics.jsonl'}: cannot read "
+                                       f"it ('utf-8' codec can't decode")
 
 
 def test_a_half_written_last_line_is_skipped_with_a_warning(tmp_path, capsys):
@@ -305,6 +395,25 @@ def test_a_series_of_one_point_is_drawn_as_a_marker():
     assert markers == {"run:loss": "", "run:eval_loss": "o"}  # validation: its own marker
     single = plot.curves_figure([("run", [{"step": 1, "loss": 4.0}])])
     assert single.get_suptitle() == "run: 1 step"
+    two = plot.curves_figure([("run", [{"step": 1, "loss": 4.0}, {"step": 2, "loss": 3.0}])])
+    assert two.axes[0].get_lines()[0].get_marker() == ""
+
+
+def test_the_step_axis_starts_at_0():
+    figure = plot.curves_figure([("run", RECORDS)])
+    assert [ax.get_xlim()[0] for ax in figure.axes[:3]] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("bleu, limits", [(20.0, (-0.66, 22.0)),  # 10% above the best
+                                          (99.0, (-3.12, 104.0)),  # at most 104
+                                          (0.0, (-3.0, 100.0))])  # all 0: the whole scale
+def test_the_bleu_axis_reaches_a_little_above_the_best_score(bleu, limits):
+    """From just below 0 (room for the markers of a 0) to 10% above the best score (here
+    BLEU, above chrF), but no higher than 104; all 0, up to 100."""
+    records = [{"step": 10, "eval_bleu": bleu / 2, "eval_chrf": bleu / 4},
+               {"step": 20, "eval_bleu": bleu, "eval_chrf": bleu / 2}]
+    (quality,) = plot.curves_figure([("run", records)]).axes
+    assert quality.get_ylim() == pytest.approx(limits)
 
 
 def test_learning_rate_ticks_are_labelled_with_their_exact_values():
@@ -355,6 +464,57 @@ def test_an_output_that_is_a_link_writes_its_target(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "link.png").is_symlink()
     assert png_size(tmp_path / "pictures" / "curves.png") == (1500, 420)
+    assert done.stdout == "wrote link.png\n"  # the name given
+
+
+def test_ten_runs_fit_one_figure_and_an_upper_case_png_is_a_png(tmp_path, capsys):
+    runs = [str(write_run(tmp_path / f"r{i}", RECORDS[:2])) for i in range(10)]
+    output = tmp_path / "TEN.PNG"
+    assert plot.main([*runs, f"--output={output}"]) == 0
+    assert capsys.readouterr().out == f"wrote {output}\n"
+    assert png_size(output) == (1000, 420)  # two panels: loss and learning rate
+
+
+def test_a_png_that_cannot_be_written_is_one_error_naming_why(tmp_path, capsys, monkeypatch):
+    """A disk that fills while the PNG is written (not /dev/full itself: a regression that
+    replaced the file it writes would leave a regular file there for every later run)."""
+    def full_disk(figure, path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    run = write_run(tmp_path / "run", RECORDS[:2])
+    monkeypatch.setattr(plot, "save_png", full_disk)
+    assert plot.main([str(run), f"--output={tmp_path / 'full.png'}"]) == 1
+    assert capsys.readouterr().err == (f"error: cannot write {tmp_path / 'full.png'}: "
+                                       f"No space left on device\n")
+
+
+def test_writable_file_is_the_real_path_its_folder_made(tmp_path):
+    """A link is resolved (and the folder its target is in is made), so that the file is
+    written where the link points."""
+    (tmp_path / "link.png").symlink_to(tmp_path / "pictures" / "new" / "curves.png")
+    assert (writable_file(str(tmp_path / "link.png"), "--output")
+            == str(tmp_path / "pictures" / "new" / "curves.png"))
+    assert (tmp_path / "pictures" / "new").is_dir()
+    assert not (tmp_path / "pictures" / "new" / "curves.png").exists()
+
+
+def test_writable_file_and_folder_errors_name_the_flag_and_why(tmp_path):
+    (tmp_path / "folder.png").mkdir()
+    cases = [
+        (writable_file, str(tmp_path / "folder.png"),
+         f"--output={tmp_path / 'folder.png'} is a folder; give a file name"),
+        (writable_file, "", "--output is empty (an unset shell variable?); name a file"),
+        (writable_folder, "", "--workdir is empty (an unset shell variable?); name a folder"),
+        (writable_file, "/proc/curves.png", "--output's folder /proc is not a writable folder: "
+                                            "a file cannot be made there (No such file or "
+                                            "directory)"),
+        (writable_file, "/proc/x/curves.png", "--output's folder /proc/x is not a writable "
+                                              "folder: No such file or directory"),
+    ]
+    for function, path, message in cases:
+        with pytest.raises(OutputPathError) as error:
+            function(path, "--output") if function is writable_file else function(path)
+        assert str(error.value) == message
 
 
 def test_a_png_to_a_pipe_is_written_to_it_and_the_pipe_stays(tmp_path):

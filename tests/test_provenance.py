@@ -3,7 +3,9 @@
 import pathlib
 import subprocess
 
+import flax
 import jax
+import numpy as np
 
 import transformer_jax as tj
 from transformer_jax import provenance
@@ -42,6 +44,26 @@ def test_source_commit_names_the_checkout_and_whether_it_was_changed(tmp_path):
 def test_version_of_a_missing_distribution_is_none():
     assert provenance.version("no-such-distribution-of-this-name") is None
     assert provenance.version("jax") == jax.__version__
+
+
+def test_without_git_there_is_no_commit(tmp_path, monkeypatch):
+    """git not installed (a container with Python alone): None, not a FileNotFoundError."""
+    git(tmp_path, "init", "-q")
+    monkeypatch.setenv("PATH", str(tmp_path / "no_programs_here"))
+    assert provenance.source_commit(tmp_path) is None
+
+
+def test_a_checkout_never_installed_has_an_unknown_version(monkeypatch):
+    monkeypatch.setattr(provenance, "version", lambda distribution: None)
+    assert provenance.package_version() == "unknown"
+
+
+def test_software_names_the_package_its_commit_and_each_library_asked_for():
+    software = provenance.software("numpy")
+    assert list(software) == ["transformer_jax", "commit", "jax", "jaxlib", "flax", "optax",
+                              "orbax-checkpoint", "numpy"]
+    assert software["numpy"] == np.__version__ and software["flax"] == flax.__version__
+    assert software["transformer_jax"] == tj.__version__
 
 
 def test_checkpoints_name_the_code_that_wrote_them(trained_run):

@@ -1,8 +1,10 @@
 """One training run per workdir: a second is refused at once, a dead run's lock is taken over."""
 
 import contextlib
+import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -75,3 +77,58 @@ def test_the_refusal_names_what_holds_the_workdir(tmp_path):
     assert done.returncode != 0
     assert (f"{tmp_path} is in use by another data preparation (host {socket.gethostname()}, "
             f"pid {os.getpid()}, started ") in done.stderr
+
+
+@contextlib.contextmanager
+def held_elsewhere(workdir, contents: str):
+    """The workdir's lock held through another open file of this process, the lock file
+    holding `contents` (flock locks belong to an open file: workdir_lock finds it busy)."""
+    with open(workdir / LOCK_FILE, "w", encoding="utf-8") as f:
+        f.write(contents)
+        f.flush()
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+
+
+@pytest.mark.parametrize("contents, holder", [
+    ('{"host": "h", "pid": 7, "started": "s"}', "training run (host h, pid 7, started s)"),
+    ('{"host": "h", "pid": 7, "started": "s", "what": "data preparation"}',
+     "data preparation (host h, pid 7, started s)"),
+    ('{"host": "h", "pid": 7, "started": "s", "what": ""}',
+     "training run (host h, pid 7, started s)"),
+    ('{"host": "h", "pid": 7, "started": "s", "what": 5}',
+     "training run (host h, pid 7, started s)"),
+    ('{"host": "h", "pid": 7}', "training run (unknown)"),
+    ("[1, 2]", "training run (unknown)"),
+    ("", "training run (unknown)"),
+])
+def test_a_refusal_names_what_the_lock_file_says_and_no_more(tmp_path, contents, holder):
+    """A lock file of another version, or not yet written, still gives one line: what
+    it does not say is "training run" and "unknown"."""
+    with held_elsewhere(tmp_path, contents):
+        with pytest.raises(ConfigError) as error:
+            with workdir_lock(str(tmp_path)):
+                pass
+    assert str(error.value) == (f"{tmp_path} is in use by another {holder}; wait for it, stop "
+                                f"it, or use another --workdir")
+
+
+def test_a_lock_file_left_that_names_no_run_is_taken_over_quietly(tmp_path):
+    (tmp_path / LOCK_FILE).write_text("[1, 2]")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with workdir_lock(str(tmp_path), "data preparation"):
+            mine = json.loads((tmp_path / LOCK_FILE).read_text())
+    assert mine["what"] == "data preparation" and mine["pid"] == os.getpid()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", mine["started"]), mine
+
+
+def test_a_block_that_raises_releases_the_lock_cleanly(tmp_path):
+    with pytest.raises(RuntimeError):
+        with workdir_lock(str(tmp_path)):
+            raise RuntimeError("the run failed")
+    assert (tmp_path / LOCK_FILE).read_text() == ""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with workdir_lock(str(tmp_path)):
+            pass
