@@ -24,9 +24,11 @@ from transformer_jax.checkpoint import (
     CheckpointWriteError,
     DamagedCheckpointError,
     DataPositionError,
+    NoCheckpointReadsError,
     StateMismatchError,
     saved_metadata,
 )
+from transformer_jax.orbax_noise import QuietOrbax
 
 DATA_POSITION = 7  # the training-data iterator has given this many elements
 METADATA = {"config": {"lr": 0.5, "layers": [6, 6]}, "tokenizer": "/tmp/spm.model"}
@@ -427,8 +429,9 @@ def test_a_failed_write_is_one_line_and_loses_nothing_saved(tmp_path, open_check
 def test_a_checkpoints_folder_made_read_only_is_one_error_at_once(tmp_path, open_checkpointer):
     """The folder remounted read-only mid-run (ext4 after a disk error does so; here a
     read-only bind mount): the next save is a CheckpointWriteError naming the step and
-    the OS error at once. orbax's thread failed to make the step's folder while the save
-    waited 300 s for it, then named no OS error. Needs mount(8) and the right to mount."""
+    the OS error at once (saving a step that is there already still writes nothing, and
+    does not fail). orbax's thread failed to make the step's folder while the save waited
+    300 s for it, then named no OS error. Needs mount(8) and the right to mount."""
     checkpointer = open_checkpointer(directory=tmp_path / "ckpt")
     save_small(checkpointer, 1)
     checkpointer.wait()
@@ -440,6 +443,7 @@ def test_a_checkpoints_folder_made_read_only_is_one_error_at_once(tmp_path, open
         subprocess.run(["umount", folder], capture_output=True)
         pytest.skip(f"cannot mount a read-only folder here: {mounted.stderr.strip()}")
     try:
+        save_small(checkpointer, 1)  # a step that exists is left as it is: nothing to write
         with pytest.raises(CheckpointWriteError) as error:
             save_small(checkpointer, 2)
         assert str(error.value).startswith(f"checkpoint 2 could not be written to {folder}: ")
@@ -531,3 +535,150 @@ def test_an_iterator_of_another_kind_is_a_data_position_error_not_damage(
         lambda s: checkpointer.restore(s, large_state(0)))
     assert (step, metadata) == (4, {"step": 4})
     assert_trees_equal(state, large_state(4))
+
+
+def test_keep_below_one_is_refused_before_any_folder_is_made(tmp_path):
+    with pytest.raises(ValueError, match=r"^keep must be at least 1, got 0$"):
+        Checkpointer(str(tmp_path / "ckpt"), keep=0)
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_saved_metadata_passes_over_a_step_whose_metadata_is_not_an_object(
+        open_checkpointer, tmp_path):
+    """Whole JSON that is not a metadata dict (a list, a number) is not a step's metadata:
+    the step before it is the newest whose metadata reads."""
+    checkpointer = open_checkpointer(async_save=False)
+    save_small(checkpointer, 2)
+    save_small(checkpointer, 4)
+    (tmp_path / "ckpt" / "4" / "metadata" / "metadata").write_text("[1, 2]")
+    assert saved_metadata(checkpointer.directory) == (2, METADATA)
+
+
+def test_saved_metadata_passes_over_folders_that_are_not_steps(open_checkpointer, tmp_path):
+    """An interrupted save leaves orbax's temporary folder ("6.orbax-checkpoint-tmp-...")
+    beside the steps; other names are not steps either."""
+    checkpointer = open_checkpointer(async_save=False)
+    save_small(checkpointer, 2)
+    (tmp_path / "ckpt" / "6.orbax-checkpoint-tmp-1764000000" / "metadata").mkdir(parents=True)
+    (tmp_path / "ckpt" / "6.orbax-checkpoint-tmp-1764000000" / "metadata" / "metadata"
+     ).write_text('{"step": 6}')
+    (tmp_path / "ckpt" / "notes").mkdir()
+    assert saved_metadata(checkpointer.directory) == (2, METADATA)
+
+
+@pytest.mark.parametrize(("files", "process_count", "why"), [
+    (["process_0-of-1.json"], 2, "its data positions were saved by 1 process, this run has 2"),
+    (["process_0-of-3.json", "process_0-of-2.json", "process_1-of-2.json"], 1,
+     "its data positions were saved by 2 and 3 processes, this run has 1"),
+])
+def test_a_data_position_error_names_the_process_counts_that_saved_positions(
+        files, process_count, why, two_steps, tmp_path, open_checkpointer, monkeypatch):
+    """Positions saved by one process (singular), or by runs of several counts (each named
+    once, in order), none of them this run's."""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(two_steps, directory)
+    positions = directory / "4" / "data_iterator"
+    saved = (positions / "process_0-of-1.json").read_text()
+    (positions / "process_0-of-1.json").unlink()
+    for name in files:
+        (positions / name).write_text(saved)
+    checkpointer = open_checkpointer(directory=directory)
+    monkeypatch.setattr(jax, "process_count", lambda: process_count)
+    with pytest.raises(DataPositionError) as caught:
+        checkpointer.restore(4, large_state(0), data_iterator())
+    assert caught.value.why == why
+    assert str(caught.value) == f"{directory}/4: {why}"
+
+
+def test_newest_of_an_empty_folder_is_none(open_checkpointer, tmp_path):
+    """No step at all is a fresh run, not a run whose steps are all damaged."""
+    checkpointer = open_checkpointer()
+    assert checkpointer.newest(checkpointer.metadata) is None
+    assert not (tmp_path / "ckpt-damaged").exists()
+
+
+def test_every_step_damaged_is_moved_aside_and_an_error_not_none(
+        two_steps, tmp_path, open_checkpointer):
+    """Each step warned of, newest first (the earliest saying so) and moved aside; then
+    NoCheckpointReadsError naming them, so that the run does not start afresh."""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(two_steps, directory)
+    for step in (2, 4):
+        DAMAGE["deleted array file"](directory / str(step))
+    checkpointer = open_checkpointer(directory=directory)
+    with pytest.warns(UserWarning) as caught, pytest.raises(NoCheckpointReadsError) as error:
+        checkpointer.newest(lambda s: checkpointer.restore(s, large_state(0)))
+    said = [str(w.message).split(":")[0] for w in caught if "cannot be read" in str(w.message)]
+    assert said == ["checkpoint 4 cannot be read, using an earlier one",
+                    "checkpoint 2 cannot be read, and it is the earliest"]
+    assert str(error.value).startswith(
+        f"no checkpoint of {directory} can be read (steps 2, 4, moved to {directory}-damaged/; ")
+    assert checkpointer.all_steps() == []
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "ckpt-damaged").iterdir()) == [
+        "2", "4"]
+
+
+def test_a_runtime_error_while_reading_is_not_damage(two_steps, tmp_path, open_checkpointer):
+    """The device's errors (out of memory, ...) are RuntimeErrors: they pass through the
+    reader as they are, and the step stays where it is."""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(two_steps, directory)
+    checkpointer = open_checkpointer(directory=directory)
+
+    def out_of_memory(step):
+        raise RuntimeError(f"RESOURCE_EXHAUSTED: out of memory restoring step {step}")
+
+    with pytest.raises(RuntimeError, match=r"^RESOURCE_EXHAUSTED: out of memory restoring step 4$"):
+        checkpointer.newest(out_of_memory)
+    assert checkpointer.all_steps() == [2, 4] and not (tmp_path / "ckpt-damaged").exists()
+
+
+def test_orbax_noise_stays_filtered_after_a_checkpointer_that_failed_a_read_closes(
+        two_steps, tmp_path):
+    """A clean Checkpointer gives back Python's hooks as it closes; one that failed to read a
+    step keeps them filtering (orbax's abandoned reads may end later still)."""
+    before = QuietOrbax.users
+    with Checkpointer(str(two_steps), keep=3) as checkpointer:
+        assert QuietOrbax.users == before + 1
+        checkpointer.metadata(4)
+    assert QuietOrbax.users == before
+    directory = tmp_path / "ckpt"
+    shutil.copytree(two_steps, directory)
+    DAMAGE["deleted array file"](directory / "4")
+    with Checkpointer(str(directory), keep=3) as checkpointer:
+        with pytest.raises(DamagedCheckpointError):
+            checkpointer.read(4, lambda s: checkpointer.restore(s, large_state(0)))
+    assert QuietOrbax.users == before + 1
+
+
+def test_restore_params_places_parameters_as_their_shardings_say(open_checkpointer):
+    """Leaves given a sharding are placed so (the first device is for those without one)."""
+    params = make_state(seed=3).params
+    checkpointer = open_checkpointer()
+    save_small(checkpointer, 1, make_state(seed=3))
+    checkpointer.wait()
+    replicated = replicated_sharding()
+    abstract = {"w": jax.ShapeDtypeStruct((4, 3), jnp.float32, sharding=replicated),
+                "b": jax.ShapeDtypeStruct((3,), jnp.bfloat16)}
+    restored = checkpointer.restore_params(1, abstract)
+    assert_trees_equal(restored, params)
+    assert restored["w"].sharding == replicated and len(restored["w"].addressable_shards) == 8
+    assert restored["b"].sharding == jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+
+def test_all_steps_reload_sees_the_steps_another_checkpointer_saved(open_checkpointer):
+    watcher = open_checkpointer()
+    assert watcher.all_steps() == []
+    writer = open_checkpointer(async_save=False)
+    save_small(writer, 3)
+    save_small(writer, 1)
+    assert watcher.all_steps() == []  # as read when it opened
+    assert watcher.all_steps(reload=True) == [1, 3]
+
+
+def test_save_makes_the_checkpoints_folder_again_when_it_was_deleted(open_checkpointer, tmp_path):
+    checkpointer = open_checkpointer()
+    shutil.rmtree(tmp_path / "ckpt")
+    save_small(checkpointer, 1)
+    checkpointer.wait()
+    assert checkpointer.all_steps() == [1] and open_checkpointer().metadata(1) == METADATA
