@@ -305,7 +305,8 @@ def _refuse_too_long(source_ids, cap, limit: str, advice: str) -> None:
 
 def _count(name: str, value) -> int:
     """`value` as a positive int (a NumPy integer too); a StableHLOError for anything else,
-    a bool included (True would be 1: greedy search for beam_size=True)."""
+    a bool included (True would be 1: greedy search for beam_size=True). The rule of
+    transformer_jax's argument_checks.positive_int, which this file cannot import."""
     try:
         number = None if isinstance(value, (bool, np.bool_)) else operator.index(value)
     except TypeError:  # a float, a str, ...
