@@ -3,6 +3,8 @@ file that does not load, and values that cannot work, are one error naming the f
 
 import dataclasses
 import importlib.util
+import io
+import os
 import pathlib
 import re
 import subprocess
@@ -79,12 +81,36 @@ CONFIG_FILE_ERRORS = [  # (the file's code, what the error says after "PATH")
      "    config.data.vocab_sise = 8000\n    return config\n",
      ": config.data.vocab_sise is not a setting (did you mean config.data.vocab_size?); the run "
      "would ignore it"),
+    ("get_config = {'seed': 1}\n",
+     ": no get_config(); a config file defines get_config() returning an "
+     "ml_collections.ConfigDict"),
+    ("def get_config():\n    return open('/nonexistent/sizes.txt')\n",
+     ", line 2: FileNotFoundError: [Errno 2] No such file or directory: "
+     "'/nonexistent/sizes.txt'"),
+    ("def get_config():\n    return sizes()\n\n\ndef sizes():\n    return d_modle\n",
+     ", line 6: NameError: name 'd_modle' is not defined"),
+    ("def get_config():\n    return {}['d_model']\n", ", line 2: KeyError: 'd_model'"),
+    ("from transformer_jax.run_config import base_config, data_fields, model_fields, "
+     "optim_fields\n\n\ndef get_config():\n    optim = optim_fields()\n"
+     "    for key in ('b1', 'b2', 'eps', 'warmup_steps'):\n        del optim[key]\n"
+     "    return base_config(model=model_fields('tiny'), data=data_fields(), optim=optim)\n",
+     ": config.optim.b1, config.optim.b2, config.optim.eps and 1 more are missing; config "
+     "files should start from run_config.base_config, which has every key, as "
+     "configs/default.py does"),
+    ("from transformer_jax.run_config import base_config, data_fields, model_fields, "
+     "optim_fields\n\n\ndef get_config():\n    optim = optim_fields()\n"
+     "    del optim['b1'], optim['eps']\n"
+     "    return base_config(model=model_fields('tiny'), data=data_fields(), optim=optim)\n",
+     ": config.optim.b1, config.optim.eps are missing; config files should start from "
+     "run_config.base_config, which has every key, as configs/default.py does"),
 ]
 
 
 @pytest.mark.parametrize("code, problem", CONFIG_FILE_ERRORS,
                          ids=["NameError", "import", "quotes", "no get_config", "an int",
-                              "keys missing", "a group's key missing", "a key misspelt"])
+                              "keys missing", "a group's key missing", "a key misspelt",
+                              "no function", "a file it reads", "in a helper", "a KeyError",
+                              "four missing", "two missing"])
 def test_a_config_file_that_does_not_load_is_one_line_naming_it(tmp_path, code, problem):
     path = tmp_path / "x.py"
     path.write_text(code)
@@ -110,6 +136,47 @@ def test_config_file_errors_without_a_line_of_code(tmp_path):
         load_config_file("")
 
 
+def test_config_file_arguments_are_all_that_follows_the_first_colon(tmp_path):
+    """`PATH:ARGS` calls get_config(ARGS), as ml_collections reads it: one argument, colons
+    and all. An empty PATH before the colon (`--config=$CONFIG:big`, CONFIG unset) is the
+    empty --config's error."""
+    path = tmp_path / "corpus.py"
+    path.write_text("from transformer_jax.run_config import base_config, data_fields, "
+                    "model_fields\n\n\ndef get_config(dataset):\n    return base_config("
+                    "model=model_fields('tiny'), data=data_fields(dataset=dataset))\n")
+    assert load_config_file(f"{path}:folder:corpora/de-en").data.dataset == "folder:corpora/de-en"
+    with pytest.raises(ConfigFileError, match=r"^--config is empty \(an unset shell variable"):
+        load_config_file(":big")
+
+
+def test_a_config_file_may_define_a_dataclass(tmp_path):
+    """The file runs as a module registered under its name, as an import would: a dataclass
+    with postponed annotations looks its module up in sys.modules, and failed there with
+    "'NoneType' object has no attribute '__dict__'"."""
+    path = tmp_path / "sized.py"
+    path.write_text("from __future__ import annotations\n\nimport dataclasses\n\n"
+                    "from transformer_jax.run_config import base_config, data_fields, "
+                    "model_fields\n\n\n@dataclasses.dataclass\nclass Sizes:\n"
+                    "    d_model: int = 64\n\n\ndef get_config():\n    return base_config("
+                    "model=model_fields('tiny', d_model=Sizes().d_model), data=data_fields())\n")
+    assert load_config_file(str(path)).model.d_model == 64
+
+
+def test_a_missing_config_file_is_matched_with_the_py_files_of_a_folder_that_exists(tmp_path):
+    """In a folder that is not there either, the OS's reason alone (listing it was a
+    FileNotFoundError of its own); an editor's backup beside a config file is not offered."""
+    nowhere = tmp_path / "nowhere" / "default.py"
+    with pytest.raises(ConfigFileError) as caught:
+        load_config_file(str(nowhere))
+    assert str(caught.value) == f"{nowhere}: No such file or directory"
+    (tmp_path / "default.py").write_text("")
+    (tmp_path / "defualt.py~").write_text("")
+    with pytest.raises(ConfigFileError) as caught:
+        load_config_file(str(tmp_path / "defualt.py"))
+    assert str(caught.value) == (f"{tmp_path / 'defualt.py'}: No such file or directory; did "
+                                 f"you mean {tmp_path / 'default.py'}?")
+
+
 def _parse_config_flag(*args: str):
     """A --config flag as train.py defines it, with `use_load_config_file` (as parse_flags
     calls it), parsed from `args`; returns the config."""
@@ -131,6 +198,76 @@ def test_a_config_flag_loads_its_file_with_load_config_file(tmp_path):
     bad.write_text(CONFIG_FILE_ERRORS[0][0])
     with pytest.raises(ConfigFileError, match=f"^{re.escape(str(bad))}, line 2: NameError"):
         _parse_config_flag(f"--config={bad}", "--config.seed=7")
+
+
+def _parse_command_line(monkeypatch, *args: str, default_config: str | None = None):
+    """`parse_flags` as train.py calls it, on absl's FLAGS of a --config flag alone (absl's
+    FLAGS and Python's way of showing warnings put back after the test); returns the
+    config."""
+    argv = ["train.py", *args]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=flag_values, sys_argv=argv)
+    monkeypatch.setattr(flags, "FLAGS", flag_values)
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+    command_line.parse_flags(argv, default_config=default_config)
+    return flag_values.config
+
+
+def test_overrides_apply_to_the_default_config_when_none_is_named(monkeypatch):
+    """train.py without --config runs its default config, with the overrides given (absl
+    reads the flags in order: an override before the config flag it belongs to is an
+    unknown flag); a --config named is loaded in its place."""
+    config = _parse_command_line(monkeypatch, "--config.seed=7", default_config=str(CONFIGS[0]))
+    assert (config.seed, config.model.d_model) == (7, 128)  # configs/default.py's model
+    big = _parse_command_line(monkeypatch, f"--config={CONFIGS[-1]}", "--config.seed=7",
+                              default_config=str(CONFIGS[0]))
+    assert (big.seed, big.model.d_model) == (7, 1024)  # §6.2's big model
+
+
+def test_parse_flags_writes_the_packages_warnings_in_one_line(monkeypatch, capsys):
+    _parse_command_line(monkeypatch, f"--config={CONFIGS[0]}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn_explicit("tokenizer.model is stale", UserWarning,
+                               filename=command_line.__file__, lineno=7)
+    assert capsys.readouterr().err == "warning: tokenizer.model is stale\n"
+
+
+def test_parse_flags_ends_a_bad_command_line_in_one_error(tmp_path, monkeypatch):
+    """A config file that does not load: "error: " and its line. A value with a line break
+    (absl's message then has several lines) is still named with its key's type. An override
+    in absl's --no form of a key that does not exist still names the key."""
+    missing = tmp_path / "missing.py"
+    for args, message in (
+            ([f"--config={missing}"], f"error: {missing}: No such file or directory"),
+            ([f"--config={CONFIGS[0]}", "--config.seed=1\n2"],
+             "error in the command line: --config.seed=1\n2: config.seed is an integer, got "
+             "'1\\n2'")):
+        with pytest.raises(SystemExit) as caught:
+            _parse_command_line(monkeypatch, *args)
+        assert caught.value.code == message
+    with pytest.raises(SystemExit) as caught:
+        _parse_command_line(monkeypatch, f"--config={CONFIGS[0]}", "--noconfig.model.preset")
+    assert caught.value.code.startswith("error in the command line: ")
+    assert "preset" in caught.value.code and "\n" not in caught.value.code
+
+
+@pytest.mark.filterwarnings("ignore:the load_module")  # ml_collections' loader
+def test_a_config_file_ml_collections_could_not_load_is_one_line_at_first_use(tmp_path):
+    """A config flag whose default file ml_collections' own parser could not load holds a
+    stand-in that raises an OSError of several lines at its first use: its last line, the
+    OS's reason naming the file, ends the command. A config that loaded is given back."""
+    missing = tmp_path / "missing.py"
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", str(missing), flag_values=flag_values,
+                                    sys_argv=["train.py"])
+    flag_values(["train.py"])
+    with pytest.raises(SystemExit) as caught:
+        command_line.loaded_config(flag_values.config)
+    assert caught.value.code == (f"error: cannot load --config: [Errno 2] No such file or "
+                                 f"directory: '{missing}'")
+    config = load_config_file(str(CONFIGS[0]))
+    assert command_line.loaded_config(config) is config
 
 
 def test_an_override_of_a_key_that_is_nowhere_close_lists_its_groups_keys():
@@ -219,6 +356,8 @@ def test_keys_with_hyphens_or_without_a_value_are_refused_and_a_true_or_false_on
             (["--config.optim.eps"], "--config.optim.eps needs a value"),
             (["--config.num-train-steps=5"], "did you mean --config.num_train_steps?"),
             (["--config.optim.beta-1=0.8"], "underscores and dots$"),  # no such key: no hint
+            (["--config.model..d_model=3"], "underscores and dots$"),  # was a SyntaxError's repr
+            (["--config.seed.=3"], "underscores and dots$"),
             (["--config.seed!=3"], "underscores and dots$")):
         with pytest.raises(SystemExit, match=message):
             refuse(["train.py", *argv])
@@ -247,6 +386,32 @@ def test_command_lines_write_the_packages_warnings_in_one_line(capsys):
     assert capsys.readouterr().err == "warning: tokenizer.model is stale\n"
     assert before == [("a library's notice", DeprecationWarning, "/elsewhere/library.py", 3),
                       ("jax will change", FutureWarning, command_line.__file__, 9)]
+
+
+def test_a_warning_shown_into_a_file_or_from_a_sibling_folder_is_pythons(capsys):
+    """A package warning shown into a file given (`warnings.showwarning(..., file=f)`, the
+    caller's own log) goes there as Python writes it, its line of code too; one from a
+    folder whose name starts with the package's (transformer_jax_extras/) is no package
+    warning."""
+    shown = []
+
+    def python_s(message, category, filename, lineno, file=None, line=None):
+        shown.append((message, category, filename, lineno, file, line))
+
+    log = io.StringIO()
+    sibling = command_line.__file__.replace(f"transformer_jax{os.sep}",
+                                            f"transformer_jax_extras{os.sep}")
+    with warnings.catch_warnings():  # restores warnings.showwarning
+        warnings.simplefilter("always")
+        warnings.showwarning = python_s
+        command_line.one_line_warnings()
+        warnings.showwarning("tokenizer.model is stale", UserWarning, command_line.__file__, 7,
+                             file=log, line="config = load()")
+        warnings.warn_explicit("an extra's notice", UserWarning, filename=sibling, lineno=3)
+    assert capsys.readouterr().err == ""
+    assert shown[0] == ("tokenizer.model is stale", UserWarning, command_line.__file__, 7, log,
+                        "config = load()")
+    assert [entry[1:4] for entry in shown[1:]] == [(UserWarning, sibling, 3)]
 
 
 # Runs a command line as `python FILE ARGS` or `python -m MODULE ARGS` would, then prints
@@ -366,6 +531,35 @@ def test_a_value_of_another_type_is_named_with_the_type_its_key_takes():
     assert bad("--config.seed", "1e3").endswith(": config.seed is an integer, got '1e3'")
     assert bad("--config.model.pre_layer_norm", "maybe").endswith(
         ": config.model.pre_layer_norm is true or false, got 'maybe'")
+
+
+def test_flag_errors_of_a_command_without_a_config_are_absls_own(monkeypatch):
+    """translate.py has no --config: its unknown --seed is absl's error, not a pointer to a
+    --config.seed it does not have. A message of several lines is indented under the
+    heading, as absl's app.parse_flags_with_usage writes it."""
+    monkeypatch.setattr(flags, "FLAGS", flags.FlagValues())  # no config flag
+    argv = ["translate.py", "--seed=3"]
+    assert command_line._flag_error(flags.UnrecognizedFlagError("seed", "--seed=3"), argv) == (
+        "FATAL Flags parsing error: Unknown command line flag 'seed'\n"
+        "Pass --helpshort or --helpfull to see help on flags.")
+    assert command_line._flag_error(flags.Error("flag --input: first\nsecond"), argv) == (
+        "FATAL Flags parsing error:\n  flag --input: first\n  second\n"
+        "Pass --helpshort or --helpfull to see help on flags.")
+
+
+def test_the_search_flags_left_unset_are_none_for_the_runs_settings():
+    """--beam_size, --alpha and --max_extra_length default to None, which Translator reads
+    as the run's config.decode: a default of their own would replace the settings of a run
+    trained with others. A value is read with Translator's rule."""
+    holders = command_line.define_search_flags()
+    try:
+        assert [(holder.name, holder.default) for holder in holders] == [
+            ("beam_size", None), ("alpha", None), ("max_extra_length", None)]
+        flags.FLAGS["beam_size"].parse("3")
+        assert flags.FLAGS["beam_size"].value == 3
+    finally:
+        for holder in holders:
+            delattr(flags.FLAGS, holder.name)
 
 
 @pytest.mark.parametrize("key", ["num_train_steps", "accumulation_steps", "log_every_steps",

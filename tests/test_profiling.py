@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -67,6 +68,69 @@ def test_timeline_of_a_gpu_counts_only_its_kernels(tmp_path):
                            op("loop_add_fusion", 50, 10, pid=7)])
     assert profiling.timeline(str(tmp_path)) == pytest.approx(
         {"span_ms": 0.050, "busy_ms": 0.030, "idle_ms": 0.020, "idle_share": 0.4})
+
+
+def test_a_gpus_kernels_are_summed_by_name_without_their_number(tmp_path):
+    """A GPU's kernels end in "_N", not ".N": "loop_add_fusion_3" and "loop_add_fusion_12"
+    are one kind, called twice. A C++ template's kernel name, hundreds of characters long,
+    is cut to its first 100 in the table."""
+    gpu = {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}}
+    template = "void cutlass::Kernel<cutlass_80_tensorop_" + "s1688gemm_" * 20 + ">"
+    write_trace(tmp_path, [gpu, op("loop_add_fusion_3", 0, 10, pid=7),
+                           op("loop_add_fusion_12", 20, 30, pid=7),
+                           op(template, 60, 5, pid=7)])
+    rows = profiling.summarize(str(tmp_path))
+    assert [(r["operation"], r["calls"]) for r in rows] == [("loop_add_fusion", 2),
+                                                            (template[:100], 1)]
+    assert [r["ms"] for r in rows] == pytest.approx([0.040, 0.005])
+
+
+def test_a_trace_without_instruction_names_leaves_out_the_runtimes_spans(tmp_path):
+    """Without args["hlo_op"], the runtime's spans are told by their names: "::" anywhere
+    in one (not only at its start), or a space, which no XLA instruction's name holds."""
+    write_trace(tmp_path, [op("fusion.1", 0, 10),
+                           op("TfrtCpuExecutable::ExecuteHelper", -5, 100),
+                           op("wait for the results", 10, 50, tid=2), op("fusion.2", 30, 10)])
+    assert [(r["operation"], r["calls"]) for r in profiling.summarize(str(tmp_path))] == [
+        ("fusion", 2)]
+    assert profiling.timeline(str(tmp_path)) == pytest.approx(
+        {"span_ms": 0.040, "busy_ms": 0.020, "idle_ms": 0.020, "idle_share": 0.5})
+
+
+def test_summarize_keeps_the_top_operations_with_their_share_of_all(tmp_path):
+    """16 kinds of operation, kind k taking k+1 µs (136 µs in all): the default keeps the
+    15 largest; `top=2` the 2 largest, each with its share of all 136 µs, not of the
+    2 shown."""
+    write_trace(tmp_path, [op(f"kind{k}.1", 20 * k, k + 1) for k in range(16)])
+    rows = profiling.summarize(str(tmp_path))
+    assert [r["operation"] for r in rows] == [f"kind{k}" for k in range(15, 0, -1)]
+    top = profiling.summarize(str(tmp_path), top=2)
+    assert [(r["operation"], r["calls"]) for r in top] == [("kind15", 1), ("kind14", 1)]
+    assert [r["share"] for r in top] == pytest.approx([16 / 136, 15 / 136])
+    assert len(profiling.summarize(str(tmp_path), top=None)) == 16
+
+
+def test_every_hosts_trace_file_counts(tmp_path):
+    """A trace of two hosts is two files in two folders: both hosts' operations count."""
+    write_trace(tmp_path / "host0", [op("fusion.1", 0, 10)])
+    write_trace(tmp_path / "host1", [op("fusion.1", 5, 20), op("dot.2", 40, 10)])
+    rows = profiling.summarize(str(tmp_path))
+    assert [(r["operation"], r["calls"]) for r in rows] == [("fusion", 2), ("dot", 1)]
+    assert profiling.timeline(str(tmp_path))["span_ms"] == pytest.approx(0.050)
+
+
+def test_a_folder_without_a_trace_or_operations_is_an_error(tmp_path):
+    """No trace file is a FileNotFoundError, not an empty summary; a trace without an
+    operation a ValueError, which StepTrace reports as a ProfileError; a trace whose one
+    operation took no time is idle for none of its span, not a division by zero."""
+    with pytest.raises(FileNotFoundError, match="no \\*.trace.json.gz under "):
+        profiling.summarize(str(tmp_path))
+    write_trace(tmp_path, [op("ThunkExecutor::Execute", 0, 10)])
+    with pytest.raises(ValueError, match="^no operations in the traces under "):
+        profiling.timeline(str(tmp_path))
+    write_trace(tmp_path, [op("fusion.1", 5, 0)])
+    assert profiling.timeline(str(tmp_path)) == {
+        "span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0, "idle_share": 0.0}
 
 
 def test_train_profiles_its_steps_after_the_first_ten(tmp_path, capsys):
@@ -237,6 +301,19 @@ def test_sums_across_devices_are_a_part_of_their_own(tmp_path):
         ("backward", "layer norm", 1, pytest.approx(0.010))]
 
 
+def test_every_kind_of_collective_and_both_its_halves_are_sums_across_devices(tmp_path):
+    """A reduce-scatter (`sharded`'s gradients, split over the devices) and the "-done"
+    half of an async all-reduce count as sums across devices, as an all-reduce and its
+    "-start" do."""
+    events = [dict(op(name, start, 10), args={"hlo_op": name}) for name, start in [
+        ("reduce-scatter.4", 0), ("all-reduce-start.2", 20), ("all-reduce-done.2", 40),
+        ("loop_add_fusion.3", 60)]]
+    write_trace(tmp_path, events)
+    rows = profiling.summarize_parts(str(tmp_path), PROGRAM)
+    assert [(r["pass"], r["part"], r["calls"]) for r in rows] == [
+        ("update", "sums across devices", 3), ("backward", "layer norm", 1)]
+
+
 def test_parts_of_a_gpu_trace_inside_a_command_buffer_are_not_guessed(tmp_path):
     """A kernel in a CUDA graph names the graph, not its instruction, even when its own
     name is an instruction's (XLA gives identical fusions one kernel): it counts as ("?",
@@ -296,6 +373,29 @@ def test_parts_of_a_cpu_trace_leave_out_the_runtimes_and_the_loops_spans(tmp_pat
         "multiply_fusion", "dot"]
 
 
+def test_a_calls_and_a_branchs_spans_are_left_out_like_a_loops(tmp_path):
+    """A "call" and a "conditional" enclose their body's operations, as a "while" does:
+    neither `summarize` nor `summarize_parts` counts their spans beside the operations."""
+    events = [dict(op(name, start, duration), args={"hlo_op": name})
+              for name, start, duration in [("call.3", 0, 20), ("conditional.4", 1, 18),
+                                            ("multiply_fusion", 2, 8)]]
+    write_trace(tmp_path, events)
+    assert [(r["operation"], r["calls"]) for r in profiling.summarize(str(tmp_path))] == [
+        ("multiply_fusion", 1)]
+    assert [(r["pass"], r["part"], r["share"]) for r in
+            profiling.summarize_parts(str(tmp_path), PROGRAM)] == [("update", "optimizer", 1.0)]
+
+
+def test_a_trace_without_instruction_names_is_read_by_the_programs_names(tmp_path):
+    """Without args["hlo_op"] (older traces), an event names its instruction in its own
+    name; a host span that names none of the program's ("np.asarray(jax.Array)", a wait
+    for a result) is not a part of the step."""
+    write_trace(tmp_path, [op("multiply_fusion", 0, 8), op("np.asarray(jax.Array)", 0, 500)])
+    assert [(r["pass"], r["part"], r["ms"]) for r in
+            profiling.summarize_parts(str(tmp_path), PROGRAM)] == [
+        ("update", "optimizer", pytest.approx(0.008))]
+
+
 @pytest.mark.parametrize("op_name, expected", [
     ("jit(train_step)/while/body/closed_call/jvp(Transformer)/Transformer._features/"
      "decoder.features/layer_1/layer_1._residual/dropout/jit(_threefry_fold_in)/xor",
@@ -311,11 +411,25 @@ def test_parts_of_a_cpu_trace_leave_out_the_runtimes_and_the_loops_spans(tmp_pat
     ("jit(train_step)/while/body/closed_call/jvp(Transformer)/Transformer._features/"
      "Transformer.encode/encoder/embedder.encode/jit(_take)/gather",
      ("forward", "embedding and positions")),
+    ("jit(train_step)/while/body/closed_call/jvp(Transformer)/Transformer._features/"
+     "Transformer.encode/encoder/positions/Dropout_0/add", ("forward", "dropout")),
+    ("jit(train_step)/while/body/closed_call/jvp(Transformer)/Transformer._features/"
+     "Transformer.encode/encoder/layer_0/layer_0._residual/self_attention/"
+     "self_attention.attend/vmap(BNTS,BSNH->BTNH)/transpose", ("forward", "attention")),
     ("jit(train_step)/optimizer/sqrt", ("update", "optimizer")),
     ("jit(train_step)/while/body/closed_call/add", ("update", "other")),
 ])
 def test_part_of_an_operation_from_its_path(op_name, expected):
     assert profiling.part_of(op_name) == expected
+
+
+def test_a_searchs_parts_are_its_named_scopes_not_its_programs_name():
+    """A search's program is jit(search): its own work is what its "search" scope holds,
+    and an operation outside it (the encoder's padding mask) is not the search's."""
+    encoder_mask = "jit(search)/Transformer.encode/encoder/ne"
+    assert profiling.part_of(encoder_mask, training=False) == ("forward", "other")
+    assert profiling.part_of("jit(search)/while/body/search/gt", training=False) == (
+        "forward", "search")
 
 
 def test_the_parts_of_a_compiled_decoder_layers_matmuls():
@@ -461,3 +575,99 @@ def test_a_step_traces_summary_is_per_traced_step(tmp_path):
     assert summary["busy_ms_per_step"] == pytest.approx(device["busy_ms"] / 2)
     assert summary["idle_ms_per_step"] == pytest.approx(device["idle_ms"] / 2)
     assert summary["wall_ms_per_step"] > 0
+
+
+def fake_profiler(monkeypatch, events, run="run"):
+    """jax.profiler's start_trace and stop_trace, for a StepTrace: a stop writes `events`
+    as the trace of the folder `run` under LOGDIR/plugins/profile, as JAX's profiler
+    does; the returned list names each call."""
+    calls, logdir = [], []
+
+    def start_trace(folder):
+        calls.append("start")
+        logdir.append(folder)
+
+    def stop_trace():
+        calls.append("stop")
+        write_trace(os.path.join(logdir[-1], "plugins", "profile", run), events)
+
+    monkeypatch.setattr(jax.profiler, "start_trace", start_trace)
+    monkeypatch.setattr(jax.profiler, "stop_trace", stop_trace)
+    return calls
+
+
+def test_a_step_trace_starts_once_and_its_summary_keeps_the_top_15_operations(
+        tmp_path, monkeypatch):
+    """Step 11 traced (`steps=1`): the steps after it are not traced again, and
+    summary.json, beside the trace, lists the 15 operations that took the most time of the
+    16 traced, as `summarize` does."""
+    calls = fake_profiler(monkeypatch, [op(f"kind{k}.1", 20 * k, k + 1) for k in range(16)])
+    trace = profiling.StepTrace(str(tmp_path), first_step=0, steps=1)
+    trace.before(10)
+    summary = trace.after(11, jnp.ones(2))
+    for step in (11, 12, 20):
+        trace.before(step)
+        assert not trace.tracing
+    assert calls == ["start", "stop"]
+    assert [o["operation"] for o in summary["operations"]] == [
+        f"kind{k}" for k in range(15, 0, -1)]
+    assert summary["trace"] == str(tmp_path / "plugins" / "profile" / "run")
+    assert json.loads((tmp_path / "plugins" / "profile" / "run" / "summary.json").read_text()
+                      ) == summary
+
+
+def test_a_step_trace_in_a_run_folder_whose_name_is_reused_summarizes_the_newest(
+        tmp_path, monkeypatch):
+    """Two traces in the same second share their folder's name: no new folder appears, and
+    the summary is of the folder just written (the newest), not of an older trace's."""
+    profiles = tmp_path / "plugins" / "profile"
+    write_trace(profiles / "2025_01_01_00_00_00", [op("old_fusion.1", 0, 5)])
+    os.utime(profiles / "2025_01_01_00_00_00", (1e9, 1e9))
+    os.makedirs(profiles / "2025_01_01_00_00_01")
+    os.utime(profiles / "2025_01_01_00_00_01", (1e9 + 1, 1e9 + 1))
+    fake_profiler(monkeypatch, [op("fusion.1", 0, 5)], run="2025_01_01_00_00_01")
+    trace = profiling.StepTrace(str(tmp_path), first_step=0, steps=1)
+    trace.before(10)
+    summary = trace.after(11, jnp.ones(2))
+    assert summary["trace"] == str(profiles / "2025_01_01_00_00_01")
+    assert [o["operation"] for o in summary["operations"]] == ["fusion"]
+
+
+def test_a_step_trace_that_cannot_be_summarized_is_a_profile_error_and_tracing_ends(
+        tmp_path, monkeypatch):
+    """A step's program that cannot be read (JAX's error lowering it again), or a trace
+    without an operation: one ProfileError each, naming the steps, and the trace is over
+    (the loop goes on untraced)."""
+    fake_profiler(monkeypatch, [op("fusion.1", 0, 5)])
+    trace = profiling.StepTrace(str(tmp_path), first_step=0, steps=1)
+
+    def program():
+        raise RuntimeError("lowering failed")
+
+    trace.before(10)
+    with pytest.raises(profiling.ProfileError, match=r"^the program of steps 11-11 could not "
+                                                     r"be read for the trace: lowering failed$"):
+        trace.after(11, jnp.ones(2), program=program)
+    assert not trace.tracing
+
+    fake_profiler(monkeypatch, [op("ThunkExecutor::Execute", 0, 5)])
+    trace = profiling.StepTrace(str(tmp_path / "empty"), first_step=4, steps=3)
+    trace.before(14)
+    with pytest.raises(profiling.ProfileError, match=r"^the trace of steps 15-16 in .*empty "
+                                                     r"could not be summarized: no operations"):
+        trace.after(16, jnp.ones(2), last=True)
+    assert not trace.tracing
+
+
+def test_a_step_trace_says_when_the_run_ends_before_it_starts():
+    """Steps after the first 10 of a start are traced: a run that ends at step 10 (or a
+    resume from step 5 that ends at 15) traces nothing and says so; one step more traces
+    one; without profile_steps nothing is said."""
+    assert profiling.StepTrace("W", first_step=0, steps=5).unreached(10) == (
+        "note: nothing is traced: config.profile_steps traces steps after the first 10 of a "
+        "start (from step 11), and this run ends at step 10")
+    assert profiling.StepTrace("W", first_step=0, steps=5).unreached(11) is None
+    assert "(from step 16), and this run ends at step 15" in profiling.StepTrace(
+        "W", first_step=5, steps=5).unreached(15)
+    assert profiling.StepTrace("W", first_step=5, steps=5).unreached(16) is None
+    assert profiling.StepTrace("W", first_step=0, steps=0).unreached(5) is None

@@ -1,7 +1,9 @@
 """RunLog: metrics.jsonl, TensorBoard event files and curves.png, written without loading
 torch, and without matplotlib until there is something to draw."""
 
+import errno
 import importlib.util
+import io
 import json
 import os
 import re
@@ -14,7 +16,8 @@ from tensorboardX.proto import event_pb2
 
 from run_configs import ROOT
 from test_plot import png_size
-from transformer_jax.run_log import RunLog
+from transformer_jax import plot
+from transformer_jax.run_log import MetricsWriteError, RunLog, drop_records_after
 
 
 def event_scalars(workdir) -> list[tuple[str, int, float]]:
@@ -103,6 +106,34 @@ def test_a_drawing_failure_warns_once_and_the_run_goes_on(tmp_path, capsys):
         "curves.png", "metrics.jsonl"]  # no temporary file left behind
 
 
+def test_a_drawing_failure_is_reported_in_its_first_line(tmp_path, capsys, monkeypatch):
+    """An error of several lines (matplotlib's) is one warning, with its first line."""
+    def fail(path, runs):
+        raise ValueError("cannot draw\n  a second line of detail")
+
+    monkeypatch.setattr(plot, "write_curves", fail)
+    log = RunLog(str(tmp_path), total_steps=4, first_step=0)
+    log.write(2, {"eval_loss": 0.75})
+    log.close()
+    assert capsys.readouterr().out == (f"warning: {tmp_path / 'curves.png'} not drawn "
+                                       f"(ValueError: cannot draw); training goes on\n")
+
+
+def test_any_evaluation_record_draws_the_curves_a_bleu_record_too(tmp_path, monkeypatch):
+    """BLEU is measured on its own schedule: a record of eval_bleu and eval_chrf alone is
+    an evaluation's, and redraws curves.png with every record so far."""
+    drawn = []
+    monkeypatch.setattr(plot, "write_curves",
+                        lambda path, runs: drawn.append([r["step"] for r in runs[0][1]]))
+    log = RunLog(str(tmp_path), total_steps=4, first_step=0)
+    log.write(2, {"loss": 1.5, "learning_rate": 0.25})
+    assert drawn == []
+    log.write(2, {"eval_bleu": 12.5, "eval_chrf": 40.0})
+    assert drawn == [[2, 2]]
+    log.close()
+    assert drawn == [[2, 2]]  # nothing logged since
+
+
 def test_the_clock_goes_on_from_the_last_record_kept_at_a_resume(tmp_path):
     write(tmp_path, "".join(json.dumps({"step": s, "loss": 1.0, "elapsed_s": t}) + "\n"
                             for s, t in ((2, 10.0), (4, 20.0), (6, 30.0))))
@@ -112,6 +143,20 @@ def test_the_clock_goes_on_from_the_last_record_kept_at_a_resume(tmp_path):
     records = read(tmp_path)
     assert [(r["step"], r["loss"]) for r in records] == [(2, 1.0), (4, 1.0), (6, 0.5)]
     assert 20.0 <= records[-1]["elapsed_s"] < 20.0 + 60
+
+
+def test_the_clock_goes_on_from_the_last_record_kept_not_a_dropped_one(tmp_path):
+    """Resumed at step 4: the records of steps 2 and 4 are kept (and returned, for the
+    clock and the curves), step 6's (at 100 s) goes; the next record's clock starts from
+    step 4's 20.25 s, kept to the millisecond, not from 100 s nor rounded to 20 s."""
+    write(tmp_path, "".join(json.dumps({"step": s, "loss": 1.0, "elapsed_s": t}) + "\n"
+                            for s, t in ((2, 10.5), (4, 20.25), (6, 100.0))))
+    assert drop_records_after(str(tmp_path / "metrics.jsonl"), 4) == [
+        {"step": 2, "loss": 1.0, "elapsed_s": 10.5}, {"step": 4, "loss": 1.0, "elapsed_s": 20.25}]
+    log = RunLog(str(tmp_path), total_steps=8, first_step=4)
+    log.write(6, {"loss": 0.5})
+    log.close()
+    assert 20.25 <= read(tmp_path)[-1]["elapsed_s"] < 100.0
 
 
 def test_the_bars_rate_and_time_left_count_from_the_first_step_done(tmp_path):
@@ -241,3 +286,80 @@ def test_the_bar_shows_no_rate_until_a_step_after_the_first_is_done(tmp_path):
     shown = str(bar)
     log.close()
     assert shown.endswith("| 101/300 [00:00<?, ?step/s]"), shown
+
+
+def test_a_run_with_no_step_left_shows_no_bar(tmp_path, capsys):
+    """Resumed at its last step (4 of 4): nothing to train, and no bar; one step left
+    shows one."""
+    RunLog(str(tmp_path), total_steps=4, first_step=4).close()
+    assert capsys.readouterr().err == ""
+    RunLog(str(tmp_path), total_steps=4, first_step=3).close()
+    assert "train:  75%" in capsys.readouterr().err
+
+
+def test_a_message_is_printed_above_the_bar(tmp_path, capsys):
+    """A message is a line on stdout, with the bar (on stderr) cleared before it and drawn
+    again after it, not a line printed over the bar."""
+    log = RunLog(str(tmp_path), total_steps=4, first_step=0)
+    capsys.readouterr()
+    log.message("step 2: eval_loss 0.75")
+    printed = capsys.readouterr()
+    log.close()
+    assert printed.out == "step 2: eval_loss 0.75\n"
+    assert "train:   0%" in printed.err, printed.err
+
+
+def test_the_log_of_a_process_other_than_the_first_writes_nothing(tmp_path):
+    """Only process 0 writes: the others' RunLog takes records, messages and the bar's
+    moves and makes no file at all."""
+    log = RunLog(str(tmp_path), total_steps=4, first_step=0, enabled=False)
+    log.first_step_done(1)
+    log.write(2, {"loss": 1.5, "learning_rate": 0.25})
+    log.write(2, {"eval_loss": 0.75})
+    log.progress(2, {"loss": 1.5, "learning_rate": 0.25})
+    log.message("a line")
+    log.draw()
+    log.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_metrics_file_that_cannot_be_opened_is_one_metrics_write_error(tmp_path):
+    """A folder where metrics.jsonl should be: one MetricsWriteError naming the file,
+    before any record."""
+    (tmp_path / "metrics.jsonl").mkdir()
+    with pytest.raises(MetricsWriteError, match=(
+            f"^{re.escape(str(tmp_path / 'metrics.jsonl'))}: its records could not be written: "
+            r"Is a directory \(OS error 21\); training stopped")):
+        RunLog(str(tmp_path), total_steps=4, first_step=0)
+
+
+def test_an_os_error_without_its_own_reason_and_a_record_of_step_0_are_named(tmp_path):
+    """An OSError raised with a message alone (no errno) gives that message, not "None (OS
+    error None)"; a record of step 0 is named as such, not as "its records"."""
+    assert str(MetricsWriteError("W/metrics.jsonl", 0, OSError("the writer is closed"))) == (
+        "W/metrics.jsonl: the record of step 0 could not be written: the writer is closed; "
+        "training stopped, and the same command resumes from the newest checkpoint")
+
+
+class FullDisk(io.StringIO):
+    """metrics.jsonl on a full disk: what is written stays in the buffer, and flushing it
+    fails."""
+
+    def flush(self):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_after_a_failed_write_closing_draws_nothing(tmp_path, monkeypatch):
+    """A record that cannot be written is one MetricsWriteError, and the log's close (in
+    the training loop's `finally`) raises nothing and draws no curves.png."""
+    drawn = []
+    monkeypatch.setattr(plot, "write_curves", lambda path, runs: drawn.append(path))
+    log = RunLog(str(tmp_path), total_steps=4, first_step=0)
+    log.write(2, {"loss": 1.5, "learning_rate": 0.25})
+    log._jsonl = FullDisk()
+    with pytest.raises(MetricsWriteError, match=(
+            r"metrics\.jsonl: the record of step 4 could not be written: No space left on "
+            r"device \(OS error 28\)")):
+        log.write(4, {"loss": 1.0, "learning_rate": 0.25})
+    log.close()
+    assert drawn == []

@@ -730,6 +730,43 @@ def test_work_between_two_records_leaves_the_rates():
     assert "steps_per_sec" not in window.summary()
 
 
+def test_two_pieces_of_work_in_one_window_both_leave_the_rates():
+    """A step at 1 s, a save from 1 to 3 s, a step at 4 s, an evaluation from 4 to 7 s, a
+    step at 8 s: 3 steps in the 3 s of training, not in the 5 s left by the last block."""
+    now = [0.0]
+    window = MetricsWindow(clock=lambda: now[0])
+    for step_end, block_end in ((1.0, 3.0), (4.0, 7.0)):
+        now[0] = step_end
+        window.pending.append(_step(10))
+        with window.left_out():
+            now[0] = block_end
+    now[0] = 8.0
+    window.pending.append(_step(10))
+    window.fetch(_Host, 3)
+    assert window.summary()["steps_per_sec"] == 1.0
+
+
+def test_a_pause_at_each_traced_step_leaves_out_all_of_them_from_the_first():
+    """The loop pauses before each traced step: a step timed 0-1 s (10 tokens), traced
+    steps from 1 to 5 s (paused again at 3 s), a step timed 5-6 s (30 tokens). The record
+    rates the two timed steps in 2 s, from the first pause on, not from the last."""
+    now = [0.0]
+    window = MetricsWindow(clock=lambda: now[0])
+    window.pending.append(_step(10))
+    now[0] = 1.0
+    for paused in (1.0, 3.0):
+        now[0] = paused
+        window.pause()
+        window.pending.append(_step(1000))  # traced
+    now[0] = 5.0
+    window.resume()
+    window.pending.append(_step(30))
+    window.fetch(_Host, 4)
+    now[0] = 6.0
+    record = window.summary()
+    assert (record["steps_per_sec"], record["tokens_per_sec"]) == (1.0, 20.0)
+
+
 def test_a_record_weighs_each_step_by_its_tokens_and_keeps_the_last_rate_and_norm():
     """Loss 10 over 10 tokens, then 90 over 30: 100 / 40 = 2.5 per token, not the mean of
     1 and 3; accuracy 5 + 27 of 40. The learning rate and grad_norm are the last step's."""
@@ -749,6 +786,19 @@ def test_a_non_finite_loss_names_its_step():
     window = MetricsWindow()
     window.pending += [_step(10), {**_step(10), "loss_sum": math.nan}]
     with pytest.raises(NonFiniteLossError, match=r"^the loss is nan at step 7; "):
+        window.fetch(_Host, 7)
+
+
+def test_an_infinite_loss_stops_too_and_names_the_first_bad_step():
+    """An infinite loss stops as NaN does; steps 6 and 7 fetched at step 7, the first's
+    loss NaN: "at step 6", the step it was, not the step fetched at."""
+    window = MetricsWindow()
+    window.pending += [_step(10), _step(10), {**_step(10), "loss_sum": math.inf}]
+    with pytest.raises(NonFiniteLossError, match=r"^the loss is inf at step 3; "):
+        window.fetch(_Host, 3)
+    window = MetricsWindow()
+    window.pending += [{**_step(10), "loss_sum": math.nan}, _step(10)]
+    with pytest.raises(NonFiniteLossError, match=r"^the loss is nan at step 6; "):
         window.fetch(_Host, 7)
 
 

@@ -1008,6 +1008,14 @@ def test_write_stdout_reports_a_reader_that_went_away(monkeypatch):
     sys.stdout.close()
 
 
+def test_write_stdout_writes_every_piece_whole(capsys):
+    """Text longer than a piece (2,500 characters in pieces of 1,024, a two-byte "ä" among
+    them) comes out whole and in order: no character lost or repeated at a piece's edge."""
+    text = "".join(f"{i:04d}ä" for i in range(500))
+    write_stdout(text)
+    assert capsys.readouterr().out == text
+
+
 def test_a_source_longer_than_a_learned_position_table_is_named_before_any_search(workdir):
     """A model of learned positions has no encoding past its table's rows: a longer source
     is a TranslationError naming it, before any search (not a shape error inside one); the
