@@ -270,6 +270,80 @@ def test_one_str_is_refused_as_translator_refuses_it(exported):
     with pytest.raises(TypeError) as error:
         StableHLOTranslator(exported).translate("null")
     assert str(error.value) == "translate takes a list of sentences, not one str: pass [sentence]"
+    with pytest.raises(TypeError) as error:  # bytes too, which would iterate into ints
+        StableHLOTranslator(exported).translate(b"null")
+    assert str(error.value) == (
+        "translate takes a list of sentences, not one bytes: pass [sentence]")
+
+
+def echoing(calls):
+    """A stand-in for a bucket's compiled search: it records the bucket's file and the
+    inputs' shape, and writes each row's source as its output, PAD after."""
+
+    def run(bucket, inputs_BS):
+        calls.append((bucket["file"], inputs_BS.shape))
+        outputs_BT = np.zeros((bucket["batch_size"], bucket["max_length"]), np.int32)
+        outputs_BT[:, :inputs_BS.shape[1]] = inputs_BS
+        return outputs_BT
+
+    return run
+
+
+def test_batches_fit_the_largest_bucket_and_draw_their_progress(exported, monkeypatch,
+                                                                capsys):
+    """A batch_size above the largest exported one (4) is that size, as documented; it had
+    searched all 6 sources at once and found no bucket. A source of exactly the longest
+    bucket's 16 tokens fits it. The progress line counts batches from 1 and ends with a
+    newline, after the last batch or an interruption."""
+    served = StableHLOTranslator(exported)
+    calls = []
+    monkeypatch.setattr(served, "_run", echoing(calls))
+    sources = [[5] * n + [1] for n in (3, 10, 1, 7, 15, 2)]  # 4, 11, 2, 8, 16, 3 tokens
+    outputs = served.translate_ids(sources, beam_size=1, batch_size=100)
+    assert calls == [("greedy_b4_s8.jaxexport", (4, 8)), ("greedy_b4_s16.jaxexport", (4, 16))]
+    for source, output in zip(sources, outputs):
+        assert output[:len(source)].tolist() == source and not output[len(source):].any()
+    assert capsys.readouterr().err == ""
+    served.translate_ids(sources, beam_size=1, batch_size=2, progress=True)
+    assert capsys.readouterr().err == ("\rtranslating: batch 1/3\rtranslating: batch 2/3"
+                                       "\rtranslating: batch 3/3\n")
+
+    def interrupted(bucket, inputs_BS):
+        if calls:
+            raise KeyboardInterrupt
+        return echoing(calls)(bucket, inputs_BS)
+
+    calls.clear()
+    monkeypatch.setattr(served, "_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        served.translate_ids(sources, beam_size=1, batch_size=2, progress=True)
+    assert capsys.readouterr().err == "\rtranslating: batch 1/3\n"
+
+
+def test_blank_lines_are_unsearched_and_too_long_ones_numbered_among_all(exported,
+                                                                        monkeypatch):
+    """Lines of whitespace alone are "" without a search, as in Translator (this tokenizer
+    gives spaces pieces of their own); a too long sentence after an empty line is sentence
+    2, its number among all the sentences, not among the searched ones."""
+    served = StableHLOTranslator(exported)
+    calls = []
+    monkeypatch.setattr(served, "_run", echoing(calls))
+    assert served.translate(["  ", "\t", ""]) == ["", "", ""]
+    assert calls == []
+    message = one_line_error(lambda: served.translate(["", " ".join(["null"] * 4)]))
+    assert message.startswith("sentence 2 has ") and "(16)" in message
+
+
+def test_the_smallest_bucket_has_the_fewest_cells_then_the_shortest_rows():
+    """Of the buckets that hold a batch, the one of fewest rows x length; of two as small,
+    the shorter (its outputs are shorter too); a batch of exactly a bucket's size fits it."""
+    def bucket(batch_size, length):
+        return {"batch_size": batch_size, "length": length}
+
+    smallest = serve_stablehlo._smallest_bucket
+    assert smallest([bucket(2, 16), bucket(4, 8)], 1, 5) == bucket(4, 8)  # 32 cells each
+    assert smallest([bucket(8, 8), bucket(1, 16)], 1, 5) == bucket(1, 16)  # 16, not 64
+    assert smallest([bucket(4, 8), bucket(4, 16)], 4, 8) == bucket(4, 8)
 
 
 def test_the_engine_refuses_settings_other_than_the_exported_ones(tmp_path, monkeypatch):
@@ -536,6 +610,10 @@ def test_a_damaged_export_is_one_error_naming_the_file(exported, tmp_path):
     artifact.unlink()
     assert one_line_error(lambda: translator.translate_ids([[5, 1]], beam_size=1)) == (
         f"cannot read {artifact}: No such file or directory; export again")
+    artifact.mkdir()  # any error of reading, not only a missing file
+    assert one_line_error(lambda: translator.translate_ids([[5, 1]], beam_size=1)) == (
+        f"cannot read {artifact}: Is a directory; export again")
+    artifact.rmdir()
     artifact.write_bytes((exported / artifact.name).read_bytes()[:1000])
     message = one_line_error(lambda: translator.translate_ids([[5, 1]], beam_size=1))
     assert message.startswith(f"{artifact} is not a jax.export artifact (damaged?): ")
@@ -573,6 +651,46 @@ def test_a_damaged_export_is_one_error_naming_the_file(exported, tmp_path):
     assert one_line_error(lambda: StableHLOTranslator(damaged / "export.json")) == (
         f"{damaged / 'export.json'}: a file, not an exported model's folder (the folder "
         f"holding export.json)")
+
+
+def test_an_export_json_edited_by_hand_is_one_error(tmp_path):
+    """export.json that is no JSON object or no JSON at all, a search of another name, a
+    bool for a count, a search or bucket without a key the export writes: each a
+    StableHLOError, not a TypeError or KeyError later; "model": null is no vocab_size."""
+    greedy = {"beam_size": 1, "max_extra_length": 10, "buckets": [
+        {"batch_size": 4, "length": 8, "max_length": 18, "file": "greedy_b4_s8.jaxexport"}]}
+    entry = {"params": "params.npz", "platforms": ["cpu"], "searches": {"greedy": greedy}}
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({"format": "stablehlo", "stablehlo": entry, "model": None}))
+    assert serve_stablehlo._read_entry(str(tmp_path)) == (entry, None, None)
+    path.write_text("[]")
+    assert one_line_error(lambda: serve_stablehlo._read_entry(str(tmp_path))) == (
+        f"{path} holds no export's format; export again")
+    path.write_text("{")
+    assert one_line_error(lambda: serve_stablehlo._read_entry(str(tmp_path))).startswith(
+        f"{path} cannot be read: ")
+    buckets = (".greedy.buckets must be a list of buckets, each with its batch_size, length, "
+               "max_length and file")
+    for searches, problem in (
+            ({"sampling": greedy}, " must hold a greedy or a beam search, or both"),
+            ({"greedy": {**greedy, "beam_size": True}},
+             ".greedy must hold its beam_size and max_extra_length"),
+            ({"greedy": {k: v for k, v in greedy.items() if k != "max_extra_length"}},
+             ".greedy must hold its beam_size and max_extra_length"),
+            ({"greedy": {**greedy, "buckets": [{"batch_size": 4, "length": 8,
+                                                "file": "greedy_b4_s8.jaxexport"}]}},
+             buckets)):
+        assert serve_stablehlo._malformed_searches(searches) == problem
+
+
+def test_parameters_load_in_the_order_of_their_keys(tmp_path):
+    """params.npz's arrays are the leaves in the order of their names (p0000, p0001, ...),
+    not of the archive's entries, which another writer may order otherwise."""
+    path = tmp_path / "params.npz"
+    np.savez(path, p0001=np.ones(2, np.float32), p0000=np.zeros(3, np.float32))
+    leaves = serve_stablehlo._load_params(str(path))
+    assert [leaf.shape for leaf in leaves] == [(3,), (2,)]
+    assert [float(leaf.sum()) for leaf in leaves] == [0.0, 2.0]
 
 
 def test_a_search_setting_is_a_positive_integer_not_a_bool(exported, translator):
@@ -632,6 +750,10 @@ def test_sources_that_are_no_ids_of_the_model_are_refused(exported):
                        r"vocabulary holds: -5 to 1$"):
         serve_stablehlo._check_ids([[-5, 1]], None)
     serve_stablehlo._check_ids([[10**6, 1]], None)  # no upper bound to pass
+    serve_stablehlo._check_ids([np.array([5, 1], np.uint16)], 10)  # prepared splits' dtype
+    with pytest.raises(StableHLOError, match=r"^source 1 is not a list of token ids ending "
+                       r"with EOS \(1\): \[\[5, 1\]\]$"):
+        serve_stablehlo._check_ids([[[5, 1]]], 10)  # a batch where a source belongs
     ids = translator.translate_ids([np.array([5, 1], np.int64), [vocab_size - 1, 1]],
                                    beam_size=1)  # NumPy's ids, and the last id, are ids
     assert len(ids) == 2
@@ -650,6 +772,10 @@ def test_parameters_or_a_tokenizer_of_another_model_are_refused(exported, tmp_pa
     assert one_line_error(lambda: StableHLOTranslator(damaged).translate_ids([[5, 1]])) == (
         f"{damaged / 'params.npz'} does not fit the exported model: its array 0 is "
         f"float32{[1, *want[1:]]}, the model takes float32{want}; export again")
+    np.savez(damaged / "params.npz", **{**leaves, first: leaves[first].astype(np.float16)})
+    assert one_line_error(lambda: StableHLOTranslator(damaged).translate_ids([[5, 1]])) == (
+        f"{damaged / 'params.npz'} does not fit the exported model: its array 0 is "
+        f"float16{want}, the model takes float32{want}; export again")
     np.savez(damaged / "params.npz", **{k: v for k, v in leaves.items() if k != first})
     assert one_line_error(lambda: StableHLOTranslator(damaged).translate_ids([[5, 1]])) == (
         f"{damaged / 'params.npz'} holds {len(leaves) - 1} parameter arrays, the exported "

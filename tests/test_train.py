@@ -836,6 +836,19 @@ def test_a_record_of_left_out_steps_alone_has_no_rates():
     assert record["loss"] == 2.0
 
 
+def test_a_record_of_steps_without_target_tokens_is_zero_not_a_division_by_zero():
+    """Two steps whose rows were all padding (weight 0) in 2 s: loss and accuracy 0, no
+    ZeroDivisionError that would end the run; 0 tokens and 1 step a second."""
+    now = [0.0]
+    window = MetricsWindow(clock=lambda: now[0])
+    window.pending += [{**_step(0.0), "loss_sum": 0.0}] * 2
+    window.fetch(_Host, 2)
+    now[0] = 2.0
+    record = window.summary()
+    assert (record["loss"], record["accuracy"]) == (0.0, 0.0)
+    assert (record["steps_per_sec"], record["tokens_per_sec"]) == (1.0, 0.0)
+
+
 def test_sigterm_saves_and_exits_cleanly_and_the_restart_loads_the_compiled_step(tmp_path):
     """SIGTERM to the run's process group, its 2 grain workers too (as Ctrl-C in a terminal
     or a scheduler's preemption sends it): the current step finishes, a checkpoint is

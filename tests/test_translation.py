@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import warnings
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from transformer_jax.token_ids import PAD_ID
 from transformer_jax.train_state import abstract_train_state, init_params
 from transformer_jax.compilation_cache import drop_damaged_entries
 from transformer_jax.commands import (OutputError, interrupt_in_one_line, write_stdout,
-                                      write_whole)
+                                      write_stdout_and_go_on, write_whole)
 from transformer_jax.translation import (TranslationError, Translator, check_setting,
                                          cross_attention_weights)
 
@@ -913,7 +914,7 @@ def test_ctrl_c_ends_a_bar_left_open_before_its_one_line():
     interrupted" went on the bar's line (`...?pair/s]error: interrupted`)."""
     script = ("import tqdm\nfrom transformer_jax.commands import interrupt_in_one_line\n"
               "with interrupt_in_one_line():\n"
-              "    tqdm.tqdm(total=9, desc='reading', leave=False)  # never closed\n"
+              "    bar = tqdm.tqdm(total=9, desc='reading', leave=False)  # never closed\n"
               "    raise KeyboardInterrupt\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           timeout=60)  # bytes: text mode would read each "\r" as a line end
@@ -962,6 +963,24 @@ def test_write_whole_changes_nothing_unless_every_file_is_written(tmp_path):
     assert (tmp_path / "b.txt").stat().st_mode == (tmp_path / "plain.txt").stat().st_mode
 
 
+def test_write_whole_changes_nothing_when_its_first_file_fails(tmp_path):
+    """The first of two files passes the file-size limit (a full disk): the second, which
+    fits, keeps its old text too. Each is flushed before any replaces its path; closed
+    last-opened first, the second would have replaced its path before the first failed."""
+    (tmp_path / "b.txt").write_text("old")
+    texts = {str(tmp_path / "a.txt"): "a" * 100, str(tmp_path / "b.txt"): "new b"}
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50, limits[1]))  # Python ignores SIGXFSZ
+    try:
+        with pytest.raises(OutputError) as error:
+            write_whole(texts)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+    assert error.value.filename == str(tmp_path / "a.txt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.txt"]
+    assert (tmp_path / "b.txt").read_text() == "old"
+
+
 @pytest.mark.parametrize("inner_restores", [True, False])
 def test_interrupt_in_one_line_keeps_a_hook_set_inside_in_the_chain(inner_restores):
     """checkpoint.py's filter of orbax's noise, set inside the block and kept after a failed
@@ -977,6 +996,39 @@ def test_interrupt_in_one_line_keeps_a_hook_set_inside_in_the_chain(inner_restor
         assert sys.unraisablehook is (before if inner_restores else inner)
     finally:
         sys.unraisablehook = before
+
+
+@pytest.mark.parametrize("before", [signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN])
+def test_interrupt_in_one_line_turns_ctrl_c_on_unless_ignored_and_restores_it(before):
+    """Inside the block Ctrl-C is its own, also where a command turned it off while it
+    imported (SIG_DFL); an ignored Ctrl-C (SIG_IGN, as nohup and `&` in a script give) stays
+    ignored. After the block, the handler is the one from before."""
+    signal.signal(signal.SIGINT, before)
+    try:
+        with interrupt_in_one_line():
+            inside = signal.getsignal(signal.SIGINT)
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if before is signal.SIG_IGN:
+        assert inside is signal.SIG_IGN
+    else:
+        assert inside not in (signal.SIG_DFL, signal.SIG_IGN, signal.default_int_handler)
+        assert callable(inside)
+    assert after is before
+
+
+def test_interrupt_in_one_line_drops_only_interrupts_from_the_unraisable_hook(monkeypatch):
+    """An error Python could not raise (in a `__del__`) is still reported by the hook from
+    before the block; only a KeyboardInterrupt, which the block raises again, is dropped."""
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    error, interrupt = (types.SimpleNamespace(exc_value=e) for e in (ValueError("x"),
+                                                                      KeyboardInterrupt()))
+    with interrupt_in_one_line():
+        sys.unraisablehook(error)
+        sys.unraisablehook(interrupt)
+    assert reported == [error]
 
 
 def test_write_whole_writes_straight_to_what_is_not_a_regular_file():
@@ -1006,6 +1058,58 @@ def test_write_stdout_reports_a_reader_that_went_away(monkeypatch):
     sys.stdout.write("more")
     sys.stdout.flush()  # /dev/null takes it
     sys.stdout.close()
+
+
+def test_write_stdout_reports_a_reader_gone_before_a_short_text(monkeypatch):
+    """6 bytes, less than stdout's buffer, to a pipe whose reader closed it: BrokenPipeError
+    from write_stdout itself (it flushes), not later from the exit's flush. Then stdout
+    goes to /dev/null."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    monkeypatch.setattr(sys, "stdout", open(write_end, "w", encoding="utf-8"))
+    with pytest.raises(BrokenPipeError):
+        write_stdout("short\n")
+    sys.stdout.write("more")
+    sys.stdout.flush()  # /dev/null takes it
+    sys.stdout.close()
+
+
+class _FullStdout:
+    """A stdout on a full disk: each write fails with ENOSPC. Its descriptor is a pipe's."""
+
+    def __init__(self):
+        self.read_end, self.write_end = os.pipe()
+
+    def write(self, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self):
+        pass
+
+    def fileno(self):
+        return self.write_end
+
+
+def test_write_stdout_and_go_on_is_quiet_for_a_reader_gone_and_warns_once_otherwise(
+        capsys, monkeypatch):
+    """A reader gone away (`| head`): nothing on stderr and no error. A full disk: one
+    warning line on stderr, in words ("No space left on device", not "[Errno 28] ..."),
+    and the command goes on."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    monkeypatch.setattr(sys, "stdout", open(write_end, "w", encoding="utf-8"))
+    write_stdout_and_go_on("short\n")
+    sys.stdout.close()
+    full = _FullStdout()
+    monkeypatch.setattr(sys, "stdout", full)
+    try:
+        write_stdout_and_go_on("text\n")
+    finally:
+        os.close(full.read_end)
+        os.close(full.write_end)
+    captured = capsys.readouterr()
+    assert captured.err == "warning: cannot write to stdout: No space left on device\n"
+    assert captured.out == ""
 
 
 def test_write_stdout_writes_every_piece_whole(capsys):
