@@ -926,12 +926,9 @@ def test_ctrl_c_ends_a_bar_left_open_before_its_one_line():
 # --- files whole or not at all, stdout ----------------------------------------------------
 
 
-def test_write_whole_changes_nothing_unless_every_file_is_written(tmp_path):
-    """The second file passes the file-size limit (a full disk: EFBIG), or Ctrl-C comes
-    before it: the first keeps its old text and no temporary is left. Written, the files
-    have the mode open() gives, and a link keeps its target."""
-    (tmp_path / "a.txt").write_text("old")
-    texts = {str(tmp_path / "a.txt"): "new a", str(tmp_path / "b.txt"): "b" * 100}
+def _write_whole_past_50_bytes(texts: dict[str, str]) -> OutputError:
+    """The OutputError of write_whole(texts) under a file-size limit of 50 bytes (a full
+    disk: EFBIG)."""
     limits = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (50, limits[1]))  # Python ignores SIGXFSZ
     try:
@@ -939,8 +936,17 @@ def test_write_whole_changes_nothing_unless_every_file_is_written(tmp_path):
             write_whole(texts)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-    assert (error.value.filename, error.value.strerror) == (str(tmp_path / "b.txt"),
-                                                            "File too large")
+    return error.value
+
+
+def test_write_whole_changes_nothing_unless_every_file_is_written(tmp_path):
+    """The second file passes the file-size limit (a full disk: EFBIG), or Ctrl-C comes
+    before it: the first keeps its old text and no temporary is left. Written, the files
+    have the mode open() gives, and a link keeps its target."""
+    (tmp_path / "a.txt").write_text("old")
+    texts = {str(tmp_path / "a.txt"): "new a", str(tmp_path / "b.txt"): "b" * 100}
+    error = _write_whole_past_50_bytes(texts)
+    assert (error.filename, error.strerror) == (str(tmp_path / "b.txt"), "File too large")
 
     class InterruptedAfterOne(dict):
         def items(self):
@@ -969,14 +975,8 @@ def test_write_whole_changes_nothing_when_its_first_file_fails(tmp_path):
     last-opened first, the second would have replaced its path before the first failed."""
     (tmp_path / "b.txt").write_text("old")
     texts = {str(tmp_path / "a.txt"): "a" * 100, str(tmp_path / "b.txt"): "new b"}
-    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (50, limits[1]))  # Python ignores SIGXFSZ
-    try:
-        with pytest.raises(OutputError) as error:
-            write_whole(texts)
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-    assert error.value.filename == str(tmp_path / "a.txt")
+    error = _write_whole_past_50_bytes(texts)
+    assert error.filename == str(tmp_path / "a.txt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.txt"]
     assert (tmp_path / "b.txt").read_text() == "old"
 
