@@ -39,6 +39,10 @@ from typing import NamedTuple
 # for JAX's lock of the folder, took 2,486 s in a run of its own. And a process stopped
 # while JAX writes an entry leaves it truncated (JAX writes in place): the Ctrl-C test of
 # translate.py did.
+# Tried and not kept (2026-12-02): Python's garbage collector in the test processes freezing
+# what was imported and waiting for 100,000 new objects (collecting was 9 % of the CPU time
+# of a test that traces and compiles, by perf). Alone, test_model.py took 58 s against 66 s;
+# in the whole suite, 1,083 s (pytest's wall time, -n 2) against 1,069 s the run before.
 def _only_a_cpu() -> bool:
     """Whether JAX will find no accelerator: JAX_PLATFORMS says "cpu", or no plugin of one is
     installed (neither a `jax_plugins` package or entry point, as JAX finds them, nor libtpu)."""
