@@ -60,11 +60,22 @@ def _random_model(tmp_path, **overrides):
     return model, params, pieces
 
 
-def _our_log_probs(model, params, inputs_BS, targets_BT):
-    logits_BTV = model.apply({"params": params}, inputs_BS, targets_BT)
+def _our_log_probs(model, params, sources, targets) -> list[np.ndarray]:
+    """Our teacher-forced log P of each target's tokens, given its source: one array per
+    pair, from one padded batch (a source's padding is masked, a target's comes after its
+    tokens, which the causal mask keeps from seeing it), in one compiled forward pass."""
+    def padded(rows):
+        ids = np.full((len(rows), max(map(len, rows))), PAD_ID, np.int32)
+        for i, row in enumerate(rows):
+            ids[i, :len(row)] = row
+        return ids
+
+    inputs_BS, targets_BT = padded(sources), padded(targets)
+    logits_BTV = jax.jit(model.apply)({"params": params}, inputs_BS, targets_BT)
     logits_BTV = logits_BTV.at[..., PAD_ID].set(-np.inf)  # never emitted, as in decode_step
     log_probs_BTV = jax.nn.log_softmax(logits_BTV)
-    return np.take_along_axis(np.asarray(log_probs_BTV), targets_BT[..., None], -1)[..., 0]
+    log_probs_BT = np.take_along_axis(np.asarray(log_probs_BTV), targets_BT[..., None], -1)
+    return [row[:len(target), 0] for row, target in zip(log_probs_BT, targets)]
 
 
 @pytest.mark.parametrize("overrides", ARCHITECTURES.values(), ids=ARCHITECTURES.keys())
@@ -78,10 +89,10 @@ def test_log_probs_equal_ours(tmp_path, overrides):
     results = ctranslate2.Translator(str(tmp_path)).score_batch(
         [[pieces[i] for i in s[:-1]] for s in sources],  # the model appends both EOS
         [[pieces[i] for i in t[:-1]] for t in targets])  # (config.json's add_source_eos)
-    for source, target, result in zip(sources, targets, results):
+    ours = _our_log_probs(model, params, sources, targets)
+    for target, result, our_log_probs in zip(targets, results, ours, strict=True):
         assert result.tokens == [pieces[i] for i in target[:-1]] + ["</s>"]
-        ours = _our_log_probs(model, params, np.array([source]), np.array([target]))[0]
-        np.testing.assert_allclose(result.log_probs, ours, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(result.log_probs, our_log_probs, rtol=1e-4, atol=1e-4)
 
 
 def test_the_output_projection_is_the_embedding_stored_once(tmp_path):
@@ -179,10 +190,11 @@ def test_beam_searches_with_alpha_differ_only_where_their_length_penalties_do(te
         ids, **settings)
     differing = [(i, a, b) for i, (a, b) in enumerate(zip(expected, theirs)) if a != b]
     assert differing  # 3 of 200 test sentences of the translating run
-    for i, ours_ids, their_ids in differing:
-        ours_log_p, their_log_p = (
-            _our_log_probs(ours.model, ours.params, np.array([ids[i]]), np.array([y]))[0].sum()
-            for y in (ours_ids, their_ids))
+    log_p = [row.sum() for row in _our_log_probs(  # ours, theirs; ours, theirs; ...
+        ours.model, ours.params, [ids[i] for i, _, _ in differing for _ in range(2)],
+        [y for _, ours_ids, their_ids in differing for y in (ours_ids, their_ids)])]
+    for (_, ours_ids, their_ids), ours_log_p, their_log_p in zip(
+            differing, log_p[0::2], log_p[1::2], strict=True):
         short, long = len(ours_ids), len(their_ids)
         assert long > short
         assert (ours_log_p / length_penalty(short, 0.6)
