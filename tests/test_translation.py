@@ -676,7 +676,7 @@ def test_a_replaced_tokenizer_is_refused_by_translation_export_and_training(
     with pytest.raises(TranslationError) as translating:
         Translator.from_workdir(str(workdir_copy))
     with pytest.raises(ExportError) as exporting:
-        export(str(workdir_copy), str(tmp_path / "exported"), fmt="ctranslate2")
+        export(str(workdir_copy), str(tmp_path / "exported"), fmt="stablehlo")
     # Training refuses the ids prepared with the old tokenizer; with them deleted too, as
     # that error suggests, the checkpoint is what refuses it.
     shutil.rmtree(workdir_copy / "prepared")
