@@ -79,12 +79,14 @@ def _xla_accepts(flag: str) -> bool:
 # jit), alternated in one process through compiler_options, took 1.43, 1.58 and 1.84 s of
 # CPU time (medians of 5-9) against 1.95, 1.94 and 2.14 s split (2-core Intel Xeon, jax
 # 0.10.2, 2026-11-30); a small beam search's program compiled in the same time either way.
+#
+# Both are the CPU backend's own options, so they hold on a GPU's host too, for the tests on
+# simulated CPU devices and the processes they start; a GPU's kernels compile as by default.
 LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 ONE_CODEGEN_PART = "--xla_cpu_parallel_codegen_split_count=1"
 FAST_COMPILE = " ".join(
-    ["--xla_backend_optimization_level=0"]
-    + [flag for flag in (LEGACY_EMITTERS, ONE_CODEGEN_PART) if _xla_accepts(flag)]
-) if _only_a_cpu() else ""
+    (["--xla_backend_optimization_level=0"] if _only_a_cpu() else [])
+    + [flag for flag in (LEGACY_EMITTERS, ONE_CODEGEN_PART) if _xla_accepts(flag)])
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     " --xla_cpu_collective_call_terminate_timeout_seconds=300 " + FAST_COMPILE
