@@ -1,12 +1,14 @@
 """Checkpointer: round trips, retention, async visibility, resharding on restore, and the
 parameters restored alone."""
 
+import gc
 import pathlib
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import warnings
 
 import grain
 import jax
@@ -28,7 +30,7 @@ from transformer_jax.checkpoint import (
     StateMismatchError,
     saved_metadata,
 )
-from transformer_jax.orbax_noise import QuietOrbax
+from transformer_jax.orbax_noise import QuietOrbax, settled_on_failure
 
 DATA_POSITION = 7  # the training-data iterator has given this many elements
 METADATA = {"config": {"lr": 0.5, "layers": [6, 6]}, "tokenizer": "/tmp/spm.model"}
@@ -649,6 +651,29 @@ def test_orbax_noise_stays_filtered_after_a_checkpointer_that_failed_a_read_clos
         with pytest.raises(DamagedCheckpointError):
             checkpointer.read(4, lambda s: checkpointer.restore(s, large_state(0)))
     assert QuietOrbax.users == before + 1
+
+
+def test_a_failed_reads_coroutines_that_never_started_are_freed_without_a_warning():
+    """orbax raises on one array while it has made the others' read coroutines; one made but
+    not yet started warns "coroutine ... was never awaited" when the collector frees it
+    (a RuntimeWarning on stderr, under the one-line error). settled_on_failure frees them
+    without it, and raises the error."""
+    async def read_array():
+        pass
+
+    gc.disable()  # the coroutine is freed by settled_on_failure's collection, not before
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(OSError, match="^one array failed$"):
+                with settled_on_failure(grace_s=0):
+                    abandoned = {"read": read_array()}
+                    abandoned["self"] = abandoned  # a cycle: only the collector frees it
+                    del abandoned
+                    raise OSError("one array failed")
+    finally:
+        gc.enable()
+    assert [str(w.message) for w in caught] == []
 
 
 def test_restore_params_places_parameters_as_their_shardings_say(open_checkpointer):
